@@ -1,0 +1,64 @@
+"""SIGTERM and SIGINT stop training gracefully: finish the batch, checkpoint, exit.
+
+The first signal asks the trial to stop (``context.set_stop_requested(True)``) and marks the run
+preempted, so ``hookdet run`` exits with :data:`PREEMPTED_EXIT_CODE`; a second SIGINT interrupts
+at once. Previous handlers are restored when the run ends.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any, Dict
+
+from hookdet.markers import hookimpl
+
+logger = logging.getLogger("hookdet")
+
+#: ``hookdet run``'s exit status after a signal stopped training with a checkpoint (EX_TEMPFAIL).
+PREEMPTED_EXIT_CODE = 75
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class PreemptionPlugin:
+    """Turns stop signals into a checkpoint-and-exit at the next batch boundary."""
+
+    def __init__(self) -> None:
+        self._previous: Dict[int, Any] = {}
+        self._run: Any = None
+        self.received: int = 0
+
+    @hookimpl
+    def hookdet_configure(self, run: Any) -> None:
+        """Install the handlers (signals can only be handled in the main thread)."""
+        self._run = run
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+        logger.warning(
+            "received %s: finishing the current batch, then checkpointing and stopping",
+            signal.Signals(signum).name,
+        )
+        self._run.exit_reason = "preempted"
+        if self._run.context is not None:
+            self._run.context.set_stop_requested(True)
+
+    @hookimpl
+    def on_training_start(self) -> None:
+        """A signal that arrived while the trial was being built stops training now."""
+        if self.received and self._run.context is not None:
+            self._run.context.set_stop_requested(True)
+
+    @hookimpl
+    def hookdet_unconfigure(self, run: Any) -> None:
+        """Restore the handlers that were there before."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()

@@ -1,0 +1,356 @@
+"""``PyTorchTrialContext``: what a trial uses to register models, step optimizers, read settings.
+
+Every feature-specific call (``wrap_scaler``, ``configure_apex_amp``, ``set_profiler``,
+``get_tensorboard_writer``, ``experimental.use_amp``) is forwarded to the plugin that owns it,
+loading that plugin by name when the experiment file did not list it.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
+
+import torch
+
+from hookdet.data import to_device as _to_device
+from hookdet.lr_scheduler import LRScheduler
+from hookdet.reducers import MetricReducer, ReducerRegistry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookdet.run import Run
+
+logger = logging.getLogger("hookdet")
+
+
+class PyTorchExperimentalContext:
+    """``context.experimental``: switches that Determined marks experimental."""
+
+    def __init__(self, context: "PyTorchTrialContext") -> None:
+        self._context = context
+        self._auto_to_device = True
+        self._data_repro_checks = True
+
+    def use_amp(self) -> None:
+        """Train with automatic mixed precision: the ``amp`` plugin autocasts forward passes,
+        scales the loss in ``backward`` and steps optimizers through its ``GradScaler``."""
+        self._context._run.plugins.load("amp").use_amp(self._context)
+
+    def disable_dataset_reproducibility_checks(self) -> None:
+        """Allow plain ``torch.utils.data.DataLoader``s (resume is then not exact for them)."""
+        self._data_repro_checks = False
+
+    def disable_auto_to_device(self) -> None:
+        """Leave batches where the loader put them; the trial moves them itself."""
+        self._auto_to_device = False
+
+    def reset_reducers(self) -> None:
+        """Reset the training reducers (the loop does this before each training workload)."""
+        self._context._reducers.reset_all(for_training=True)
+
+
+class PyTorchTrialContext:
+    """Determined's trial context, backed by a :class:`hookdet.run.Run`."""
+
+    def __init__(self, run: "Run") -> None:
+        self._run = run
+        self.distributed = run.distributed
+        self.device = run.device
+        self.experimental = PyTorchExperimentalContext(self)
+        self.models: List[torch.nn.Module] = []
+        self.unwrapped_models: List[torch.nn.Module] = []
+        self.optimizers: List[torch.optim.Optimizer] = []
+        self._original_optimizers: Dict[int, torch.optim.Optimizer] = {}
+        self.lr_schedulers: List[LRScheduler] = []
+        self.scalers: List[Any] = []
+        self._reducers = ReducerRegistry()
+        self._stop_requested = False
+        self._current_batch_idx = 0
+        self._stepped_this_batch: set = set()
+        optimizations = run.config.optimizations
+        self._aggregation_frequency = int(optimizations.aggregation_frequency)
+        self._average_aggregated_gradients = bool(optimizations.average_aggregated_gradients)
+        self._bind_hooks()
+
+    def _bind_hooks(self) -> None:
+        """Decide once which per-step hooks have implementations; the others are never called.
+
+        The loop calls this again before training, after the trial may have loaded plugins.
+        """
+        implemented = self._run.plugins.implemented
+        self._call_backward_hook = implemented("hookdet_backward")
+        self._call_prepare_gradients = implemented("hookdet_prepare_gradients")
+        self._call_step_hook = implemented("hookdet_step_optimizer")
+        self._call_before_step = implemented("on_before_optimizer_step")
+
+    # ------------------------------------------------------------------ settings and identity
+
+    def get_hparams(self) -> Dict[str, Any]:
+        """All hyperparameters."""
+        return dict(self._run.hparams)
+
+    def get_hparam(self, name: str) -> Any:
+        """One hyperparameter; a missing name is an error that lists the known ones."""
+        if name not in self._run.hparams:
+            raise ValueError(
+                f"get_hparam: no hyperparameter {name!r}; the experiment defines "
+                f"{sorted(self._run.hparams)}"
+            )
+        return self._run.hparams[name]
+
+    def get_experiment_config(self) -> Dict[str, Any]:
+        """The experiment file as a plain dict."""
+        return self._run.config.to_dict()
+
+    def get_data_config(self) -> Dict[str, Any]:
+        """The experiment file's ``data`` block."""
+        return dict(self._run.config.data or {})
+
+    def get_experiment_id(self) -> int:
+        """Locally there is one experiment: 1 (the CLI and checkpoints record the run instead)."""
+        return 1
+
+    def get_trial_id(self) -> int:
+        """Locally there is one trial: 1."""
+        return 1
+
+    def get_trial_seed(self) -> int:
+        """The seed derived from ``reproducibility.experiment_seed`` (applied before the trial)."""
+        return self._run.trial_seed
+
+    def get_global_batch_size(self) -> int:
+        """The ``global_batch_size`` hyperparameter: records per step across all ranks."""
+        if "global_batch_size" not in self._run.hparams:
+            raise ValueError(
+                "get_global_batch_size: the experiment's hyperparameters have no "
+                "'global_batch_size'"
+            )
+        return int(self._run.hparams["global_batch_size"])
+
+    def get_per_slot_batch_size(self) -> int:
+        """The batch size one rank loads: global batch size divided by the number of ranks."""
+        global_size, ranks = self.get_global_batch_size(), self.distributed.size
+        if global_size % ranks:
+            raise ValueError(
+                f"global_batch_size {global_size} is not divisible by the {ranks} slots"
+            )
+        return global_size // ranks
+
+    def get_initial_batch(self) -> int:
+        """The batch training starts from: 0, or the resume point."""
+        return self._run.state.batches_trained if self._run.resume_from else 0
+
+    def get_enable_tensorboard_logging(self) -> bool:
+        """Whether a TensorBoard plugin is running."""
+        return self._run.plugins.get("tensorboard") is not None
+
+    def get_tensorboard_path(self) -> Any:
+        """The directory TensorBoard files go to (inside the run directory; never None)."""
+        return self._run.tensorboard_dir
+
+    def get_tensorboard_writer(self) -> Any:
+        """A ``SummaryWriter`` writing into :meth:`get_tensorboard_path` (the tensorboard plugin's)."""
+        return self._run.plugins.load("tensorboard").get_writer()
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Profile training with ``torch.profiler.profile(*args, **kwargs)`` (the profiler plugin)."""
+        self._run.plugins.load("profiler").set_profiler(*args, **kwargs)
+
+    # ------------------------------------------------------------------ stopping
+
+    def get_stop_requested(self) -> bool:
+        """Whether training will stop after the current batch."""
+        return self._stop_requested
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask training to checkpoint and stop after the current batch."""
+        if not isinstance(stop_requested, bool):
+            raise TypeError(f"set_stop_requested takes a bool, got {stop_requested!r}")
+        self._stop_requested = stop_requested
+
+    # ------------------------------------------------------------------ position in training
+
+    def current_train_batch(self) -> int:
+        """The index of the batch being trained (batches trained so far, outside a batch)."""
+        return self._current_batch_idx
+
+    def current_train_epoch(self) -> int:
+        """The epoch of the batch being trained."""
+        length = self._run.state.epoch_length
+        return self._current_batch_idx // length if length else 0
+
+    def is_epoch_start(self) -> bool:
+        """Whether the current batch is the first of its epoch."""
+        length = self._run.state.epoch_length
+        return bool(length) and self._current_batch_idx % length == 0
+
+    def is_epoch_end(self) -> bool:
+        """Whether the current batch is the last of its epoch."""
+        length = self._run.state.epoch_length
+        return bool(length) and (self._current_batch_idx + 1) % length == 0
+
+    # ------------------------------------------------------------------ wrapping
+
+    def wrap_model(self, model: torch.nn.Module, **options: Any) -> torch.nn.Module:
+        """Register ``model`` for device placement, distribution and checkpoints; use the result.
+
+        Keyword arguments go to the plugin that wraps the model (DDP's ``find_unused_parameters``,
+        for example).
+        """
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"wrap_model takes a torch.nn.Module, got {type(model).__name__}")
+        wrapped = self._run.hook.hookdet_wrap_model(model=model, context=self, options=options)
+        self.unwrapped_models.append(model)
+        self.models.append(wrapped)
+        return wrapped
+
+    def wrap_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        backward_passes_per_step: int = 1,
+        **options: Any,
+    ) -> torch.optim.Optimizer:
+        """Register ``optimizer`` for stepping and checkpoints; use the result."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"wrap_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        wrapped = self._run.hook.hookdet_wrap_optimizer(
+            optimizer=optimizer,
+            context=self,
+            backward_passes_per_step=backward_passes_per_step,
+            options=options,
+        )
+        self.optimizers.append(wrapped)
+        self._original_optimizers[id(wrapped)] = optimizer
+        return wrapped
+
+    def wrap_lr_scheduler(
+        self,
+        lr_scheduler: Any,
+        step_mode: LRScheduler.StepMode,
+        frequency: int = 1,
+    ) -> Any:
+        """Register ``lr_scheduler`` to be stepped by the loop per ``step_mode``; returns it."""
+        self.lr_schedulers.append(LRScheduler(lr_scheduler, step_mode, frequency))
+        return lr_scheduler
+
+    def wrap_scaler(self, scaler: Any) -> Any:
+        """Register a ``torch.amp.GradScaler`` (the amp plugin); returns it."""
+        return self._run.plugins.load("amp").wrap_scaler(self, scaler)
+
+    def configure_apex_amp(self, models: Any, optimizers: Any, **kwargs: Any) -> Any:
+        """Determined's apex configuration (the apex plugin; torch.amp when apex is absent)."""
+        return self._run.plugins.load("apex").configure_apex_amp(self, models, optimizers, **kwargs)
+
+    def wrap_reducer(
+        self,
+        reducer: Union[Callable, MetricReducer],
+        name: Optional[str] = None,
+        for_training: bool = True,
+        for_validation: bool = True,
+    ) -> Any:
+        """Register a custom metric reducer; see :class:`hookdet.reducers.ReducerRegistry`."""
+        return self._reducers.wrap(reducer, name, for_training, for_validation)
+
+    def to_device(self, data: Any) -> Any:
+        """Move ``data`` (any nesting of tensors) to this rank's device."""
+        return _to_device(data, self.device)
+
+    # ------------------------------------------------------------------ the training step
+
+    def _is_optimizer_step_batch(self) -> bool:
+        """Whether the current batch ends a gradient-aggregation window."""
+        return (self._current_batch_idx + 1) % self._aggregation_frequency == 0
+
+    def backward(
+        self,
+        loss: torch.Tensor,
+        gradient: Optional[torch.Tensor] = None,
+        retain_graph: bool = False,
+        create_graph: bool = False,
+    ) -> None:
+        """Compute gradients of ``loss``; use this instead of ``loss.backward()``."""
+        kwargs = {"gradient": gradient, "retain_graph": retain_graph, "create_graph": create_graph}
+        if self._call_backward_hook:
+            self._run.hook.hookdet_backward(loss=loss, context=self, backward_kwargs=kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def step_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        clip_grads: Optional[Callable[[Iterator[torch.nn.Parameter]], None]] = None,
+        auto_zero_grads: bool = True,
+        scaler: Optional[Any] = None,
+    ) -> None:
+        """Step ``optimizer`` on batches that end an aggregation window; call it every batch.
+
+        Gradients are averaged over the window (``average_aggregated_gradients``), passed to
+        ``clip_grads`` as a list of parameters, then the optimizer steps and (by default) zeroes
+        them. Call once per optimizer per batch.
+        """
+        key = id(optimizer)
+        if key in self._stepped_this_batch:
+            raise RuntimeError(
+                "step_optimizer was called twice for the same optimizer in one batch; "
+                "call it once per optimizer per batch"
+            )
+        if not any(optimizer is wrapped for wrapped in self.optimizers):
+            raise ValueError("step_optimizer: the optimizer was not passed through wrap_optimizer")
+        self._stepped_this_batch.add(key)
+        if not self._is_optimizer_step_batch():
+            return
+        if self._call_prepare_gradients:
+            self._run.hook.hookdet_prepare_gradients(optimizer=optimizer, context=self)
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        if self._aggregation_frequency > 1 and self._average_aggregated_gradients:
+            grads = [p.grad for p in parameters if p.grad is not None]
+            if grads:
+                torch._foreach_div_(grads, float(self._aggregation_frequency))
+        if clip_grads is not None:
+            clip_grads(parameters)
+        if self._call_before_step:
+            self._run.hook.on_before_optimizer_step(parameters=parameters)
+        if self._call_step_hook:
+            self._run.hook.hookdet_step_optimizer(optimizer=optimizer, context=self, scaler=scaler)
+        elif scaler is not None:
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
+        if auto_zero_grads:
+            optimizer.zero_grad()
+        self._step_schedulers(LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP, optimizer)
+
+    def _step_schedulers(self, mode: LRScheduler.StepMode, optimizer: Any = None) -> None:
+        """Step the schedulers registered with ``mode``; for optimizer-step mode, ``optimizer``'s.
+
+        The optimizer-step count is derived from the batch index (one step per aggregation
+        window), so it needs no state of its own to resume exactly.
+        """
+        if mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP:
+            original = self._original_optimizers.get(id(optimizer), optimizer)
+            steps = (self._current_batch_idx + 1) // self._aggregation_frequency
+        for wrapped in self.lr_schedulers:
+            if wrapped.step_mode is not mode:
+                continue
+            if mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP:
+                if getattr(wrapped.scheduler, "optimizer", None) is not original:
+                    continue
+                if steps % wrapped.frequency:
+                    continue
+            wrapped.step()
+
+    def _start_batch(self, batch_idx: int) -> None:
+        """Loop bookkeeping before ``train_batch``."""
+        self._current_batch_idx = batch_idx
+        self._stepped_this_batch.clear()
+
+    def _end_batch(self, batch_idx: int, epoch_ended: bool, epoch_idx: int) -> None:
+        """Loop bookkeeping after ``train_batch``: step per-batch and per-epoch schedulers."""
+        for wrapped in self.lr_schedulers:
+            mode = wrapped.step_mode
+            if mode is LRScheduler.StepMode.STEP_EVERY_BATCH:
+                if (batch_idx + 1) % wrapped.frequency == 0:
+                    wrapped.step()
+            elif mode is LRScheduler.StepMode.STEP_EVERY_EPOCH and epoch_ended:
+                if (epoch_idx + 1) % wrapped.frequency == 0:
+                    wrapped.step()

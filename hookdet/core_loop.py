@@ -1,0 +1,355 @@
+"""The one training loop: draw batches, call the trial, emit hooks. It knows no feature.
+
+:mod:`hookdet.hookspecs` has the map of where each hook fires. Everything optional — devices,
+distribution, mixed precision, checkpoints, metrics sinks, progress — lives in plugins; this
+module counts batches, decides workload boundaries, reduces metrics and asks the hooks.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from hookdet import data as data_module
+from hookdet import reducers
+from hookdet.trial import (
+    Batch,
+    Epoch,
+    ShouldExit,
+    TrainUnit,
+    TrialError,
+    evaluate_batch_takes_index,
+    overridden_evaluation_method,
+)
+
+logger = logging.getLogger("hookdet")
+
+CHECKPOINT_POLICIES = ("best", "all", "none")
+
+
+class TrainingLoop:
+    """Runs ``Trainer.fit`` for one :class:`hookdet.run.Run` whose trial and context exist."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.trial = run.trial
+        self.context = run.context
+        self.hook = run.hook
+        self.state = run.state
+        self.distributed = run.distributed
+
+    # ------------------------------------------------------------------ entry point
+
+    def fit(
+        self,
+        max_length: TrainUnit,
+        validation_period: Optional[TrainUnit],
+        checkpoint_period: Optional[TrainUnit],
+        reporting_period: TrainUnit,
+        checkpoint_policy: str,
+        step_zero_validation: bool,
+        test_mode: bool,
+    ) -> None:
+        """Train until ``max_length``, a stop request, or ``ShouldExit``; validate, report and
+        checkpoint at their periods; finish with a validation and checkpoint unless current."""
+        if checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise ValueError(
+                f"checkpoint_policy must be one of {CHECKPOINT_POLICIES}, got {checkpoint_policy!r}"
+            )
+        self.checkpoint_policy = checkpoint_policy
+        self.test_mode = test_mode
+        self.evaluation_method = overridden_evaluation_method(self.trial)
+        self._register_callbacks()
+        train_loader = self.trial.build_training_data_loader()
+        self.validation_loader = self.trial.build_validation_data_loader()
+        self.state.epoch_length = self._epoch_length(train_loader)
+        if self.state.epoch_length < 1:
+            raise TrialError("build_training_data_loader returned a loader with no batches")
+        self.max_batches = self._length_in_batches(max_length, "max_length")
+
+        checkpoint_uuid = None
+        if self.run.resume_from is not None:
+            self.hook.hookdet_load_checkpoint(run=self.run, checkpoint=self.run.resume_from)
+            checkpoint_uuid = self.state.latest_checkpoint
+        batches = data_module.adapt_training_loader(
+            train_loader,
+            disable_checks=self._checks_disabled,
+            repeat=True,
+            skip=self.state.batches_trained,
+            num_replicas=self.distributed.size,
+            rank=self.distributed.rank,
+            seed=self.run.trial_seed,
+        )
+        self.context._bind_hooks()
+        try:
+            self.hook.on_trial_startup(
+                first_batch_idx=self.state.batches_trained, checkpoint_uuid=checkpoint_uuid
+            )
+            if step_zero_validation and self.state.batches_trained == 0 and not test_mode:
+                self._validate()
+            self._train(iter(batches), validation_period, checkpoint_period, reporting_period)
+        finally:
+            self.hook.on_trial_shutdown()
+
+    @property
+    def _checks_disabled(self) -> bool:
+        return not self.context.experimental._data_repro_checks
+
+    def _epoch_length(self, train_loader: Any) -> int:
+        """Batches per epoch on each rank: the chief's, so every rank agrees on epoch ends."""
+        if isinstance(train_loader, data_module.DataLoader):
+            length = train_loader.epoch_length(self.distributed.size)
+        else:
+            data_module.adapt_training_loader(train_loader, disable_checks=self._checks_disabled)
+            length = len(train_loader)
+        return int(self.distributed.broadcast(length))
+
+    def _register_callbacks(self) -> None:
+        callbacks = self.trial.build_callbacks()
+        if not isinstance(callbacks, dict):
+            raise TrialError(
+                f"{type(self.trial).__qualname__}.build_callbacks must return a dict of "
+                f"name -> PyTorchCallback, got {type(callbacks).__name__}"
+            )
+        if callbacks:
+            self.run.plugins.load("callbacks").add_callbacks(callbacks)
+
+    def _length_in_batches(self, length: TrainUnit, what: str) -> int:
+        if not isinstance(length, (Batch, Epoch)) or not isinstance(length.value, int):
+            raise TypeError(f"{what} must be Batch(n) or Epoch(n) with an int n, got {length!r}")
+        if isinstance(length, Epoch):
+            return length.value * self.state.epoch_length
+        return length.value
+
+    # ------------------------------------------------------------------ training
+
+    def _train(
+        self,
+        batches: Iterator[Any],
+        validation_period: Optional[TrainUnit],
+        checkpoint_period: Optional[TrainUnit],
+        reporting_period: TrainUnit,
+    ) -> None:
+        state, context, trial, hook = self.state, self.context, self.trial, self.hook
+        plugins = self.run.plugins
+        call_train_hook = plugins.implemented("hookdet_train_batch")
+        call_batch_end = plugins.implemented("hookdet_train_batch_end")
+        auto_to_device = context.experimental._auto_to_device
+        device = self.run.device
+        epoch_length = state.epoch_length
+        workload: List[Dict[str, Any]] = []
+        context.experimental.reset_reducers()
+        self._set_train_mode(True)
+
+        hook.on_training_start()
+        while state.batches_trained < self.max_batches:
+            batch_idx = state.batches_trained
+            epoch_idx = batch_idx // epoch_length
+            if batch_idx % epoch_length == 0:
+                hook.on_training_epoch_start(epoch_idx=epoch_idx)
+            batch = next(batches)
+            if auto_to_device:
+                batch = data_module.to_device(batch, device)
+            context._start_batch(batch_idx)
+            try:
+                if call_train_hook:
+                    metrics = hook.hookdet_train_batch(
+                        trial=trial, batch=batch, epoch_idx=epoch_idx, batch_idx=batch_idx
+                    )
+                else:
+                    metrics = trial.train_batch(batch, epoch_idx, batch_idx)
+            except ShouldExit as should_exit:
+                self._finish_workload(workload)
+                self.run.exit_reason = "exited"
+                if not should_exit.skip_exit_checkpoint:
+                    self._checkpoint()
+                return
+            metrics = _as_metrics_dict(metrics)
+            workload.append(metrics)
+            state.batches_trained = batch_idx + 1
+            epoch_ended = state.batches_trained % epoch_length == 0
+            context._end_batch(batch_idx, epoch_ended, epoch_idx)
+            if call_batch_end:
+                hook.hookdet_train_batch_end(context=context, batch_idx=batch_idx, metrics=metrics)
+            if epoch_ended:
+                hook.on_training_epoch_end(epoch_idx=epoch_idx)
+
+            done = state.batches_trained >= self.max_batches or self.test_mode
+            stopping = context._stop_requested
+            validate = done or _reached(validation_period, state.batches_trained, epoch_ended, epoch_length)
+            checkpoint = done or stopping or _reached(
+                checkpoint_period, state.batches_trained, epoch_ended, epoch_length
+            )
+            report = _reached(reporting_period, state.batches_trained, epoch_ended, epoch_length)
+            if not (validate or checkpoint or report or stopping):
+                continue
+            self._finish_workload(workload)
+            workload = []
+            if stopping:
+                self.run.exit_reason = self.run.exit_reason or "stopped"
+                self._checkpoint()
+                return
+            if validate and state.last_validation_batch != state.batches_trained:
+                is_best = self._validate()
+                if self.checkpoint_policy == "all" or (self.checkpoint_policy == "best" and is_best):
+                    checkpoint = True
+            if checkpoint and state.last_checkpoint_batch != state.batches_trained:
+                self._checkpoint()
+            if done:
+                break
+            context.experimental.reset_reducers()
+        self.run.exit_reason = "completed"
+
+    def _finish_workload(self, workload: List[Dict[str, Any]]) -> None:
+        """Average the workload's metrics (across ranks too) and report them."""
+        if not workload:
+            return
+        allgather = self.distributed.allgather
+        first_batch = self.state.batches_trained - len(workload)
+        reduced = reducers.reduce_training_metrics(workload, allgather, first_batch_idx=first_batch)
+        avg_metrics = dict(reduced.avg_metrics)
+        avg_metrics.update(self.context._reducers.reduce(for_training=True, allgather=allgather))
+        avg_metrics = reducers.check_metrics_serialisable(avg_metrics, "train_batch")
+        self.hook.on_training_workload_end(avg_metrics=avg_metrics, batch_metrics=reduced.batch_metrics)
+        if self.run.is_chief:
+            self.hook.hookdet_report_metrics(
+                run=self.run,
+                group="training",
+                steps_completed=self.state.batches_trained,
+                metrics=avg_metrics,
+            )
+
+    def _checkpoint(self) -> None:
+        self.hook.hookdet_save_checkpoint(run=self.run)
+        self.state.last_checkpoint_batch = self.state.batches_trained
+
+    def _set_train_mode(self, training: bool) -> None:
+        for model in self.context.models:
+            model.train(training)
+
+    # ------------------------------------------------------------------ validation
+
+    def _validate(self) -> bool:
+        """Run validation; return whether its searcher metric is the best so far."""
+        hook, trial = self.hook, self.trial
+        hook.on_validation_start()
+        self._set_train_mode(False)
+        self.context._reducers.reset_all(for_training=False)
+        try:
+            with torch.no_grad():
+                if self.evaluation_method == "evaluate_full_dataset":
+                    metrics, outputs = self._evaluate_full_dataset()
+                else:
+                    metrics, outputs = self._evaluate_batches()
+        finally:
+            self._set_train_mode(True)
+        metrics = reducers.check_metrics_serialisable(metrics, self.evaluation_method)
+        hook.on_validation_end(metrics=metrics)
+        self.state.last_validation_batch = self.state.batches_trained
+        is_best = self._record_validation(metrics)
+        if self.run.is_chief:
+            hook.hookdet_report_metrics(
+                run=self.run,
+                group="validation",
+                steps_completed=self.state.batches_trained,
+                metrics=metrics,
+            )
+        return is_best
+
+    def _evaluate_batches(self) -> Tuple[Dict[str, Any], List[Any]]:
+        trial, hook, context = self.trial, self.hook, self.context
+        call_batch_end = self.run.plugins.implemented("hookdet_validation_batch_end")
+        takes_index = evaluate_batch_takes_index(trial)
+        loader = data_module.adapt_validation_loader(
+            self.validation_loader,
+            disable_checks=self._checks_disabled,
+            num_replicas=self.distributed.size,
+            rank=self.distributed.rank,
+            seed=self.run.trial_seed,
+        )
+        outputs: List[Any] = []
+        hook.on_validation_epoch_start()
+        for batch_idx, batch in enumerate(loader):
+            if context.experimental._auto_to_device:
+                batch = data_module.to_device(batch, self.run.device)
+            output = trial.evaluate_batch(batch, batch_idx) if takes_index else trial.evaluate_batch(batch)
+            if not isinstance(output, dict):
+                raise TrialError(
+                    f"{type(trial).__qualname__}.evaluate_batch must return a dict of metrics, "
+                    f"got {type(output).__name__}"
+                )
+            outputs.append(output)
+            if call_batch_end:
+                hook.hookdet_validation_batch_end(context=context, batch_idx=batch_idx)
+            if self.test_mode:
+                break
+        hook.on_validation_epoch_end(outputs=outputs)
+        allgather = self.distributed.allgather
+        metrics = reducers.reduce_validation_metrics(
+            outputs, len(outputs), trial.evaluation_reducer(), allgather
+        )
+        metrics.update(context._reducers.reduce(for_training=False, allgather=allgather))
+        return metrics, outputs
+
+    def _evaluate_full_dataset(self) -> Tuple[Dict[str, Any], List[Any]]:
+        """The chief evaluates the whole validation set; the other ranks receive its metrics."""
+        trial, hook = self.trial, self.hook
+        hook.on_validation_epoch_start()
+        metrics: Optional[Dict[str, Any]] = None
+        if self.distributed.is_chief:
+            loader = data_module.adapt_validation_loader(
+                self.validation_loader,
+                disable_checks=self._checks_disabled,
+                num_replicas=1,
+                rank=0,
+                seed=self.run.trial_seed,
+            )
+            metrics = trial.evaluate_full_dataset(loader)
+            if not isinstance(metrics, dict):
+                raise TrialError(
+                    f"{type(trial).__qualname__}.evaluate_full_dataset must return a dict of "
+                    f"metrics, got {type(metrics).__name__}"
+                )
+            metrics = reducers.check_metrics_serialisable(metrics, "evaluate_full_dataset")
+        metrics = self.distributed.broadcast(metrics)
+        hook.on_validation_epoch_end(outputs=[metrics])
+        return metrics, [metrics]
+
+    def _record_validation(self, metrics: Dict[str, Any]) -> bool:
+        searcher = self.run.config.searcher
+        value = metrics.get(searcher.metric)
+        self.state.validation_history.append(
+            {"batches": self.state.batches_trained, "metric": value}
+        )
+        if not isinstance(value, (int, float)):
+            return False
+        best = self.state.best_validation
+        improved = best is None or (value < best if searcher.smaller_is_better else value > best)
+        if improved:
+            self.state.best_validation = float(value)
+        return improved
+
+
+def _reached(period: Optional[TrainUnit], batches: int, epoch_ended: bool, epoch_length: int) -> bool:
+    """Whether ``batches`` trained batches end a ``period`` (epochs count only at epoch ends)."""
+    if period is None:
+        return False
+    if isinstance(period, Epoch):
+        return epoch_ended and period.should_stop(batches // epoch_length)
+    return period.should_stop(batches)
+
+
+def _as_metrics_dict(metrics: Any) -> Dict[str, Any]:
+    """``train_batch``'s result as a dict of detached values (a bare tensor is the loss)."""
+    if isinstance(metrics, torch.Tensor):
+        return {"loss": metrics.detach()}
+    if not isinstance(metrics, dict):
+        raise TrialError(
+            "train_batch must return a dict of metrics or a loss tensor, "
+            f"got {type(metrics).__name__}"
+        )
+    return {
+        key: value.detach() if isinstance(value, torch.Tensor) else value
+        for key, value in metrics.items()
+    }

@@ -1,0 +1,364 @@
+"""Every hook hookdet emits, in the order the loop emits them.
+
+The loop in :mod:`hookdet.core_loop` knows no feature. It calls these hooks, and plugins — built
+in or third party, each found by name through the ``hookdet.plugins`` entry-point group — answer
+them. The map below is the whole run; ``(h)`` marks a hook, ``[chief]`` one that fires on the
+chief rank only, ``{wrap}`` a hook whose implementations may be ``wrapper=True`` generators around
+the default behaviour, ``<first>`` a provider whose first non-None answer wins::
+
+    hookdet_configure(run)                                  (h)  plugins read their options
+    run.distributed = hookdet_make_distributed(run)        <first> single process unless ddp/horovod
+    run.storage     = hookdet_make_checkpoint_storage(run) <first> local dir unless s3
+    trial = TrialClass(context)
+        context.wrap_model(m)      -> hookdet_wrap_model(...)      <first>{wrap} DDP; autocast
+        context.wrap_optimizer(o)  -> hookdet_wrap_optimizer(...)  <first> Horovod
+    callbacks = trial.build_callbacks()         each adapted into lifecycle hooks
+    if resuming: hookdet_load_checkpoint(run, ...) <first>
+                   on_checkpoint_load_start(checkpoint)
+    on_trial_startup(first_batch_idx, checkpoint_uuid)
+    [step-zero validation]
+    on_training_start()
+    for each batch:
+        if first batch of an epoch: on_training_epoch_start(epoch_idx)
+        hookdet_train_batch(...)                   {wrap} calls trial.train_batch
+            context.backward(loss)         -> hookdet_backward(...)        <first>{wrap}
+            context.step_optimizer(opt)    -> hookdet_prepare_gradients(optimizer, context)
+                                              clip_grads(parameters)
+                                              on_before_optimizer_step(parameters)
+                                              hookdet_step_optimizer(...)  <first>
+        hookdet_train_batch_end(context, batch_idx, metrics)
+        if last batch of an epoch: on_training_epoch_end(epoch_idx)
+        at a reporting / validation / checkpoint boundary, or a stop:
+            on_training_workload_end(avg_metrics, batch_metrics)
+            hookdet_report_metrics(run, "training", ...)            [chief]
+        at a validation boundary:
+            on_validation_start(); on_validation_epoch_start()
+            per batch: trial.evaluate_batch(...); hookdet_validation_batch_end(...)
+            on_validation_epoch_end(outputs); on_validation_end(metrics)
+            hookdet_report_metrics(run, "validation", ...)          [chief]
+        at a checkpoint boundary or a stop:
+            hookdet_save_checkpoint(run) <first>
+                on_checkpoint_save_start(checkpoint)                 [chief]
+                on_checkpoint_write_end(checkpoint_dir)              [chief]
+                on_checkpoint_upload_end(uuid)
+                on_checkpoint_end(checkpoint_dir)
+    [final validation and checkpoint unless current]
+    on_trial_shutdown()
+    hookdet_unconfigure(run)
+
+Two families live here. **Lifecycle hooks** carry exactly the names and arguments of Determined's
+``PyTorchCallback``, so a callback and a plugin are written the same way (the ``callbacks`` plugin
+adapts each callback one to one). **Mechanism hooks** are named ``hookdet_*`` by a grammar:
+``hookdet_make_<thing>`` provides a component, ``hookdet_wrap_<thing>`` wraps a user object,
+``hookdet_<phase>`` performs a step that plugins may replace or wrap, and ``*_end`` notifies.
+
+A per-batch hook nobody implements costs nothing: the loop checks once, before training, which
+per-batch hooks have implementations and never calls the others.
+
+**Plugin state.** A plugin object that has ``state_dict()`` and ``load_state_dict(state)`` methods
+(the ``PyTorchCallback`` protocol) has that state saved in every checkpoint under the plugin's
+registered name and restored on resume. That is a protocol, not a hook: the checkpoint plugin
+walks the registered plugins.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from hookdet.markers import hookspec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hookdet.context import PyTorchTrialContext
+    from hookdet.run import Run
+
+
+# ---------------------------------------------------------------------------------------------
+# Setup and teardown
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def hookdet_configure(run: "Run") -> None:
+    """The run is about to start: read ``run.config`` and your options, check preconditions.
+
+    Fires once per process, after every plugin named in the experiment file is registered and
+    before the distributed backend, storage or trial exist. Raise here to refuse a run before any
+    work is done (a missing optional dependency, an invalid option).
+    """
+
+
+@hookspec
+def hookdet_unconfigure(run: "Run") -> None:
+    """The run is over (successfully or not): release files, writers, servers and handlers.
+
+    Fires once per process, last, even when training raised.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers: one plugin answers (firstresult)
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_make_distributed(run: "Run") -> Any:
+    """Return the run's :class:`hookdet.distributed.DistributedContext`.
+
+    The answer decides rank, size, the collectives the loop uses to average metrics, and the
+    device. hookdet's own answer (tried last) is a single process. ``ddp`` answers with
+    ``torch.distributed``, ``horovod`` with Horovod.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_make_checkpoint_storage(run: "Run") -> Any:
+    """Return where checkpoints are stored: a :class:`hookdet.storage_backends.CheckpointStorage`.
+
+    Chosen by the experiment file's ``checkpoint_storage.type``; the local directory answers when
+    nobody else does.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrapping the user's objects
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_wrap_model(
+    model: "torch.nn.Module", context: "PyTorchTrialContext", options: Dict[str, Any]
+) -> "torch.nn.Module":
+    """Return the model the trial trains, given the one it passed to ``context.wrap_model``.
+
+    ``options`` are the keyword arguments the trial passed to ``wrap_model`` (DDP options, for
+    example). The default answer moves the model to the run's device. A ``wrapper=True``
+    implementation may post-process the answer (run its forward under autocast, say). The
+    checkpoint stores the unwrapped model's state, so a wrapper never changes the saved keys.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_wrap_optimizer(
+    optimizer: "torch.optim.Optimizer",
+    context: "PyTorchTrialContext",
+    backward_passes_per_step: int,
+    options: Dict[str, Any],
+) -> "torch.optim.Optimizer":
+    """Return the optimizer the trial steps, given the one passed to ``context.wrap_optimizer``.
+
+    The default answer is the optimizer itself; Horovod answers with its ``DistributedOptimizer``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-batch steps (called only when some plugin implements or wraps them)
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_train_batch(
+    trial: Any, batch: Any, epoch_idx: int, batch_idx: int
+) -> Dict[str, Any]:
+    """Run one training batch and return the trial's metrics dict.
+
+    The default answer calls ``trial.train_batch``. Plugins wrap it (``wrapper=True``) to put a
+    span around the whole step: a profiler range, a timer. Per batch; with no wrapper the loop
+    calls the trial directly.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_backward(
+    loss: "torch.Tensor", context: "PyTorchTrialContext", backward_kwargs: Dict[str, Any]
+) -> Optional[bool]:
+    """Run the backward pass for ``context.backward(loss, ...)``; return True when done.
+
+    The default answer is ``loss.backward(**backward_kwargs)``. Mixed precision answers by scaling
+    the loss first; DDP wraps it in ``no_sync()`` on batches that only accumulate gradients.
+    """
+
+
+@hookspec
+def hookdet_prepare_gradients(
+    optimizer: "torch.optim.Optimizer", context: "PyTorchTrialContext"
+) -> None:
+    """Make ``optimizer``'s gradients final and true-scale before they are averaged and clipped.
+
+    Fires inside ``context.step_optimizer`` on optimizer-step batches only, before gradient
+    averaging, ``clip_grads`` and ``on_before_optimizer_step``. A loss scaler unscales here;
+    Horovod synchronizes its pending allreduces here.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_step_optimizer(
+    optimizer: "torch.optim.Optimizer", context: "PyTorchTrialContext", scaler: Any
+) -> Optional[bool]:
+    """Apply one optimizer step; return True when done.
+
+    ``scaler`` is the ``GradScaler`` the trial passed to ``step_optimizer`` (or None). The default
+    answer steps through that scaler when given, else calls ``optimizer.step()``.
+    """
+
+
+@hookspec
+def hookdet_train_batch_end(
+    context: "PyTorchTrialContext", batch_idx: int, metrics: Dict[str, Any]
+) -> None:
+    """A training batch finished; ``metrics`` are the trial's values, still on the device.
+
+    Per batch: never convert the metrics to Python numbers here (that forces a device→host
+    sync). Progress bars advance, profilers step, loss scalers update.
+    """
+
+
+@hookspec
+def hookdet_validation_batch_end(context: "PyTorchTrialContext", batch_idx: int) -> None:
+    """A validation batch finished. Per batch, during validation only."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def hookdet_report_metrics(
+    run: "Run", group: str, steps_completed: int, metrics: Dict[str, Any]
+) -> None:
+    """Record reduced metrics: ``group`` is ``"training"`` or ``"validation"``.
+
+    Fires on the chief only, at reporting boundaries, with plain JSON-serialisable values already
+    averaged across ranks. ``steps_completed`` counts batches trained so far. TensorBoard, the
+    run's ``metrics.jsonl``, progress bars and MLflow listen here.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_save_checkpoint(run: "Run") -> Optional[str]:
+    """Write a checkpoint of everything needed to resume exactly; return its storage id.
+
+    Called on every rank (collecting every rank's RNG state is collective). The ``checkpoint``
+    plugin answers; with it disabled no checkpoints are written and this returns None.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_load_checkpoint(run: "Run", checkpoint: str) -> Optional[bool]:
+    """Restore all state from ``checkpoint`` (a storage id or a directory) before training.
+
+    Called on every rank before the first batch is drawn; returns True when it restored.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle hooks: Determined's PyTorchCallback, name for name
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def on_trial_startup(first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
+    """The trial is built and any checkpoint restored; ``first_batch_idx`` is where training
+    resumes (0 for a fresh run) and ``checkpoint_uuid`` the checkpoint it resumed from."""
+
+
+@hookspec
+def on_training_start() -> None:
+    """Training is about to draw its first batch (after any step-zero validation)."""
+
+
+@hookspec
+def on_training_epoch_start(epoch_idx: int) -> None:
+    """The first batch of epoch ``epoch_idx`` is about to be trained."""
+
+
+@hookspec
+def on_training_epoch_end(epoch_idx: int) -> None:
+    """The last batch of epoch ``epoch_idx`` has been trained."""
+
+
+@hookspec
+def on_training_workload_end(
+    avg_metrics: Dict[str, Any], batch_metrics: List[Dict[str, Any]]
+) -> None:
+    """A training workload ended: ``avg_metrics`` are the means over its batches (and ranks),
+    ``batch_metrics`` this rank's per-batch values converted to Python numbers."""
+
+
+@hookspec
+def on_validation_start() -> None:
+    """Validation is about to start."""
+
+
+@hookspec
+def on_validation_epoch_start() -> None:
+    """The first validation batch is about to be evaluated."""
+
+
+@hookspec
+def on_validation_epoch_end(outputs: List[Any]) -> None:
+    """All validation batches were evaluated; ``outputs`` are this rank's per-batch results
+    (for ``evaluate_full_dataset``, a one-element list with its dict)."""
+
+
+@hookspec
+def on_validation_end(metrics: Dict[str, Any]) -> None:
+    """Validation finished with the reduced ``metrics``."""
+
+
+@hookspec
+def on_checkpoint_load_start(checkpoint: Dict[str, Any]) -> None:
+    """A checkpoint's state dict was loaded and is about to be applied; it may be changed."""
+
+
+@hookspec
+def on_checkpoint_save_start(checkpoint: Dict[str, Any]) -> None:
+    """A checkpoint's state dict is about to be written; keys may be added. Chief only."""
+
+
+@hookspec
+def on_checkpoint_write_end(checkpoint_dir: str) -> None:
+    """The checkpoint's files are written to ``checkpoint_dir``; extra files may be added before
+    the manifest is sealed. Chief only."""
+
+
+@hookspec
+def on_checkpoint_upload_end(uuid: str) -> None:
+    """The checkpoint is committed to storage as ``uuid``."""
+
+
+@hookspec
+def on_checkpoint_end(checkpoint_dir: str) -> None:
+    """Checkpointing finished; ``checkpoint_dir`` is where its files were written."""
+
+
+@hookspec
+def on_before_optimizer_step(parameters: List["torch.nn.Parameter"]) -> None:
+    """The optimizer is about to step ``parameters``; their gradients are final (averaged,
+    unscaled, clipped)."""
+
+
+@hookspec
+def on_trial_shutdown() -> None:
+    """The trial is shutting down, whether training finished, stopped or raised."""
+
+
+#: Hooks the loop may call on every batch; it calls one only when some plugin implements it.
+PER_BATCH_HOOKS = (
+    "hookdet_train_batch",
+    "hookdet_backward",
+    "hookdet_prepare_gradients",
+    "hookdet_step_optimizer",
+    "hookdet_train_batch_end",
+    "hookdet_validation_batch_end",
+    "on_before_optimizer_step",
+)
+
+#: Lifecycle hooks that fire on the chief rank only, as in Determined.
+CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end")

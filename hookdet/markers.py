@@ -1,0 +1,11 @@
+"""The project's pluggy markers, as pytest and kedro define theirs.
+
+Plugins decorate their hook implementations with :data:`hookimpl`; the catalogue in
+:mod:`hookdet.hookspecs` uses :data:`hookspec`.
+"""
+import pluggy
+
+HOOK_NAMESPACE = "hookdet"
+
+hookspec = pluggy.HookspecMarker(HOOK_NAMESPACE)
+hookimpl = pluggy.HookimplMarker(HOOK_NAMESPACE)

@@ -1,0 +1,246 @@
+"""Builds the pluggy manager from the experiment file's ``plugins:`` list.
+
+Plugins are entry points in the ``hookdet.plugins`` group, built-in and third-party alike, and
+are resolved by name through stevedore: only the named ones are imported. An entry point names a
+module (registered as is) or a class (instantiated; with ``options=`` when its ``__init__`` takes
+them, filled from ``plugin_config.<name>``). A plugin class may declare ``conflicts_with`` (names
+it refuses to run beside). Any exception a plugin raises in a hook is re-raised as a
+:class:`PluginError` naming the plugin and the hook.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import time
+import types
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import pluggy
+import stevedore
+
+from hookdet import hookspecs
+from hookdet.builtin_plugins import defaults
+from hookdet.markers import HOOK_NAMESPACE
+
+logger = logging.getLogger("hookdet")
+
+ENTRY_POINT_GROUP = "hookdet.plugins"
+
+#: Plugins that run when the experiment file has no ``plugins:`` list.
+DEFAULT_PLUGINS = ("callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress")
+
+DEFAULTS_NAME = "hookdet.defaults"
+
+
+class PluginError(Exception):
+    """A plugin failed, could not be found, or cannot run beside another; names the plugin."""
+
+
+def installed_plugins() -> Dict[str, str]:
+    """Installed plugin names mapped to their entry-point targets, without importing any."""
+    manager = stevedore.NamedExtensionManager(ENTRY_POINT_GROUP, names=[])
+    return {ep.name: ep.value for ep in manager.list_entry_points()}
+
+
+def resolve_plugin_names(requested: Optional[Sequence[str]], storage_plugin: str) -> List[str]:
+    """The names to load, in order: ``requested`` (the defaults when it names none) minus each
+    ``no:<name>``.
+
+    ``storage_plugin`` (chosen by ``checkpoint_storage.type``) joins whenever ``checkpoint`` runs.
+    """
+    requested = list(requested or [])
+    removed = {name[len("no:"):] for name in requested if name.startswith("no:")}
+    explicit = [name for name in requested if not name.startswith("no:")]
+    names = explicit or list(DEFAULT_PLUGINS)
+    if "checkpoint" in names and storage_plugin not in names:
+        names.insert(names.index("checkpoint") + 1, storage_plugin)
+    return [name for name in dict.fromkeys(names) if name not in removed]
+
+
+class PluginManager:
+    """hookdet's plugins for one run: registration by name, conflicts, errors, tracing."""
+
+    def __init__(self, plugin_config: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+        self._pm = pluggy.PluginManager(HOOK_NAMESPACE)
+        self._pm.add_hookspecs(hookspecs)
+        self._pm.register(defaults, name=DEFAULTS_NAME)
+        self._plugin_config = dict(plugin_config or {})
+        self._pm.add_hookcall_monitoring(self._before_hook, self._after_hook)
+        self._trace = os.environ.get("HOOKDET_TRACE", "") not in ("", "0")
+        self._call_starts: List[float] = []
+
+    @property
+    def hook(self) -> Any:
+        """The hook relay (``manager.hook.on_validation_end(metrics=...)``)."""
+        return self._pm.hook
+
+    @property
+    def pluggy_manager(self) -> pluggy.PluginManager:
+        """The underlying pluggy manager."""
+        return self._pm
+
+    # ------------------------------------------------------------------ loading
+
+    def load_all(self, names: Iterable[str]) -> None:
+        """Import and register ``names`` in order; an unknown name lists the installed ones."""
+        names = [name for name in names if self.get(name) is None]
+        if not names:
+            return
+        unknown: List[str] = []
+        failures: List[str] = []
+
+        def on_missing(missing: Iterable[str]) -> None:
+            unknown.extend(missing)
+
+        def on_failure(_manager: Any, entry_point: Any, error: Exception) -> None:
+            failures.append(f"plugin {entry_point.name!r} ({entry_point.value}) failed to import: {error}")
+
+        extensions = stevedore.NamedExtensionManager(
+            ENTRY_POINT_GROUP,
+            names=names,
+            name_order=True,
+            invoke_on_load=False,
+            on_missing_entrypoints_callback=on_missing,
+            on_load_failure_callback=on_failure,
+            warn_on_missing_entrypoint=False,
+        )
+        if unknown:
+            installed = ", ".join(sorted(installed_plugins())) or "none"
+            raise PluginError(
+                f"unknown plugin {', '.join(repr(n) for n in sorted(unknown))}; installed plugins: {installed}"
+            )
+        if failures:
+            raise PluginError("; ".join(failures))
+        for extension in extensions:
+            self.register(extension.name, extension.plugin)
+
+    def load(self, name: str) -> Any:
+        """The plugin registered as ``name``, loading it now if the experiment file did not list it.
+
+        A plugin loaded this way (by ``context.experimental.use_amp()``, say) is configured at once
+        when the run already started.
+        """
+        plugin = self.get(name)
+        if plugin is None:
+            self.load_all([name])
+            plugin = self.get(name)
+            if self._run is not None and hasattr(plugin, "hookdet_configure"):
+                self._call_plugin_hook(name, plugin, "hookdet_configure", run=self._run)
+        return plugin
+
+    _run: Any = None
+
+    def start(self, run: Any) -> None:
+        """Configure every registered plugin for ``run`` (``hookdet_configure``)."""
+        self._run = run
+        self.hook.hookdet_configure(run=run)
+
+    def register(self, name: str, target: Any) -> Any:
+        """Register a plugin module, class or instance as ``name``; returns the registered object."""
+        options = self._plugin_config.get(name) or {}
+        if isinstance(target, types.ModuleType):
+            if options:
+                raise PluginError(f"plugin {name!r} is a module and takes no plugin_config options")
+            plugin = target
+        elif inspect.isclass(target):
+            takes_options = "options" in inspect.signature(target).parameters
+            if options and not takes_options:
+                raise PluginError(f"plugin {name!r} takes no plugin_config options, got {sorted(options)}")
+            try:
+                plugin = target(options=options) if takes_options else target()
+            except PluginError:
+                raise
+            except Exception as error:
+                raise PluginError(f"plugin {name!r}: invalid plugin_config.{name}: {error}") from error
+        else:
+            plugin = target
+        self._check_conflicts(name, plugin)
+        try:
+            self._pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as error:
+            raise PluginError(f"plugin {name!r} does not match hookdet's hooks: {error}") from error
+        return plugin
+
+    def _check_conflicts(self, name: str, plugin: Any) -> None:
+        mine = set(getattr(plugin, "conflicts_with", ()))
+        for other_name, other in self.named_plugins().items():
+            theirs = set(getattr(other, "conflicts_with", ()))
+            if other_name in mine or name in theirs:
+                raise PluginError(
+                    f"plugins {other_name!r} and {name!r} cannot run together; remove one from "
+                    "the experiment file's plugins (or stop the trial from enabling it)"
+                )
+
+    def get(self, name: str) -> Any:
+        """The registered plugin ``name``, or None."""
+        return self._pm.get_plugin(name)
+
+    def named_plugins(self) -> Dict[str, Any]:
+        """Registered plugins by name, hookdet's defaults excluded, in registration order."""
+        return {
+            name: plugin
+            for name, plugin in self._pm.list_name_plugin()
+            if name != DEFAULTS_NAME and plugin is not None
+        }
+
+    # ------------------------------------------------------------------ introspection
+
+    def implemented(self, hook_name: str) -> bool:
+        """Whether a plugin other than hookdet's defaults implements or wraps ``hook_name``.
+
+        The loop calls a per-batch hook only when this is True.
+        """
+        caller = getattr(self._pm.hook, hook_name)
+        return any(impl.plugin_name != DEFAULTS_NAME for impl in caller.get_hookimpls())
+
+    def hooks_of(self, plugin: Any) -> List[str]:
+        """The hook names ``plugin`` implements."""
+        return sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or [])
+
+    # ------------------------------------------------------------------ errors and tracing
+
+    def _before_hook(self, hook_name: str, hook_impls: Sequence[Any], kwargs: Dict[str, Any]) -> None:
+        if self._trace:
+            self._call_starts.append(time.perf_counter())
+
+    def _after_hook(
+        self, outcome: Any, hook_name: str, hook_impls: Sequence[Any], kwargs: Dict[str, Any]
+    ) -> None:
+        if self._trace:
+            elapsed = time.perf_counter() - self._call_starts.pop()
+            plugins = ",".join(impl.plugin_name for impl in hook_impls) or "-"
+            logger.info("hook %s [%s] %.3f ms", hook_name, plugins, elapsed * 1e3)
+        error = outcome.exception
+        if error is None or isinstance(error, (PluginError, KeyboardInterrupt, SystemExit)):
+            return
+        culprit = _plugin_that_raised(error, hook_impls)
+        if culprit is not None and culprit.plugin_name != DEFAULTS_NAME:
+            wrapped = PluginError(f"plugin {culprit.plugin_name!r} failed in hook {hook_name}: {error!r}")
+            wrapped.__cause__ = error
+            outcome.force_exception(wrapped)
+
+    def _call_plugin_hook(self, name: str, plugin: Any, hook_name: str, **kwargs: Any) -> Any:
+        """Call one plugin's implementation of ``hook_name`` only."""
+        caller = self._pm.subset_hook_caller(
+            hook_name, remove_plugins=[p for n, p in self._pm.list_name_plugin() if n != name]
+        )
+        return caller(**kwargs)
+
+
+def _plugin_that_raised(error: BaseException, hook_impls: Sequence[Any]) -> Any:
+    """The hook implementation whose frame is innermost in ``error``'s traceback, if any."""
+    codes = {}
+    for impl in hook_impls:
+        function = inspect.unwrap(impl.function)
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            codes[code] = impl
+    found = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        impl = codes.get(traceback.tb_frame.f_code)
+        if impl is not None:
+            found = impl
+        traceback = traceback.tb_next
+    return found

@@ -1,0 +1,35 @@
+"""The Determined-compatible face: ``from hookdet import pytorch`` for ``from determined import pytorch``.
+
+Re-exports only; each name lives in the module that owns its concept.
+"""
+from hookdet.checkpoint_api import CheckpointLoadContext, load_trial_from_checkpoint_path
+from hookdet.context import PyTorchExperimentalContext, PyTorchTrialContext
+from hookdet.data import DataLoader, TorchData, data_length, to_device
+from hookdet.lr_scheduler import LRScheduler
+from hookdet.reducers import MetricReducer, Reducer
+from hookdet.trainer import Trainer, init
+from hookdet.trial import Batch, Epoch, PyTorchCallback, PyTorchTrial, ShouldExit, TrainUnit
+from hookdet.pytorch import samplers
+
+__all__ = [
+    "Batch",
+    "CheckpointLoadContext",
+    "DataLoader",
+    "Epoch",
+    "LRScheduler",
+    "MetricReducer",
+    "PyTorchCallback",
+    "PyTorchExperimentalContext",
+    "PyTorchTrial",
+    "PyTorchTrialContext",
+    "Reducer",
+    "ShouldExit",
+    "TorchData",
+    "TrainUnit",
+    "Trainer",
+    "data_length",
+    "init",
+    "load_trial_from_checkpoint_path",
+    "samplers",
+    "to_device",
+]

@@ -1,0 +1,86 @@
+"""``Run``: everything one training run shares with plugins, and ``TrainState``, its counters."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hookdet.config import ExperimentConfig
+    from hookdet.context import PyTorchTrialContext
+    from hookdet.distributed import DistributedContext
+    from hookdet.plugin_manager import PluginManager
+    from hookdet.storage_backends import CheckpointStorage
+    from hookdet.trial import PyTorchTrial
+
+
+@dataclasses.dataclass
+class TrainState:
+    """The loop's counters: what a checkpoint needs besides the objects' own state."""
+
+    batches_trained: int = 0
+    epoch_length: int = 0
+    last_validation_batch: Optional[int] = None
+    last_checkpoint_batch: Optional[int] = None
+    latest_checkpoint: Optional[str] = None
+    best_validation: Optional[float] = None
+    validation_history: list = dataclasses.field(default_factory=list)
+
+    @property
+    def epoch_idx(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self.batches_trained // self.epoch_length if self.epoch_length else 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Plain values only, so a checkpoint loads with ``weights_only=True``."""
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore counters saved by ``state_dict``."""
+        for field in dataclasses.fields(self):
+            if field.name in state:
+                setattr(self, field.name, state[field.name])
+
+
+@dataclasses.dataclass
+class Run:
+    """One training run, as plugins see it.
+
+    Built by :func:`hookdet.trainer.init`; the loop fills ``trial`` and ``context`` as they exist.
+    """
+
+    config: "ExperimentConfig"
+    run_dir: Path
+    plugins: "PluginManager"
+    model_dir: Path
+    hparams: Dict[str, Any]
+    trial_seed: int
+    distributed: "DistributedContext" = None  # type: ignore[assignment]
+    device: "torch.device" = None  # type: ignore[assignment]
+    storage: Optional["CheckpointStorage"] = None
+    context: Optional["PyTorchTrialContext"] = None
+    trial: Optional["PyTorchTrial"] = None
+    state: TrainState = dataclasses.field(default_factory=TrainState)
+    resume_from: Optional[str] = None
+    exit_reason: Optional[str] = None
+
+    @property
+    def hook(self) -> Any:
+        """The pluggy hook relay: ``run.hook.on_validation_end(metrics=...)``."""
+        return self.plugins.hook
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process is rank 0."""
+        return self.distributed.is_chief
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """Where TensorBoard files of this run go (never None)."""
+        return self.run_dir / "tensorboard"
+
+    def options(self, plugin_name: str) -> Dict[str, Any]:
+        """The ``plugin_config`` block for ``plugin_name`` (empty when absent)."""
+        return dict((self.config.plugin_config or {}).get(plugin_name) or {})

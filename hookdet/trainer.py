@@ -1,0 +1,210 @@
+"""Determined's Trainer API: ``init()`` builds a run and its context, ``Trainer.fit`` trains.
+
+``hookdet run`` uses the same two calls, so the experiment file and the Python API share one
+engine. ``init`` loads the plugins the experiment file names, seeds every RNG from the trial seed,
+asks the plugins for the distributed backend and checkpoint storage, and yields the trial context.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Union
+
+import numpy as np
+import torch
+
+from hookdet.config import STORAGE_PLUGIN_FOR_TYPE, ExperimentConfig, parse_experiment_config
+from hookdet.context import PyTorchTrialContext
+from hookdet.core_loop import TrainingLoop
+from hookdet.distributed import DistributedContext
+from hookdet.plugin_manager import PluginManager, resolve_plugin_names
+from hookdet.run import Run
+from hookdet.trial import Batch, PyTorchTrial, TrainUnit
+
+logger = logging.getLogger("hookdet")
+
+#: Plugins that answer ``hookdet_make_distributed`` for a multi-process launch.
+DISTRIBUTED_PLUGINS = ("ddp", "horovod")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (CUDA's included)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_run_dir(config: ExperimentConfig) -> Path:
+    """``runs/<experiment name>-<timestamp>`` under the working directory (or ``$HOOKDET_RUN_DIR``)."""
+    if os.environ.get("HOOKDET_RUN_DIR"):
+        return Path(os.environ["HOOKDET_RUN_DIR"])
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "experiment").strip("-") or "experiment"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path("runs") / f"{name}-{stamp}"
+
+
+def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool = True) -> list:
+    """The plugins a run of ``config`` loads, in order."""
+    storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
+    names = resolve_plugin_names(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
+    launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    wants_slots = config.resources.slots_per_trial > 1 and launched_distributed
+    if wants_slots and not any(name in names for name in DISTRIBUTED_PLUGINS):
+        names.append("ddp")
+    if not enable_tensorboard_logging:
+        names = [name for name in names if name != "tensorboard"]
+    return names
+
+
+@contextlib.contextmanager
+def init(
+    *,
+    hparams: Optional[Dict[str, Any]] = None,
+    exp_conf: Union[Dict[str, Any], ExperimentConfig, None] = None,
+    distributed: Optional[DistributedContext] = None,
+    aggregation_frequency: int = 1,
+    enable_tensorboard_logging: bool = True,
+    run_dir: Union[str, Path, None] = None,
+    model_dir: Union[str, Path, None] = None,
+) -> Iterator[PyTorchTrialContext]:
+    """Build a run and yield its :class:`PyTorchTrialContext` (Determined's ``pytorch.init``).
+
+    ``exp_conf`` is an experiment file as a dict (or already loaded); ``hparams`` override its
+    hyperparameters; ``distributed`` replaces the plugins' distributed backend. ``run_dir`` is
+    where metrics, checkpoints and TensorBoard files go (default ``runs/<name>-<time>``).
+    """
+    config = exp_conf if isinstance(exp_conf, ExperimentConfig) else parse_experiment_config(
+        exp_conf or {}, source="exp_conf"
+    )
+    if aggregation_frequency != 1:
+        config.optimizations.aggregation_frequency = aggregation_frequency
+    plugins = PluginManager(config.plugin_config)
+    plugins.load_all(plugin_names_for(config, enable_tensorboard_logging))
+    trial_seed = config.trial_seed()
+    seed_everything(trial_seed)
+    run = Run(
+        config=config,
+        run_dir=Path(run_dir) if run_dir is not None else default_run_dir(config),
+        plugins=plugins,
+        model_dir=Path(model_dir) if model_dir is not None else Path.cwd(),
+        hparams=dict(hparams if hparams is not None else config.hyperparameters),
+        trial_seed=trial_seed,
+    )
+    try:
+        plugins.start(run)
+        run.distributed = distributed or run.hook.hookdet_make_distributed(run=run)
+        run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
+        run.device = _device_for(run.distributed)
+        if run.is_chief:
+            _write_run_dir(run)
+        run.distributed.barrier()
+        run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
+        run.context = PyTorchTrialContext(run)
+        yield run.context
+    finally:
+        try:
+            run.hook.hookdet_unconfigure(run=run)
+        finally:
+            if run.distributed is not None and distributed is None:
+                run.distributed.close()
+
+
+def _device_for(distributed: DistributedContext) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", distributed.local_rank)
+    return torch.device("cpu")
+
+
+def _write_run_dir(run: Run) -> None:
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    snapshot = run.config.to_dict()
+    (run.run_dir / "config.json").write_text(json.dumps(snapshot, indent=2, sort_keys=True))
+
+
+class Trainer:
+    """Determined's ``pytorch.Trainer``: ``Trainer(trial, context).fit(...)``."""
+
+    def __init__(self, trial: PyTorchTrial, context: PyTorchTrialContext) -> None:
+        if not isinstance(trial, PyTorchTrial):
+            raise TypeError(f"Trainer takes a PyTorchTrial, got {type(trial).__name__}")
+        self.trial = trial
+        self.context = context
+        self.run: Run = context._run
+        self.run.trial = trial
+
+    def fit(
+        self,
+        max_length: Optional[TrainUnit] = None,
+        validation_period: Optional[TrainUnit] = None,
+        checkpoint_period: Optional[TrainUnit] = None,
+        reporting_period: TrainUnit = Batch(100),
+        checkpoint_policy: str = "best",
+        latest_checkpoint: Optional[str] = None,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+        profiling_enabled: bool = False,
+    ) -> None:
+        """Train; see Determined's ``Trainer.fit``.
+
+        ``max_length`` defaults to the experiment file's ``searcher.max_length``.
+        ``latest_checkpoint`` (a checkpoint directory, storage id or run directory) resumes
+        exactly from it. ``profiling_enabled`` turns the profiler plugin on.
+        """
+        if max_length is None:
+            max_length = fit_arguments(self.run.config, self.context)["max_length"]
+            if max_length is None:
+                raise ValueError("Trainer.fit needs max_length (or searcher.max_length in the config)")
+        if profiling_enabled:
+            self.run.plugins.load("profiler")
+        if latest_checkpoint is not None:
+            self.run.resume_from = str(latest_checkpoint)
+        TrainingLoop(self.run).fit(
+            max_length=max_length,
+            validation_period=validation_period,
+            checkpoint_period=checkpoint_period,
+            reporting_period=reporting_period,
+            checkpoint_policy=checkpoint_policy,
+            step_zero_validation=step_zero_validation,
+            test_mode=test_mode,
+        )
+
+
+def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dict[str, Any]:
+    """``Trainer.fit`` arguments from an experiment file, as Determined's legacy harness maps them.
+
+    ``searcher.max_length``, ``min_validation_period`` and ``min_checkpoint_period`` become
+    ``Batch``/``Epoch`` lengths (records divide by the global batch size; epochs become batches
+    when ``records_per_epoch`` is set), ``scheduling_unit`` the reporting period,
+    ``perform_initial_validation`` step-zero validation.
+    """
+
+    def as_unit(length: Any) -> Optional[TrainUnit]:
+        if length is None:
+            return None
+        if length.unit == "batches":
+            return Batch(length.value)
+        global_batch_size = context._run.hparams.get("global_batch_size")
+        if length.unit == "records":
+            if not global_batch_size:
+                raise ValueError("a length in records needs the 'global_batch_size' hyperparameter")
+            return Batch(max(1, -(-length.value // int(global_batch_size))))
+        if config.records_per_epoch and global_batch_size:
+            return Batch(length.value * max(1, config.records_per_epoch // int(global_batch_size)))
+        from hookdet.trial import Epoch
+
+        return Epoch(length.value)
+
+    return {
+        "max_length": as_unit(config.searcher.max_length),
+        "validation_period": as_unit(config.min_validation_period),
+        "checkpoint_period": as_unit(config.min_checkpoint_period),
+        "reporting_period": Batch(config.scheduling_unit),
+        "checkpoint_policy": config.checkpoint_policy,
+        "step_zero_validation": config.perform_initial_validation,
+    }
