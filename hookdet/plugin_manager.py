@@ -44,15 +44,20 @@ def installed_plugins() -> Dict[str, str]:
 
 
 def resolve_plugin_names(requested: Optional[Sequence[str]], storage_plugin: str) -> List[str]:
-    """The names to load, in order: ``requested`` (the defaults when it names none) minus each
-    ``no:<name>``.
+    """The names to load, in order: the defaults when ``requested`` is None or holds only
+    ``no:<name>`` entries, else exactly the names ``requested`` lists; minus each ``no:<name>``.
 
     ``storage_plugin`` (chosen by ``checkpoint_storage.type``) joins whenever ``checkpoint`` runs.
     """
-    requested = list(requested or [])
+    if requested is None:
+        requested = []
+        names = list(DEFAULT_PLUGINS)
+    else:
+        requested = list(requested)
+        names = [name for name in requested if not name.startswith("no:")]
+        if requested and not names:
+            names = list(DEFAULT_PLUGINS)
     removed = {name[len("no:"):] for name in requested if name.startswith("no:")}
-    explicit = [name for name in requested if not name.startswith("no:")]
-    names = explicit or list(DEFAULT_PLUGINS)
     if "checkpoint" in names and storage_plugin not in names:
         names.insert(names.index("checkpoint") + 1, storage_plugin)
     return [name for name in dict.fromkeys(names) if name not in removed]
@@ -103,7 +108,6 @@ class PluginManager:
             invoke_on_load=False,
             on_missing_entrypoints_callback=on_missing,
             on_load_failure_callback=on_failure,
-            warn_on_missing_entrypoint=False,
         )
         if unknown:
             installed = ", ".join(sorted(installed_plugins())) or "none"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict
 
 from hookdet.markers import hookimpl
 from hookdet.trial import PyTorchCallback
@@ -72,44 +72,97 @@ def _overrides(callback: PyTorchCallback, method: str) -> bool:
 
 def _build_adapter(callbacks: Dict[str, PyTorchCallback]) -> Any:
     """An object with one hook implementation per lifecycle method some callback overrides."""
-    attributes: Dict[str, Callable] = {}
+    attributes: Dict[str, Any] = {"callbacks": callbacks}
     for method in LIFECYCLE_METHODS:
-        targets = [(name, cb) for name, cb in callbacks.items() if _overrides(cb, method)]
-        if targets:
-            attributes[method] = hookimpl(_dispatcher(method, targets))
+        if any(_overrides(callback, method) for callback in callbacks.values()):
+            attributes[method] = hookimpl(_FORWARDERS[method])
     return type("CallbackHooks", (), attributes)()
 
 
-def _dispatcher(method: str, targets: List[Any]) -> Callable:
-    signature = inspect.signature(getattr(PyTorchCallback, method))
-    parameters = [p for p in signature.parameters if p != "self"]
-    legacy = {
-        name
-        for name, cb in targets
-        if method == "on_training_epoch_start"
-        and not inspect.signature(getattr(cb, method)).parameters
-    }
+def _call_callbacks(adapter: Any, method: str, **kwargs: Any) -> None:
+    """Call ``method`` on every callback overriding it, in ``build_callbacks`` order."""
+    for name, callback in adapter.callbacks.items():
+        if not _overrides(callback, method):
+            continue
+        try:
+            if method == "on_training_epoch_start" and not inspect.signature(callback.on_training_epoch_start).parameters:
+                warnings.warn(
+                    f"callback {name!r}: on_training_epoch_start() without epoch_idx is "
+                    "deprecated; accept an epoch_idx argument",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                callback.on_training_epoch_start()
+            else:
+                getattr(callback, method)(**kwargs)
+        except Exception as error:
+            raise CallbackError(f"callback {name!r} failed in {method}: {error!r}") from error
 
-    def call_each(self: Any, **kwargs: Any) -> None:
-        for name, callback in targets:
-            try:
-                if name in legacy:
-                    warnings.warn(
-                        f"callback {name!r}: on_training_epoch_start() without epoch_idx is "
-                        "deprecated; accept an epoch_idx argument",
-                        DeprecationWarning,
-                        stacklevel=2,
-                    )
-                    getattr(callback, method)()
-                else:
-                    getattr(callback, method)(**kwargs)
-            except Exception as error:
-                raise CallbackError(f"callback {name!r} failed in {method}: {error!r}") from error
 
-    # pluggy reads hook arguments from the implementation's signature.
-    call_each.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in parameters]
-    )
-    call_each.__name__ = method
-    return call_each
+# pluggy passes a hook's arguments by the names in each implementation's code object, so each
+# lifecycle method gets a forwarder with exactly the hook's parameter names.
+def _on_trial_startup(self: Any, first_batch_idx: int, checkpoint_uuid: Any) -> None:
+    _call_callbacks(self, "on_trial_startup", first_batch_idx=first_batch_idx, checkpoint_uuid=checkpoint_uuid)
+
+
+def _on_training_start(self: Any) -> None:
+    _call_callbacks(self, "on_training_start")
+
+
+def _on_training_epoch_start(self: Any, epoch_idx: int) -> None:
+    _call_callbacks(self, "on_training_epoch_start", epoch_idx=epoch_idx)
+
+
+def _on_training_epoch_end(self: Any, epoch_idx: int) -> None:
+    _call_callbacks(self, "on_training_epoch_end", epoch_idx=epoch_idx)
+
+
+def _on_training_workload_end(self: Any, avg_metrics: Any, batch_metrics: Any) -> None:
+    _call_callbacks(self, "on_training_workload_end", avg_metrics=avg_metrics, batch_metrics=batch_metrics)
+
+
+def _on_validation_start(self: Any) -> None:
+    _call_callbacks(self, "on_validation_start")
+
+
+def _on_validation_epoch_start(self: Any) -> None:
+    _call_callbacks(self, "on_validation_epoch_start")
+
+
+def _on_validation_epoch_end(self: Any, outputs: Any) -> None:
+    _call_callbacks(self, "on_validation_epoch_end", outputs=outputs)
+
+
+def _on_validation_end(self: Any, metrics: Any) -> None:
+    _call_callbacks(self, "on_validation_end", metrics=metrics)
+
+
+def _on_checkpoint_load_start(self: Any, checkpoint: Any) -> None:
+    _call_callbacks(self, "on_checkpoint_load_start", checkpoint=checkpoint)
+
+
+def _on_checkpoint_save_start(self: Any, checkpoint: Any) -> None:
+    _call_callbacks(self, "on_checkpoint_save_start", checkpoint=checkpoint)
+
+
+def _on_checkpoint_write_end(self: Any, checkpoint_dir: str) -> None:
+    _call_callbacks(self, "on_checkpoint_write_end", checkpoint_dir=checkpoint_dir)
+
+
+def _on_checkpoint_upload_end(self: Any, uuid: str) -> None:
+    _call_callbacks(self, "on_checkpoint_upload_end", uuid=uuid)
+
+
+def _on_checkpoint_end(self: Any, checkpoint_dir: str) -> None:
+    _call_callbacks(self, "on_checkpoint_end", checkpoint_dir=checkpoint_dir)
+
+
+def _on_before_optimizer_step(self: Any, parameters: Any) -> None:
+    _call_callbacks(self, "on_before_optimizer_step", parameters=parameters)
+
+
+def _on_trial_shutdown(self: Any) -> None:
+    _call_callbacks(self, "on_trial_shutdown")
+
+
+_FORWARDERS: Dict[str, Callable] = {method: globals()["_" + method] for method in LIFECYCLE_METHODS}

@@ -1,0 +1,370 @@
+"""The loop's semantics: exact SGD math, periods and schedules, and the literal hook sequence."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import pytest
+import torch
+
+from hookdet import pytorch
+from hookdet.markers import hookimpl
+from tests.hook_recorder import SPEC_NAMES, HookRecorder
+from tests.trials import OneWeightTrial, fit
+
+LR = 0.1
+
+
+def closed_form(
+    batches: int,
+    lr_at: Callable[[int], float] = lambda n: LR,
+    clip: float = math.inf,
+    aggregation: int = 1,
+) -> List[Dict[str, float]]:
+    """Per-batch (loss, weight after the batch, lr) of the one-weight model, computed by hand.
+
+    Loss ``(w - 1)^2`` has gradient ``2 (w - 1)``; with aggregation the weight moves only on every
+    ``aggregation``-th batch, by the average of the window's (identical) gradients.
+    """
+    weight, rows = 0.0, []
+    for n in range(batches):
+        loss = (weight - 1.0) ** 2
+        lr = lr_at(n)
+        if (n + 1) % aggregation == 0:
+            gradient = max(-clip, min(clip, 2.0 * (weight - 1.0)))
+            weight -= lr * gradient
+        rows.append({"loss": loss, "weight": weight, "lr": lr})
+    return rows
+
+
+def assert_matches(reported: List[Dict[str, Any]], expected: List[Dict[str, float]]) -> None:
+    assert len(reported) == len(expected)
+    for n, (got, want) in enumerate(zip(reported, expected)):
+        for key in ("loss", "weight", "lr"):
+            assert got[key] == pytest.approx(want[key], abs=1e-6), f"batch {n} {key}"
+
+
+def hparams(**extra: Any) -> Dict[str, Any]:
+    return {"lr": LR, "records": 4, "global_batch_size": 1, **extra}
+
+
+def test_sgd_matches_closed_form_for_100_batches(tmp_path: Path) -> None:
+    trial = fit(OneWeightTrial, hparams(), tmp_path, max_length=pytorch.Batch(100))
+    assert_matches(trial.recorder.batch_metrics, closed_form(100))
+
+
+def test_clip_grads_receives_parameters_and_clips(tmp_path: Path) -> None:
+    trial = fit(OneWeightTrial, hparams(clip=0.5), tmp_path, max_length=pytorch.Batch(100))
+    assert_matches(trial.recorder.batch_metrics, closed_form(100, clip=0.5))
+
+
+def test_aggregation_frequency_two_steps_every_second_batch(tmp_path: Path) -> None:
+    trial = fit(
+        OneWeightTrial,
+        hparams(),
+        tmp_path,
+        config={"optimizations": {"aggregation_frequency": 2}},
+        max_length=pytorch.Batch(100),
+    )
+    reported = trial.recorder.batch_metrics
+    assert_matches(reported, closed_form(100, aggregation=2))
+    assert reported[0]["weight"] == 0.0 and reported[1]["weight"] != 0.0
+
+
+@pytest.mark.parametrize(
+    "mode, frequency, lr_at",
+    [
+        ("STEP_EVERY_BATCH", 2, lambda n: LR * 0.5 ** (n // 2)),
+        ("STEP_EVERY_EPOCH", 1, lambda n: LR * 0.5 ** (n // 4)),
+        ("STEP_EVERY_OPTIMIZER_STEP", 3, lambda n: LR * 0.5 ** (n // 3)),
+        ("MANUAL_STEP", 1, lambda n: LR * 0.5**n),
+    ],
+)
+def test_lr_scheduler_step_modes(tmp_path: Path, mode: str, frequency: int, lr_at: Callable) -> None:
+    trial = fit(
+        OneWeightTrial,
+        hparams(scheduler=mode, scheduler_frequency=frequency),
+        tmp_path,
+        max_length=pytorch.Batch(20),
+    )
+    assert_matches(trial.recorder.batch_metrics, closed_form(20, lr_at=lr_at))
+
+
+def test_reduce_lr_on_plateau_needs_manual_step(tmp_path: Path) -> None:
+    with pytorch.init(hparams=hparams(), exp_conf={"plugins": ["no:tensorboard", "no:progress"]}, run_dir=tmp_path) as ctx:
+        optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        with pytest.raises(ValueError, match="ReduceLROnPlateau.*MANUAL_STEP"):
+            ctx.wrap_lr_scheduler(plateau, pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
+        ctx.wrap_lr_scheduler(plateau, pytorch.LRScheduler.StepMode.MANUAL_STEP)
+
+
+# ---------------------------------------------------------------------------------------------
+# The literal hook sequence
+# ---------------------------------------------------------------------------------------------
+
+RECORDED = [name for name in SPEC_NAMES if name.startswith("on_") and name != "on_before_optimizer_step"] + [
+    "hookdet_report_metrics",
+    "hookdet_save_checkpoint",
+    "hookdet_load_checkpoint",
+]
+
+VALIDATION = [
+    "on_validation_start",
+    "on_validation_epoch_start",
+    "on_validation_epoch_end",
+    "on_validation_end",
+]
+CHECKPOINT = [
+    "hookdet_save_checkpoint",
+    "on_checkpoint_save_start",
+    "on_checkpoint_write_end",
+    "on_checkpoint_upload_end",
+    "on_checkpoint_end",
+]
+
+
+def validation(steps: int) -> List[str]:
+    return VALIDATION + [f"hookdet_report_metrics(validation, {steps})"]
+
+
+def report(steps: int) -> List[str]:
+    return ["on_training_workload_end", f"hookdet_report_metrics(training, {steps})"]
+
+
+class StopAt(pytorch.PyTorchCallback):
+    """Requests a stop from inside the workload, after ``batch`` batches were trained."""
+
+    def __init__(self, context: pytorch.PyTorchTrialContext, batch: int) -> None:
+        self.context, self.batch = context, batch
+
+    def on_before_optimizer_step(self, parameters: Any) -> None:
+        if self.context.current_train_batch() + 1 == self.batch:
+            self.context.set_stop_requested(True)
+
+
+def record_fit(tmp_path: Path, records: int = 4, resume: Any = None, stop_at: Any = None, **fit_kwargs: Any) -> HookRecorder:
+    hp = hparams(records=records)
+    recorder = HookRecorder(RECORDED)
+    with pytorch.init(hparams=hp, exp_conf={"plugins": ["checkpoint"]}, run_dir=tmp_path) as context:
+        context._run.plugins.register("recorder", recorder)
+        trial = OneWeightTrial(context)
+        if stop_at is not None:
+            stopper = StopAt(context, stop_at)
+            trial.build_callbacks = lambda: {"stop": stopper}  # type: ignore[method-assign]
+        fit_kwargs.setdefault("reporting_period", pytorch.Batch(100))
+        pytorch.Trainer(trial, context).fit(latest_checkpoint=resume, **fit_kwargs)
+    return recorder
+
+
+def test_sequence_batch_periods(tmp_path: Path) -> None:
+    recorder = record_fit(
+        tmp_path, max_length=pytorch.Batch(6), validation_period=pytorch.Batch(3), reporting_period=pytorch.Batch(2)
+    )
+    assert recorder.compact() == [
+        "on_trial_startup(0)",
+        "on_training_start",
+        "on_training_epoch_start(0)",
+        *report(2),
+        *report(3),
+        *validation(3),
+        *CHECKPOINT,  # the best validation so far, under checkpoint_policy "best"
+        "on_training_epoch_end(0)",
+        *report(4),
+        "on_training_epoch_start(1)",
+        *report(6),
+        *validation(6),
+        *CHECKPOINT,
+        "on_trial_shutdown",
+    ]
+
+
+def test_sequence_epoch_periods(tmp_path: Path) -> None:
+    recorder = record_fit(
+        tmp_path,
+        records=2,
+        max_length=pytorch.Epoch(3),
+        validation_period=pytorch.Epoch(2),
+        checkpoint_period=pytorch.Epoch(1),
+        checkpoint_policy="none",
+    )
+    assert recorder.compact() == [
+        "on_trial_startup(0)",
+        "on_training_start",
+        "on_training_epoch_start(0)",
+        "on_training_epoch_end(0)",
+        *report(2),
+        *CHECKPOINT,
+        "on_training_epoch_start(1)",
+        "on_training_epoch_end(1)",
+        *report(4),
+        *validation(4),
+        *CHECKPOINT,
+        "on_training_epoch_start(2)",
+        "on_training_epoch_end(2)",
+        *report(6),
+        *validation(6),
+        *CHECKPOINT,
+        "on_trial_shutdown",
+    ]
+
+
+def test_sequence_container_schedule(tmp_path: Path) -> None:
+    recorder = record_fit(
+        tmp_path,
+        records=100,
+        max_length=pytorch.Batch(12),
+        validation_period=pytorch.Batch([5, 10]),
+        checkpoint_policy="none",
+    )
+    assert recorder.compact() == [
+        "on_trial_startup(0)",
+        "on_training_start",
+        "on_training_epoch_start(0)",
+        *report(5),
+        *validation(5),
+        *report(10),
+        *validation(10),
+        *report(12),
+        *validation(12),
+        *CHECKPOINT,
+        "on_trial_shutdown",
+    ]
+
+
+def test_sequence_step_zero_validation(tmp_path: Path) -> None:
+    recorder = record_fit(
+        tmp_path, records=100, max_length=pytorch.Batch(2), step_zero_validation=True, checkpoint_policy="none"
+    )
+    assert recorder.compact() == [
+        "on_trial_startup(0)",
+        *validation(0),
+        "on_training_start",
+        "on_training_epoch_start(0)",
+        *report(2),
+        *validation(2),
+        *CHECKPOINT,
+        "on_trial_shutdown",
+    ]
+
+
+def test_sequence_test_mode(tmp_path: Path) -> None:
+    recorder = record_fit(tmp_path, records=100, max_length=pytorch.Batch(50), test_mode=True, checkpoint_policy="none")
+    assert recorder.compact() == [
+        "on_trial_startup(0)",
+        "on_training_start",
+        "on_training_epoch_start(0)",
+        *report(1),
+        *validation(1),
+        *CHECKPOINT,
+        "on_trial_shutdown",
+    ]
+
+
+def test_test_mode_trains_and_validates_one_batch(tmp_path: Path) -> None:
+    class ValidationOutputs:
+        def __init__(self) -> None:
+            self.sizes: List[int] = []
+
+        @hookimpl
+        def on_validation_epoch_end(self, outputs: List[Any]) -> None:
+            self.sizes.append(len(outputs))
+
+    observer = ValidationOutputs()
+    hp = hparams(records=100)
+    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        context._run.plugins.register("observer", observer)
+        pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(50), test_mode=True)
+        assert context._run.state.batches_trained == 1
+    assert observer.sizes == [1]
+
+
+def test_sequence_stop_requested_mid_workload(tmp_path: Path) -> None:
+    recorder = record_fit(
+        tmp_path,
+        records=100,
+        max_length=pytorch.Batch(20),
+        validation_period=pytorch.Batch(10),
+        stop_at=3,
+    )
+    assert recorder.compact() == [
+        "on_trial_startup(0)",
+        "on_training_start",
+        "on_training_epoch_start(0)",
+        *report(3),
+        *CHECKPOINT,
+        "on_trial_shutdown",
+    ]
+
+
+def test_sequence_resume(tmp_path: Path) -> None:
+    first = record_fit(tmp_path / "first", records=4, max_length=pytorch.Batch(20), stop_at=6)
+    assert first.compact()[-7:-6] == ["hookdet_report_metrics(training, 6)"]
+    recorder = record_fit(
+        tmp_path / "second", records=4, resume=str(tmp_path / "first"), max_length=pytorch.Batch(8), checkpoint_policy="none"
+    )
+    assert recorder.compact() == [
+        "hookdet_load_checkpoint",
+        "on_checkpoint_load_start",
+        "on_trial_startup(6)",
+        "on_training_start",
+        "on_training_epoch_end(1)",
+        *report(8),
+        *validation(8),
+        *CHECKPOINT,
+        "on_trial_shutdown",
+    ]
+
+
+def test_should_exit_checkpoints_unless_skipped(tmp_path: Path) -> None:
+    class ExitingTrial(OneWeightTrial):
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            if batch_idx == 2:
+                raise pytorch.ShouldExit(skip_exit_checkpoint=self.context.get_hparam("skip"))
+            return super().train_batch(batch, epoch_idx, batch_idx)
+
+    for skip in (False, True):
+        hp = hparams(records=100, skip=skip)
+        recorder = HookRecorder(["hookdet_save_checkpoint"])
+        with pytorch.init(hparams=hp, exp_conf={"plugins": ["checkpoint"]}, run_dir=tmp_path / str(skip)) as context:
+            context._run.plugins.register("recorder", recorder)
+            pytorch.Trainer(ExitingTrial(context), context).fit(max_length=pytorch.Batch(10))
+            assert context._run.state.batches_trained == 2
+        assert recorder.names() == ([] if skip else ["hookdet_save_checkpoint"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-batch hooks cost nothing unless implemented
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unimplemented_per_batch_hooks_are_never_called(tmp_path: Path) -> None:
+    calls: List[str] = []
+    hp = hparams()
+    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        plugins = context._run.plugins
+        plugins.pluggy_manager.add_hookcall_monitoring(lambda name, impls, kwargs: calls.append(name), lambda *a: None)
+        trial = OneWeightTrial(context)
+        trial.build_callbacks = lambda: {}  # type: ignore[method-assign]
+        pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(8), reporting_period=pytorch.Batch(4))
+    per_batch = {"hookdet_train_batch", "hookdet_backward", "hookdet_step_optimizer", "hookdet_train_batch_end",
+                 "hookdet_prepare_gradients", "on_before_optimizer_step", "hookdet_validation_batch_end"}
+    assert not per_batch & set(calls)
+    assert calls.count("on_training_epoch_start") == 2
+
+
+def test_implemented_per_batch_hook_fires_every_batch(tmp_path: Path) -> None:
+    seen: List[int] = []
+
+    class BatchCounter:
+        @hookimpl
+        def hookdet_train_batch_end(self, context: Any, batch_idx: int, metrics: Dict[str, Any]) -> None:
+            assert isinstance(metrics["loss"], torch.Tensor)  # still a tensor: no sync forced
+            seen.append(batch_idx)
+
+    hp = hparams()
+    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        context._run.plugins.register("counter", BatchCounter())
+        pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(7))
+    assert seen == list(range(7))
