@@ -198,6 +198,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``hookdet`` console script."""
     from hookdet.checkpoint_format import CheckpointError
     from hookdet.config import ConfigError
+    from hookdet.data import DatasetReproducibilityError
     from hookdet.plugin_manager import PluginError
     from hookdet.reducers import MetricError
     from hookdet.trial import TrialError
@@ -211,8 +212,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, "torchrun_" + option[2:].replace("-", "_"), None) is not None
     ] if args.command == "run" else []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
+    known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError, DatasetReproducibilityError)
     try:
         return args.handler(args)
-    except (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError) as error:
+    except known as error:
         print(f"hookdet: error: {error}", file=sys.stderr)
         return 2

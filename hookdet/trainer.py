@@ -14,7 +14,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -72,32 +72,37 @@ def init(
     enable_tensorboard_logging: bool = True,
     run_dir: Union[str, Path, None] = None,
     model_dir: Union[str, Path, None] = None,
+    plugins: Sequence[Any] = (),
 ) -> Iterator[PyTorchTrialContext]:
     """Build a run and yield its :class:`PyTorchTrialContext` (Determined's ``pytorch.init``).
 
     ``exp_conf`` is an experiment file as a dict (or already loaded); ``hparams`` override its
     hyperparameters; ``distributed`` replaces the plugins' distributed backend. ``run_dir`` is
     where metrics, checkpoints and TensorBoard files go (default ``runs/<name>-<time>``).
+    ``plugins`` are extra plugin objects registered after the named ones (as pytest's
+    ``pytest.main(plugins=...)``), each under its class name.
     """
     config = exp_conf if isinstance(exp_conf, ExperimentConfig) else parse_experiment_config(
         exp_conf or {}, source="exp_conf"
     )
     if aggregation_frequency != 1:
         config.optimizations.aggregation_frequency = aggregation_frequency
-    plugins = PluginManager(config.plugin_config)
-    plugins.load_all(plugin_names_for(config, enable_tensorboard_logging))
+    manager = PluginManager(config.plugin_config)
+    manager.load_all(plugin_names_for(config, enable_tensorboard_logging))
+    for plugin in plugins:
+        manager.register(type(plugin).__name__, plugin)
     trial_seed = config.trial_seed()
     seed_everything(trial_seed)
     run = Run(
         config=config,
         run_dir=Path(run_dir) if run_dir is not None else default_run_dir(config),
-        plugins=plugins,
+        plugins=manager,
         model_dir=Path(model_dir) if model_dir is not None else Path.cwd(),
         hparams=dict(hparams if hparams is not None else config.hyperparameters),
         trial_seed=trial_seed,
     )
     try:
-        plugins.start(run)
+        manager.start(run)
         run.distributed = distributed or run.hook.hookdet_make_distributed(run=run)
         run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
         run.device = _device_for(run.distributed)

@@ -1,0 +1,221 @@
+"""``hookdet run`` / ``plugins`` / ``export`` as a user runs them, and bad input, each with one message."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+import torch
+
+from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+DETERMINED_STYLE = Path(__file__).parent / "fixtures" / "determined_style"
+
+
+def hookdet(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the installed ``hookdet`` console script in a child process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    executable = Path(sys.executable).with_name("hookdet")
+    return subprocess.run([str(executable), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.slow
+def test_determined_trial_runs_through_hookdet_run(tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(DETERMINED_STYLE, model_dir)
+    result = hookdet("run", "const.yaml", "--run-dir", str(tmp_path / "run"), cwd=model_dir)
+    assert result.returncode == 0, result.stderr
+    assert "cluster-only fields ignored when running locally: environment" in result.stderr
+    assert "completed after 48 batches" in result.stdout
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    validations = [r for r in records if r["group"] == "validation"]
+    assert [r["steps_completed"] for r in validations] == [16, 32, 48]
+    assert validations[-1]["metrics"]["accuracy"] > 0.5
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["entrypoint"] == "model_def:MNistTrial"
+
+
+def test_determined_trial_runs_through_trainer_fit(tmp_path: Path) -> None:
+    sys.path.insert(0, str(DETERMINED_STYLE))
+    try:
+        import model_def
+    finally:
+        sys.path.remove(str(DETERMINED_STYLE))
+    from hookdet import pytorch
+
+    hparams = {"learning_rate": 1.0, "global_batch_size": 32, "n_filters1": 8, "n_filters2": 16, "dropout1": 0.25, "dropout2": 0.5}
+    with pytorch.init(hparams=hparams, exp_conf={"plugins": ["callbacks"]}, run_dir=tmp_path) as context:
+        trial = model_def.MNistTrial(context)
+        pytorch.Trainer(trial, context).fit(max_length=pytorch.Epoch(1), validation_period=pytorch.Epoch(1))
+    assert trial.epoch_counter.epochs == 1
+    assert context.current_train_batch() == 15
+
+
+def test_plugins_command_lists_plugins_and_hooks(capsys: pytest.CaptureFixture) -> None:
+    assert main(["plugins"]) == 0
+    output = capsys.readouterr().out
+    assert "checkpoint (default)\n  from: hookdet.builtin_plugins.checkpoint:CheckpointPlugin" in output
+    assert "hookdet_save_checkpoint" in output and "metrics_log (default)" in output
+
+
+def test_export_writes_a_bare_state_dict(tmp_path: Path) -> None:
+    from hookdet import pytorch
+    from tests.trials import OneWeightTrial
+
+    hparams = {"lr": 0.1, "records": 4, "global_batch_size": 1}
+    with pytorch.init(hparams=hparams, exp_conf={"plugins": ["checkpoint"]}, run_dir=tmp_path / "run") as context:
+        trial = OneWeightTrial(context)
+        pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(3))
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "weights.pt")]) == 0
+    plain = torch.nn.Linear(1, 1, bias=False)
+    plain.load_state_dict(torch.load(tmp_path / "weights.pt", weights_only=True))
+    assert torch.equal(plain.weight, trial.model.weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one clear message naming the culprit, exit status 2
+# ---------------------------------------------------------------------------------------------
+
+TRIAL_TEMPLATE = '''
+import torch
+from hookdet import pytorch
+
+class Trial(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(1, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
+
+    def _data(self):
+        return torch.utils.data.TensorDataset(torch.ones(8, 1), torch.ones(8, 1))
+
+    def build_training_data_loader(self):
+        return pytorch.DataLoader(self._data(), batch_size=2)
+
+    def build_validation_data_loader(self):
+        return pytorch.DataLoader(self._data(), batch_size=2)
+
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch):
+        x, y = batch
+        return {"validation_loss": torch.nn.functional.mse_loss(self.model(x), y)}
+'''
+
+CONFIG_TEMPLATE = """\
+entrypoint: {module}:Trial
+hyperparameters:
+  global_batch_size: 2
+searcher:
+  max_length:
+    batches: 4
+plugins: [callbacks, checkpoint, metrics_log]
+"""
+
+
+def run_cli(tmp_path: Path, trial_source: str = TRIAL_TEMPLATE, config: str = CONFIG_TEMPLATE, edit: Any = None) -> List[str]:
+    """Write a trial module and config, run ``hookdet run`` in-process; return stderr lines."""
+    module = f"trial_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(trial_source))
+    text = config.format(module=module)
+    if edit is not None:
+        text = edit(text)
+    (tmp_path / "exp.yaml").write_text(text)
+    return [str(tmp_path / "exp.yaml"), "--run-dir", str(tmp_path / "run")]
+
+
+def expect_error(capsys: pytest.CaptureFixture, args: List[str], *fragments: str) -> str:
+    assert main(["run", *args]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("hookdet: error: ") and "\n" not in error, error
+    for fragment in fragments:
+        assert fragment in error, error
+    return error
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = run_cli(tmp_path, edit=lambda text: text + "searcher: [unclosed\n")
+    expect_error(capsys, args, "exp.yaml:9:1: malformed YAML", "started on line 8")
+
+
+def test_unknown_field_suggests_the_right_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = run_cli(tmp_path, edit=lambda text: text.replace("max_length:", "max_lenght:"))
+    expect_error(capsys, args, "exp.yaml:5", "max_lenght", "did you mean 'max_length'")
+
+
+def test_unknown_plugin_lists_installed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = run_cli(tmp_path, edit=lambda text: text.replace("metrics_log]", "metricslog]"))
+    expect_error(capsys, args, "unknown plugin 'metricslog'", "installed plugins:", "metrics_log")
+
+
+def test_entrypoint_that_does_not_import(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = run_cli(tmp_path, trial_source="import not_a_module_anywhere\n")
+    expect_error(capsys, args, "exp.yaml: entrypoint", "cannot import module", "not_a_module_anywhere")
+
+
+def test_entrypoint_naming_a_missing_class(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = run_cli(tmp_path, edit=lambda text: text.replace(":Trial", ":Trail"))
+    expect_error(capsys, args, "has no 'Trail'")
+
+
+@pytest.mark.parametrize("which", ["neither", "both"])
+def test_trial_must_override_exactly_one_evaluate_method(tmp_path: Path, capsys: pytest.CaptureFixture, which: str) -> None:
+    source = TRIAL_TEMPLATE
+    if which == "neither":
+        source = source.replace("def evaluate_batch", "def not_evaluate_batch")
+    else:
+        source += "\n    def evaluate_full_dataset(self, data_loader):\n        return {}\n"
+    expect_error(capsys, run_cli(tmp_path, trial_source=source), f"overrides {which} of evaluate_batch and evaluate_full_dataset")
+
+
+def test_train_batch_returning_the_wrong_type(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = TRIAL_TEMPLATE.replace('return {"loss": loss}', "return [loss]")
+    expect_error(capsys, run_cli(tmp_path, trial_source=source), "train_batch must return a dict of metrics or a loss tensor, got list")
+
+
+def test_metric_that_is_not_json_serialisable(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = TRIAL_TEMPLATE.replace(
+        'return {"validation_loss": torch.nn.functional.mse_loss(self.model(x), y)}',
+        'return {"validation_loss": torch.nn.functional.mse_loss(self.model(x), y), "names": {"a", "b"}}',
+    )
+    expect_error(capsys, run_cli(tmp_path, trial_source=source), "names")
+
+
+def test_plain_torch_dataloader_needs_the_opt_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = TRIAL_TEMPLATE.replace(
+        "return pytorch.DataLoader(self._data(), batch_size=2)\n\n    def build_validation",
+        "return torch.utils.data.DataLoader(self._data(), batch_size=2)\n\n    def build_validation",
+    )
+    expect_error(capsys, run_cli(tmp_path, trial_source=source), "build_training_data_loader", "disable_dataset_reproducibility_checks")
+    opted_out = source.replace(
+        "self.context = context\n", "self.context = context\n        context.experimental.disable_dataset_reproducibility_checks()\n"
+    )
+    opted_dir = tmp_path / "opted"
+    opted_dir.mkdir()
+    assert main(["run", *run_cli(opted_dir, trial_source=opted_out)]) == 0
+
+
+def test_bad_input_loses_nothing_already_saved(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A run that fails at its final validation keeps the checkpoints it already wrote."""
+    source = TRIAL_TEMPLATE.replace(
+        "    def evaluate_batch(self, batch):\n",
+        "    def evaluate_batch(self, batch):\n        if self.context.current_train_batch() >= 3:\n            return {'bad': object()}\n",
+    )
+    args = run_cli(tmp_path, trial_source=source, edit=lambda t: t + "min_checkpoint_period:\n  batches: 2\n")
+    expect_error(capsys, args, "bad")
+    checkpoints = [p for p in (tmp_path / "run" / "checkpoints").iterdir() if (p / "metadata.json").exists()]
+    assert len(checkpoints) == 1
+    assert json.loads((checkpoints[0] / "metadata.json").read_text())["steps_completed"] == 2

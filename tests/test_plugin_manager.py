@@ -1,0 +1,160 @@
+"""Plugins by name: resolution, defaults, ``no:``, options, conflicts, errors that name the plugin."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hookdet import pytorch
+from hookdet.markers import hookimpl
+from hookdet.plugin_manager import (
+    DEFAULT_PLUGINS,
+    PluginError,
+    PluginManager,
+    installed_plugins,
+    resolve_plugin_names,
+)
+from tests.trials import OneWeightTrial
+
+HP = {"lr": 0.1, "records": 4, "global_batch_size": 1}
+
+
+def test_every_builtin_is_an_installed_entry_point() -> None:
+    installed = installed_plugins()
+    for name in (*DEFAULT_PLUGINS, "local_storage", "s3_storage", "amp", "apex", "ddp", "horovod", "profiler"):
+        assert installed[name].startswith("hookdet.builtin_plugins."), name
+
+
+@pytest.mark.parametrize(
+    "requested, expected",
+    [
+        (None, ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "progress"]),
+        (["no:progress", "no:tensorboard"], ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage"]),
+        (["checkpoint", "amp"], ["checkpoint", "local_storage", "amp"]),
+        ([], []),
+        (["amp", "amp"], ["amp"]),
+    ],
+)
+def test_resolve_plugin_names(requested: Any, expected: list) -> None:
+    assert resolve_plugin_names(requested, "local_storage") == expected
+
+
+def test_unknown_plugin_lists_installed_ones() -> None:
+    manager = PluginManager()
+    with pytest.raises(PluginError) as error:
+        manager.load_all(["tensorbored"])
+    message = str(error.value)
+    assert "unknown plugin 'tensorbored'" in message
+    assert "tensorboard" in message and "checkpoint" in message
+
+
+def test_only_listed_plugins_are_imported() -> None:
+    code = (
+        "import sys\n"
+        "from hookdet.plugin_manager import PluginManager\n"
+        "PluginManager().load_all(['metrics_log'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('hookdet.builtin_plugins.')))\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    imported = eval(output)
+    assert "hookdet.builtin_plugins.metrics_log" in imported
+    assert "hookdet.builtin_plugins.amp" not in imported and "hookdet.builtin_plugins.ddp" not in imported
+
+
+def test_plugin_config_reaches_options_and_is_refused_by_plugins_without_options() -> None:
+    class WithOptions:
+        def __init__(self, options: dict) -> None:
+            self.options = options
+
+    class WithoutOptions:
+        pass
+
+    manager = PluginManager({"with": {"level": 3}, "without": {"level": 3}})
+    assert manager.register("with", WithOptions).options == {"level": 3}
+    with pytest.raises(PluginError, match="plugin 'without' takes no plugin_config options"):
+        manager.register("without", WithoutOptions)
+
+
+def test_declared_conflict_is_refused_naming_both() -> None:
+    class Left:
+        conflicts_with = ("right",)
+
+    class Right:
+        pass
+
+    manager = PluginManager()
+    manager.register("left", Left)
+    with pytest.raises(PluginError, match="plugins 'left' and 'right' cannot run together"):
+        manager.register("right", Right)
+
+
+def test_exception_in_a_plugin_names_plugin_and_hook(tmp_path: Path) -> None:
+    class Broken:
+        @hookimpl
+        def on_validation_end(self, metrics: dict) -> None:
+            raise ZeroDivisionError("boom")
+
+    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        context._run.plugins.register("broken", Broken())
+        with pytest.raises(PluginError, match=r"plugin 'broken' failed in hook on_validation_end: ZeroDivisionError\('boom'\)"):
+            pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(2))
+
+
+def test_exception_in_a_callback_names_the_callback(tmp_path: Path) -> None:
+    class Failing(pytorch.PyTorchCallback):
+        def on_training_start(self) -> None:
+            raise RuntimeError("callback trouble")
+
+    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        trial = OneWeightTrial(context)
+        trial.build_callbacks = lambda: {"failing": Failing()}  # type: ignore[method-assign]
+        with pytest.raises(Exception, match="callback 'failing' failed in on_training_start"):
+            pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(2))
+
+
+def test_trial_errors_are_not_blamed_on_plugins(tmp_path: Path) -> None:
+    class Wrapping:
+        @hookimpl(wrapper=True)
+        def hookdet_train_batch(self, trial: Any, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            return (yield)
+
+    class FailingTrial(OneWeightTrial):
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            raise KeyError("the trial's own bug")
+
+    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        context._run.plugins.register("wrapping", Wrapping())
+        with pytest.raises(KeyError, match="the trial's own bug"):
+            pytorch.Trainer(FailingTrial(context), context).fit(max_length=pytorch.Batch(2))
+
+
+def test_trial_switches_a_plugin_on_by_name(tmp_path: Path) -> None:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        assert context._run.plugins.get("metrics_log") is None
+        plugin = context._run.plugins.load("metrics_log")
+        assert context._run.plugins.get("metrics_log") is plugin
+        assert context._run.plugins.load("metrics_log") is plugin
+
+
+def test_trace_logs_every_hook_with_plugin_and_time(tmp_path: Path) -> None:
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+        "from hookdet import pytorch\n"
+        "from tests.trials import OneWeightTrial\n"
+        f"hp = {HP!r}\n"
+        f"with pytorch.init(hparams=hp, exp_conf={{'plugins': ['metrics_log']}}, run_dir={str(tmp_path)!r}) as c:\n"
+        "    pytorch.Trainer(OneWeightTrial(c), c).fit(max_length=pytorch.Batch(2))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "HOOKDET_TRACE": "1", "PYTHONPATH": str(Path(__file__).parent.parent)},
+        check=True,
+    )
+    lines = [line for line in result.stdout.splitlines() if "hook hookdet_report_metrics" in line]
+    assert lines and "[metrics_log]" in lines[0] and lines[0].rstrip().endswith("ms")
