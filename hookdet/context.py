@@ -135,8 +135,17 @@ class PyTorchTrialContext:
         return global_size // ranks
 
     def get_initial_batch(self) -> int:
-        """The batch training starts from: 0, or the resume point."""
-        return self._run.state.batches_trained if self._run.resume_from else 0
+        """The batch training starts from: 0, or the resume point.
+
+        Known as soon as the run has a checkpoint to resume (``hookdet run --resume``, or
+        ``Trainer.fit(latest_checkpoint=...)`` before the data loaders are built); the
+        checkpoint plugin reads it from the checkpoint's metadata until the checkpoint is loaded.
+        """
+        run = self._run
+        if not run.resume_from:
+            return 0
+        resume_point = getattr(run.plugins.get("checkpoint"), "resume_point", None)
+        return int(resume_point(run, run.resume_from)) if resume_point is not None else 0
 
     def get_enable_tensorboard_logging(self) -> bool:
         """Whether a TensorBoard plugin is running."""
@@ -237,9 +246,9 @@ class PyTorchTrialContext:
         """Register a ``torch.amp.GradScaler`` (the amp plugin); returns it."""
         return self._run.plugins.load("amp").wrap_scaler(self, scaler)
 
-    def configure_apex_amp(self, models: Any, optimizers: Any, **kwargs: Any) -> Any:
+    def configure_apex_amp(self, models: Any, optimizers: Any, *args: Any, **kwargs: Any) -> Any:
         """Determined's apex configuration (the apex plugin; torch.amp when apex is absent)."""
-        return self._run.plugins.load("apex").configure_apex_amp(self, models, optimizers, **kwargs)
+        return self._run.plugins.load("apex").configure_apex_amp(self, models, optimizers, *args, **kwargs)
 
     def wrap_reducer(
         self,
@@ -333,7 +342,8 @@ class PyTorchTrialContext:
             if wrapped.step_mode is not mode:
                 continue
             if mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP:
-                if getattr(wrapped.scheduler, "optimizer", None) is not original:
+                stepped = getattr(wrapped.scheduler, "optimizer", None)
+                if stepped is not original and stepped is not optimizer:
                     continue
                 if steps % wrapped.frequency:
                     continue

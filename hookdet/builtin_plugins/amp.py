@@ -1,0 +1,412 @@
+"""Native mixed precision: forward passes under ``torch.autocast``, losses through a ``GradScaler``.
+
+Three ways in, the first two exactly as in Determined:
+
+* ``context.experimental.use_amp()`` — automatic. Every model wrapped afterwards runs its forward
+  pass under autocast (its reduced-precision outputs come back as float32, so the loss is computed
+  in float32); ``context.backward`` scales the loss; ``context.step_optimizer`` unscales the
+  gradients before they are averaged and clipped, then steps through the scaler; after
+  ``train_batch`` on a batch that stepped, the scaler is updated once.
+* ``context.wrap_scaler(scaler)`` — manual. The trial autocasts, scales its loss, passes
+  ``scaler=`` to ``step_optimizer`` and calls ``scaler.update()`` itself, as with plain PyTorch;
+  hookdet only keeps the scaler's state in checkpoints (Determined's harness likewise updates
+  the scaler only under ``use_amp``).
+* ``plugins: [amp]`` in the experiment file — automatic for every model, with no change to the
+  trial (as if it had called ``use_amp()`` first). A trial that calls ``wrap_scaler`` before
+  wrapping a model takes over manually instead.
+
+Determined's ordering rules hold: ``use_amp``/``wrap_scaler`` come before any ``wrap_model`` and
+are called once; ``amp`` and ``apex`` never run together (``conflicts_with``).
+
+``plugin_config.amp`` (all optional): ``enabled`` (false: ``use_amp`` trains in float32),
+``dtype`` (``auto``: float16 on CUDA, bfloat16 elsewhere; or ``float16``/``bfloat16``), and the
+``GradScaler``'s ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``.
+Loss scaling runs for float16 only: bfloat16 has float32's exponent range and needs none, so with
+bfloat16 the per-batch hooks are not even registered.
+
+``GradScaler.step`` reads one flag from the device per optimizer step to decide whether to skip
+it (PyTorch's own design); nothing else here waits on the device per batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import types
+import warnings
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from hookdet.markers import hookimpl
+from hookdet.plugin_manager import PluginError
+from hookdet.trial import TrialError
+
+logger = logging.getLogger("hookdet")
+
+NAME = "amp"
+STEPS_NAME = "amp:steps"
+BY_FILE = "the experiment file"
+
+#: Names accepted for ``dtype`` options; ``auto`` picks by device.
+DTYPE_NAMES: Dict[str, Optional[torch.dtype]] = {
+    "auto": None,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared with the apex plugin
+# ---------------------------------------------------------------------------------------------
+
+
+def option_error(plugin: str, field: str, expected: str, value: Any) -> PluginError:
+    """The one error a bad ``plugin_config.<plugin>.<field>`` value gets."""
+    return PluginError(f"plugin_config.{plugin}.{field} must be {expected}, got {value!r}")
+
+
+def check_known_options(plugin: str, options: Dict[str, Any], known: Tuple[str, ...]) -> None:
+    """Refuse an option the plugin does not have, listing the ones it does."""
+    for name in options:
+        if name not in known:
+            raise PluginError(
+                f"plugin_config.{plugin}: unknown option {name!r}; known options: {', '.join(known)}"
+            )
+
+
+def read_dtype_option(plugin: str, value: Any) -> str:
+    """Validate a ``dtype`` option (a name from :data:`DTYPE_NAMES`)."""
+    if not isinstance(value, str) or value.lower() not in DTYPE_NAMES:
+        raise option_error(plugin, "dtype", "one of " + ", ".join(DTYPE_NAMES), value)
+    return value.lower()
+
+
+def autocast_supported(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether this torch build can autocast to ``dtype`` on ``device_type``.
+
+    Asked of torch itself: an unsupported pair either raises or silently disables autocast
+    (with a warning), depending on the version and device.
+    """
+    if not torch.amp.is_autocast_available(device_type):
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autocast(device_type, dtype=dtype):
+                return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
+def resolve_half_dtype(plugin: str, requested: str, device: torch.device) -> torch.dtype:
+    """The reduced precision for ``device``: the requested one, or float16 on CUDA and bfloat16
+    elsewhere; refused (naming ``plugin_config.<plugin>.dtype``) when torch cannot autocast it."""
+    dtype = DTYPE_NAMES[requested]
+    if dtype is None:
+        dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    if not autocast_supported(device.type, dtype):
+        raise PluginError(
+            f"plugin_config.{plugin}.dtype: torch {torch.__version__} cannot autocast to "
+            f"{dtype_name(dtype)} on {device.type}; choose another dtype"
+        )
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).replace("torch.", "")
+
+
+def cast_tensors(
+    value: Any, to: torch.dtype, only_from: Optional[torch.dtype] = None, warned: Optional[set] = None
+) -> Any:
+    """``value`` with its floating tensors cast to ``to`` (only those of dtype ``only_from`` when
+    given), looking inside dicts, lists, tuples and named tuples.
+
+    Any other object passes through unchanged; with a ``warned`` set, once per type with a
+    warning, since tensors inside it keep their dtype (compute the loss inside the model, or
+    autocast it yourself).
+    """
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point() or value.dtype == to:
+            return value
+        if only_from is not None and value.dtype != only_from:
+            return value
+        return value.to(to)
+    if isinstance(value, dict):
+        items = {k: cast_tensors(v, to, only_from, warned) for k, v in value.items()}
+        try:
+            return type(value)(items)
+        except TypeError:
+            return items
+    if isinstance(value, list):
+        return [cast_tensors(v, to, only_from, warned) for v in value]
+    if isinstance(value, tuple):
+        items = [cast_tensors(v, to, only_from, warned) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if warned is not None and value is not None and not isinstance(value, (str, bytes, int, float)):
+        if type(value) not in warned:
+            warned.add(type(value))
+            logger.warning(
+                "mixed precision: the model returned a %s; tensors inside it keep their dtype",
+                type(value).__name__,
+            )
+    return value
+
+
+#: ``around(inner_forward, args, kwargs) -> output``: what a patched forward runs.
+Around = Callable[[Callable, tuple, dict], Any]
+
+
+def patch_forward(model: torch.nn.Module, around: Around) -> None:
+    """Make ``model(...)`` run ``around(previous forward, args, kwargs)``, on this instance only.
+
+    The patch is a method bound to ``model`` and stored on the instance, shadowing the class's
+    ``forward``: hooks, attributes and ``state_dict`` keys are unchanged. The previous forward is
+    looked up on whichever instance is called, so a ``copy.deepcopy`` of the model (an EMA or
+    ``AveragedModel`` copy, say) runs its own weights, not the original's. Patches stack.
+    """
+    previous = model.__dict__.get("forward")
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if previous is None:
+            inner = type(self).forward.__get__(self, type(self))
+        elif isinstance(previous, types.MethodType):
+            inner = previous.__func__.__get__(self, type(self))
+        else:
+            inner = previous
+        return around(inner, args, kwargs)
+
+    model.forward = types.MethodType(forward, model)
+
+
+def autocast_forward(
+    device_type: str, dtype: torch.dtype, output_dtype: Optional[torch.dtype] = torch.float32
+) -> Around:
+    """Run the forward under ``torch.autocast(device_type, dtype)``, then cast its outputs of
+    dtype ``dtype`` to ``output_dtype`` (every floating output when ``output_dtype`` is not
+    float32: apex's ``cast_model_outputs``), so a loss computed outside the model runs in full
+    precision; ``output_dtype=None`` leaves the outputs as they are."""
+    warned: set = set()
+    only_from = dtype if output_dtype == torch.float32 else None
+
+    def around(inner: Callable, args: tuple, kwargs: dict) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            output = inner(*args, **kwargs)
+        if output_dtype is None:
+            return output
+        return cast_tensors(output, output_dtype, only_from, warned)
+
+    return around
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AmpSettings:
+    """``plugin_config.amp``, validated; the scaler fields are ``torch.amp.GradScaler``'s."""
+
+    enabled: bool = True
+    dtype: str = "auto"
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    @classmethod
+    def from_options(cls, options: Dict[str, Any]) -> "AmpSettings":
+        """Read ``options``; one :class:`PluginError` naming ``plugin_config.amp.<field>``."""
+        known = tuple(field.name for field in dataclasses.fields(cls))
+        check_known_options(NAME, options, known)
+        values = dict(options)
+        if "enabled" in values and not isinstance(values["enabled"], bool):
+            raise option_error(NAME, "enabled", "true or false", values["enabled"])
+        if "dtype" in values:
+            values["dtype"] = read_dtype_option(NAME, values["dtype"])
+        for field, expected, ok in (
+            ("init_scale", "a positive number", lambda v: v > 0),
+            ("growth_factor", "a number greater than 1", lambda v: v > 1),
+            ("backoff_factor", "a number between 0 and 1 (exclusive)", lambda v: 0 < v < 1),
+        ):
+            if field in values:
+                value = values[field]
+                is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if not (is_number and math.isfinite(value) and ok(value)):
+                    raise option_error(NAME, field, expected, value)
+                values[field] = float(value)
+        if "growth_interval" in values:
+            value = values["growth_interval"]
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise option_error(NAME, "growth_interval", "a positive integer", value)
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plugin
+# ---------------------------------------------------------------------------------------------
+
+
+class AmpPlugin:
+    """``use_amp``, ``wrap_scaler`` and ``plugins: [amp]``; the scaler's state in checkpoints."""
+
+    conflicts_with = ("apex",)
+
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        self.settings = AmpSettings.from_options(dict(options or {}))
+        #: The registered ``GradScaler`` (``use_amp``'s own, or the trial's from ``wrap_scaler``).
+        self.scaler: Any = None
+        #: ``None`` until switched on, then ``"auto"`` or ``"manual"``.
+        self.mode: Optional[str] = None
+        #: The autocast dtype in automatic mode (None when disabled or manual).
+        self.dtype: Optional[torch.dtype] = None
+        self._switched_on_by: Optional[str] = None
+        self._listed_in_config = False
+        self._device_type = "cpu"
+
+    @hookimpl
+    def hookdet_configure(self, run: Any) -> None:
+        """Note whether the experiment file lists ``amp`` (automatic mode for every model)."""
+        self._listed_in_config = NAME in (run.config.plugins or ())
+
+    # ------------------------------------------------------------------ the trial's calls
+
+    def use_amp(self, context: Any) -> None:
+        """``context.experimental.use_amp()``: automatic mixed precision with a fresh scaler."""
+        if self._switched_on_by == BY_FILE and self.mode == "auto":
+            return
+        self._check_can_register(context, "use_amp")
+        self._switch_on_auto(context, "use_amp()")
+
+    def wrap_scaler(self, context: Any, scaler: Any) -> Any:
+        """``context.wrap_scaler(scaler)``: the trial drives ``scaler``; hookdet checkpoints it."""
+        missing = [m for m in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict")
+                   if not callable(getattr(scaler, m, None))]
+        if missing:
+            raise TypeError(
+                f"wrap_scaler takes a torch.amp.GradScaler, got a {type(scaler).__name__} "
+                f"(it has no {', '.join(missing)})"
+            )
+        self._check_can_register(context, "wrap_scaler")
+        self.scaler = scaler
+        self.mode = "manual"
+        self._switched_on_by = "wrap_scaler()"
+        logger.info("amp: the trial's %s is registered (manual mixed precision)", type(scaler).__name__)
+        return scaler
+
+    # ------------------------------------------------------------------ hooks
+
+    @hookimpl(wrapper=True)
+    def hookdet_wrap_model(self, model: torch.nn.Module, context: Any, options: Dict[str, Any]) -> Any:
+        """In automatic mode, run the wrapped model's forward under autocast."""
+        wrapped = yield
+        if self.mode is None and self._listed_in_config:
+            self._switch_on_auto(context, BY_FILE)
+        if self.mode == "auto" and self.dtype is not None:
+            patch_forward(wrapped, autocast_forward(self._device_type, self.dtype))
+        return wrapped
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The scaler's state (scale and growth tracker), empty when no scaler is active."""
+        return {"scaler": self.scaler.state_dict()} if self._scaler_active() else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the scaler saved by :meth:`state_dict`."""
+        saved = state.get("scaler")
+        active = self._scaler_active()
+        if saved and active:
+            self.scaler.load_state_dict(saved)
+        elif saved:
+            logger.warning("amp: the checkpoint holds a loss scaler's state but this trial uses none")
+        elif active:
+            logger.warning("amp: the checkpoint holds no loss scaler state; the scaler starts afresh")
+
+    # ------------------------------------------------------------------ internals
+
+    def _scaler_active(self) -> bool:
+        if self.scaler is None:
+            return False
+        is_enabled = getattr(self.scaler, "is_enabled", None)
+        return bool(is_enabled()) if callable(is_enabled) else True
+
+    def _check_can_register(self, context: Any, caller: str) -> None:
+        """Determined's rules for ``wrap_scaler``/``use_amp``: once, and before ``wrap_model``."""
+        if self.mode is not None and self._switched_on_by != BY_FILE:
+            raise TrialError(
+                f"context.{caller}: a scaler is already registered by {self._switched_on_by}; "
+                "please only call wrap_scaler or use_amp once"
+            )
+        if context.models:
+            raise TrialError(
+                f"context.{caller}: please call wrap_scaler (or use_amp) before wrap_model; "
+                f"{len(context.models)} model(s) are already wrapped"
+            )
+
+    def _switch_on_auto(self, context: Any, by: str) -> None:
+        settings = self.settings
+        self.mode = "auto"
+        self._switched_on_by = by
+        self._device_type = context.device.type
+        if not settings.enabled:
+            self.dtype = None
+            self.scaler = torch.amp.GradScaler(self._device_type, enabled=False)
+            logger.info("amp: disabled by plugin_config.amp.enabled; training in float32")
+            return
+        self.dtype = resolve_half_dtype(NAME, settings.dtype, context.device)
+        self.scaler = torch.amp.GradScaler(
+            self._device_type,
+            init_scale=settings.init_scale,
+            growth_factor=settings.growth_factor,
+            backoff_factor=settings.backoff_factor,
+            growth_interval=settings.growth_interval,
+            enabled=self.dtype == torch.float16,
+        )
+        scaling = "dynamic loss scaling" if self.scaler.is_enabled() else "no loss scaling"
+        logger.info(
+            "amp: automatic mixed precision (%s): autocast %s on %s, %s",
+            by, dtype_name(self.dtype), self._device_type, scaling,
+        )
+        if self.scaler.is_enabled():
+            context._run.plugins.register(STEPS_NAME, _AutoScalerSteps(self.scaler))
+
+
+class _AutoScalerSteps:
+    """The per-batch half of automatic mode, registered only when the scaler is active."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self._touched = False
+
+    @hookimpl
+    def hookdet_backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
+        """Backward through the scaled loss."""
+        self.scaler.scale(loss).backward(**backward_kwargs)
+        return True
+
+    @hookimpl
+    def hookdet_prepare_gradients(self, optimizer: Any, context: Any) -> None:
+        """Unscale ``optimizer``'s gradients (before averaging, clipping and the step)."""
+        self.scaler.unscale_(optimizer)
+        self._touched = True
+
+    @hookimpl
+    def hookdet_step_optimizer(self, optimizer: Any, context: Any, scaler: Any) -> bool:
+        """Step through the trial's scaler if it passed one, else this one (skips on inf/NaN)."""
+        (scaler if scaler is not None else self.scaler).step(optimizer)
+        return True
+
+    @hookimpl
+    def hookdet_train_batch_end(self, context: Any, batch_idx: int, metrics: Dict[str, Any]) -> None:
+        """Update the scale once per batch that stepped (with gradient aggregation, the last
+        batch of each window; the others never reach the step)."""
+        if self._touched:
+            self._touched = False
+            self.scaler.update()
