@@ -34,6 +34,11 @@ class PyTorchExperimentalContext:
         scales the loss in ``backward`` and steps optimizers through its ``GradScaler``."""
         self._context._run.plugins.load("amp").use_amp(self._context)
 
+    def use_plugin(self, name: str) -> Any:
+        """Switch on the installed plugin ``name`` from the trial (as ``use_amp`` does for
+        ``amp``) when the experiment file did not list it; returns the plugin object."""
+        return self._context._run.plugins.load(name)
+
     def disable_dataset_reproducibility_checks(self) -> None:
         """Allow plain ``torch.utils.data.DataLoader``s (resume is then not exact for them)."""
         self._data_repro_checks = False
@@ -178,7 +183,7 @@ class PyTorchTrialContext:
     # ------------------------------------------------------------------ position in training
 
     def current_train_batch(self) -> int:
-        """The index of the batch being trained (batches trained so far, outside a batch)."""
+        """The index of the batch being trained (after training: the last batch's index)."""
         return self._current_batch_idx
 
     def current_train_epoch(self) -> int:

@@ -162,7 +162,10 @@ class PluginManager:
         self._check_conflicts(name, plugin)
         try:
             self._pm.register(plugin, name=name)
+            self._pm.check_pending()
         except pluggy.PluginValidationError as error:
+            if self._pm.is_registered(plugin):
+                self._pm.unregister(plugin)
             raise PluginError(f"plugin {name!r} does not match hookdet's hooks: {error}") from error
         return plugin
 

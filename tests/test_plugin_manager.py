@@ -158,3 +158,21 @@ def test_trace_logs_every_hook_with_plugin_and_time(tmp_path: Path) -> None:
     )
     lines = [line for line in result.stdout.splitlines() if "hook hookdet_report_metrics" in line]
     assert lines and "[metrics_log]" in lines[0] and lines[0].rstrip().endswith("ms")
+
+
+def test_misspelt_hook_name_is_refused() -> None:
+    class Misspelt:
+        @hookimpl
+        def hookdet_repot_metrics(self, run: Any, group: str, steps_completed: int, metrics: dict) -> None:
+            """Never called: the hook is hookdet_report_metrics."""
+
+    manager = PluginManager()
+    with pytest.raises(PluginError, match="plugin 'misspelt' does not match hookdet's hooks.*hookdet_repot_metrics"):
+        manager.register("misspelt", Misspelt)
+    assert manager.get("misspelt") is None
+
+
+def test_trial_switches_a_plugin_on_through_the_public_call(tmp_path: Path) -> None:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        plugin = context.experimental.use_plugin("metrics_log")
+        assert context._run.plugins.get("metrics_log") is plugin
