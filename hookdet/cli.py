@@ -1,8 +1,8 @@
 """The ``hookdet`` command: ``run`` an experiment file, list ``plugins``, ``export`` a model.
 
 ``hookdet run CONFIG`` with ``resources.slots_per_trial: N`` (or ``--slots N``) re-launches itself
-under ``torch.distributed.run`` (torchrun) with N processes; torchrun's own options pass through
-for several nodes.
+under ``torch.distributed.run`` (torchrun) with N processes (under horovodrun when the experiment
+lists the ``horovod`` plugin); torchrun's own options pass through for several nodes.
 """
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 logger = logging.getLogger("hookdet")
 
@@ -29,6 +32,10 @@ TORCHRUN_OPTIONS = (
     "--max-restarts",
     "--monitor-interval",
 )
+
+
+#: Where ranks started by ``hookdet run``'s launcher write their exit status (set by the launcher).
+RANK_STATUS_DIR_ENV = "HOOKDET_RANK_STATUS_DIR"
 
 
 class UsageError(Exception):
@@ -82,12 +89,13 @@ def command_run(args: argparse.Namespace) -> int:
             config_path, ", ".join(config.ignored_fields),
         )
     slots = config.resources.slots_per_trial
-    if slots > 1 and "LOCAL_RANK" not in os.environ:
-        return _launch_torchrun(args, slots)
+    if slots > 1 and launched_rank() is None:
+        return _launch(args, config, slots)
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
     with init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
         run = context._run
+        run.resume_from = args.resume  # so get_initial_batch() is right in the trial's __init__
         trial = trial_class(context)
         fit = fit_arguments(config, context)
         if fit["max_length"] is None:
@@ -102,22 +110,145 @@ def command_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launch_torchrun(args: argparse.Namespace, slots: int) -> int:
-    """Re-run this command under torchrun with ``slots`` processes per node."""
+def launched_rank() -> Optional[int]:
+    """This process's global rank when a launcher (torchrun, horovodrun) started it, else None."""
+    for name in ("RANK", "HOROVOD_RANK", "LOCAL_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
+    """Start ``slots`` ranks of this very command and return their combined exit status.
+
+    torchrun starts them, or horovodrun when the experiment lists the ``horovod`` plugin. The
+    launcher runs in its own session and this process passes SIGTERM and SIGINT (SIGHUP as
+    SIGTERM) on to it, so a Ctrl-C reaches every rank once and they checkpoint and stop. Each rank
+    writes its exit status into a directory made here (``HOOKDET_RANK_STATUS_DIR``), because
+    torchrun and horovodrun report only "failed", and kill the other ranks when one exits
+    non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
+    preempted, 0 when all completed, the launcher's own status when a rank died without a word.
+    """
     from hookdet.trainer import default_run_dir
 
-    command: List[str] = [sys.executable, "-m", "torch.distributed.run"]
-    passthrough = list(args.torchrun or [])
-    if not any(option.startswith(("--nnodes", "--rdzv-endpoint")) for option in passthrough):
-        command.append("--standalone")
-    command += [f"--nproc-per-node={slots}", *passthrough, "-m", "hookdet", *args.argv]
+    if "horovod" in (config.plugins or []):
+        if args.torchrun:
+            raise UsageError(
+                f"{' '.join(args.torchrun)}: torchrun options do not apply to the horovod plugin; "
+                "to train on several machines with horovod, start horovodrun yourself"
+            )
+        command = horovodrun_command(args.argv, slots)
+        local_ranks = slots
+    else:
+        command, local_ranks = torchrun_command(args.argv, slots, args.torchrun)
     env = dict(os.environ)
     if not args.run_dir and "HOOKDET_RUN_DIR" not in env:
-        from hookdet.config import load_experiment_config
+        env["HOOKDET_RUN_DIR"] = str(default_run_dir(config))
+    with tempfile.TemporaryDirectory(prefix="hookdet-ranks-") as status_dir:
+        env[RANK_STATUS_DIR_ENV] = status_dir
+        logger.info("launching %d processes: %s", local_ranks, " ".join(command))
+        launcher_status = _run_passing_signals(command, env)
+        statuses = _read_rank_statuses(Path(status_dir))
+    return combined_exit_status(launcher_status, statuses, local_ranks)
 
-        env["HOOKDET_RUN_DIR"] = str(default_run_dir(load_experiment_config(Path(args.config))))
-    logger.info("launching %d processes: %s", slots, " ".join(command))
-    return subprocess.call(command, env=env)
+
+def torchrun_command(
+    argv: Sequence[str], slots: int, torchrun_options: Sequence[str]
+) -> "tuple[List[str], int]":
+    """The torchrun command line that runs ``hookdet run`` with ``slots`` ranks in all, and how
+    many of them it starts on this machine.
+
+    One machine: ``--standalone`` (a private rendezvous on a free port). Several machines: the
+    torchrun options given (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``, ...) pass through
+    and ``slots_per_trial`` is split evenly across the ``--nnodes`` machines.
+    """
+    values = dict(option.split("=", 1) for option in torchrun_options)
+    per_node = slots
+    if "--nnodes" in values:
+        nnodes = values["--nnodes"]
+        if not nnodes.isdigit() or int(nnodes) < 1:
+            raise UsageError(f"--nnodes must be a positive number of machines, got {nnodes!r}")
+        if slots % int(nnodes):
+            raise UsageError(
+                f"slots_per_trial {slots} cannot be split evenly across --nnodes={nnodes} machines"
+            )
+        per_node = slots // int(nnodes)
+    command: List[str] = [sys.executable, "-m", "torch.distributed.run"]
+    rendezvous = ("--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--master-addr", "--master-port")
+    if not any(option in values for option in rendezvous):
+        command.append("--standalone")
+    command += [f"--nproc-per-node={per_node}", *torchrun_options, "-m", "hookdet", *argv]
+    return command, per_node
+
+
+def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
+    """The horovodrun command line (gloo, this machine) that runs ``hookdet run`` on ``slots`` ranks."""
+    return [
+        sys.executable, "-m", "horovod.runner.launch", "-np", str(slots), "-H", f"localhost:{slots}",
+        "--gloo", sys.executable, "-m", "hookdet", *argv,
+    ]
+
+
+def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
+    """Run ``command`` in its own session, passing this process's stop signals on; its status."""
+    process = subprocess.Popen(list(command), env=env, start_new_session=True)
+
+    def pass_on(signum: int, frame: Any) -> None:
+        logger.warning("received %s: passing it on to the ranks", signal.Signals(signum).name)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    previous: Dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, pass_on)
+    try:
+        return process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if process.poll() is None:  # this process is dying of something else: take the ranks along
+            process.kill()
+            process.wait()
+
+
+def _read_rank_statuses(status_dir: Path) -> Dict[int, int]:
+    statuses = {}
+    for path in status_dir.glob("rank-*"):
+        if path.name[len("rank-"):].isdigit():
+            statuses[int(path.name[len("rank-"):])] = int(path.read_text())
+    return statuses
+
+
+def combined_exit_status(
+    launcher_status: int, rank_statuses: Dict[int, int], local_ranks: int
+) -> int:
+    """``hookdet run``'s exit status after a launch; see :func:`_launch`."""
+    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+
+    if len(rank_statuses) < local_ranks:
+        return launcher_status or 1
+    in_rank_order = [status for _, status in sorted(rank_statuses.items())]
+    failed = [status for status in in_rank_order if status not in (0, PREEMPTED_EXIT_CODE)]
+    if failed:
+        return failed[0]
+    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in in_rank_order else 0
+
+
+def report_status_to_launcher(status: int) -> int:
+    """Under ``hookdet run``'s launcher, record this rank's exit ``status`` for it; return the
+    status to exit with: 0 for a preempted rank (torchrun would count 75 as a failure and kill
+    the other ranks while they exit), ``status`` otherwise. Elsewhere returns ``status``."""
+    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+
+    status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
+    if not status_dir or rank is None:
+        return status
+    path = Path(status_dir) / f"rank-{rank}"
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(str(status))
+    partial.replace(path)
+    return 0 if status == PREEMPTED_EXIT_CODE else status
 
 
 def _print_summary(run: Any) -> None:
@@ -214,7 +345,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
     known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError, DatasetReproducibilityError)
     try:
-        return args.handler(args)
+        status = args.handler(args)
     except known as error:
         print(f"hookdet: error: {error}", file=sys.stderr)
-        return 2
+        status = 2
+    return report_status_to_launcher(status)

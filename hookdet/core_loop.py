@@ -67,6 +67,7 @@ class TrainingLoop:
         if self.state.epoch_length < 1:
             raise TrialError("build_training_data_loader returned a loader with no batches")
         self.max_batches = self._length_in_batches(max_length, "max_length")
+        self.run.max_batches = self.max_batches
 
         checkpoint_uuid = None
         if self.run.resume_from is not None:
@@ -162,7 +163,10 @@ class TrainingLoop:
             except ShouldExit as should_exit:
                 self._finish_workload(workload)
                 self.run.exit_reason = "exited"
-                if not should_exit.skip_exit_checkpoint:
+                if (
+                    not should_exit.skip_exit_checkpoint
+                    and state.last_checkpoint_batch != state.batches_trained
+                ):
                     self._checkpoint()
                 return
             metrics = _as_metrics_dict(metrics)
@@ -176,7 +180,7 @@ class TrainingLoop:
                 hook.on_training_epoch_end(epoch_idx=epoch_idx)
 
             done = state.batches_trained >= self.max_batches or self.test_mode
-            stopping = context._stop_requested
+            stopping = self.distributed.any_rank(context._stop_requested)
             validate = done or _reached(validation_period, state.batches_trained, epoch_ended, epoch_length)
             checkpoint = done or stopping or _reached(
                 checkpoint_period, state.batches_trained, epoch_ended, epoch_length
@@ -186,16 +190,19 @@ class TrainingLoop:
                 continue
             self._finish_workload(workload)
             workload = []
-            if stopping:
-                self.run.exit_reason = self.run.exit_reason or "stopped"
-                self._checkpoint()
-                return
+            # A validation due at this batch runs even when stopping (as Determined validates
+            # at a boundary before it checks for a stop), so a stopped-and-resumed run reports
+            # the same validations as one that never stopped.
             if validate and state.last_validation_batch != state.batches_trained:
                 is_best = self._validate()
                 if self.checkpoint_policy == "all" or (self.checkpoint_policy == "best" and is_best):
                     checkpoint = True
-            if checkpoint and state.last_checkpoint_batch != state.batches_trained:
+            stopping = stopping or self.distributed.any_rank(context._stop_requested)
+            if (checkpoint or stopping) and state.last_checkpoint_batch != state.batches_trained:
                 self._checkpoint()
+            if stopping and not done:
+                self.run.exit_reason = self.run.exit_reason or "stopped"
+                return
             if done:
                 break
             context.experimental.reset_reducers()

@@ -71,5 +71,13 @@ class DistributedContext:
     def barrier(self) -> None:
         """Wait until every rank gets here."""
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (collective: every rank calls it at the same point).
+
+        The loop reads stop requests through this, so all ranks stop at the same batch even when
+        a signal reached only some of them, or reached them at different moments.
+        """
+        return bool(flag)
+
     def close(self) -> None:
         """Tear down the process group, if any."""

@@ -54,8 +54,7 @@ def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool 
     storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
     names = resolve_plugin_names(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
     launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    wants_slots = config.resources.slots_per_trial > 1 and launched_distributed
-    if wants_slots and not any(name in names for name in DISTRIBUTED_PLUGINS):
+    if launched_distributed and not any(name in names for name in DISTRIBUTED_PLUGINS):
         names.append("ddp")
     if not enable_tensorboard_logging:
         names = [name for name in names if name != "tensorboard"]
@@ -184,8 +183,8 @@ def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dic
     """``Trainer.fit`` arguments from an experiment file, as Determined's legacy harness maps them.
 
     ``searcher.max_length``, ``min_validation_period`` and ``min_checkpoint_period`` become
-    ``Batch``/``Epoch`` lengths (records divide by the global batch size; epochs become batches
-    when ``records_per_epoch`` is set), ``scheduling_unit`` the reporting period,
+    ``Batch``/``Epoch`` lengths (records divide by the global batch size, rounding down as
+    Determined does; epochs become batches when ``records_per_epoch`` is set), ``scheduling_unit`` the reporting period,
     ``perform_initial_validation`` step-zero validation.
     """
 
@@ -198,7 +197,7 @@ def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dic
         if length.unit == "records":
             if not global_batch_size:
                 raise ValueError("a length in records needs the 'global_batch_size' hyperparameter")
-            return Batch(max(1, -(-length.value // int(global_batch_size))))
+            return Batch(max(1, length.value // int(global_batch_size)))
         if config.records_per_epoch and global_batch_size:
             return Batch(length.value * max(1, config.records_per_epoch // int(global_batch_size)))
         from hookdet.trial import Epoch
