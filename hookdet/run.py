@@ -64,6 +64,8 @@ class Run:
     trial: Optional["PyTorchTrial"] = None
     state: TrainState = dataclasses.field(default_factory=TrainState)
     resume_from: Optional[str] = None
+    #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set before training starts.
+    max_batches: Optional[int] = None
     exit_reason: Optional[str] = None
 
     @property

@@ -1,0 +1,168 @@
+"""Reported metrics → TensorBoard event files in the run's ``tensorboard`` directory.
+
+Every training report is written as ``training/<metric>`` and every validation as
+``validation/<metric>``, at step = batches trained so far, so curves from the experiment file and
+from ``metrics.jsonl`` line up. One ``SummaryWriter`` stays open for the whole run, is flushed at
+every report (a crash loses nothing already reported) and is closed when the run ends. The trial
+gets the same writer from ``context.get_tensorboard_writer()``, or through Determined's legacy
+:class:`TorchWriter`.
+
+Only the chief writes. Other ranks get a :class:`DiscardingWriter`, so trial code that logs from
+every rank runs unchanged without several processes fighting over one directory.
+
+A resumed run marks its first step in the event file (a ``SessionLog.START`` at the resume
+point), so TensorBoard hides whatever the interrupted run wrote after its last checkpoint instead
+of drawing two curves over the same steps.
+"""
+from __future__ import annotations
+
+import logging
+import numbers
+from typing import Any, Dict, Optional
+
+from hookdet.markers import hookimpl
+from hookdet.plugin_manager import PluginError
+
+logger = logging.getLogger("hookdet")
+
+INSTALL_HINT = (
+    "plugin 'tensorboard' needs the tensorboard package, which is not installed: run "
+    "`pip install tensorboard` (or drop the plugin: add 'no:tensorboard' to the experiment "
+    "file's plugins, or pass enable_tensorboard_logging=False to pytorch.init)"
+)
+
+#: The plugin of the run in progress in this process, for :class:`TorchWriter`.
+_active_plugin: Optional["TensorBoardPlugin"] = None
+
+
+def metric_tag(group: str, name: str) -> str:
+    """The TensorBoard tag of metric ``name`` reported in ``group`` (``training/loss``)."""
+    return f"{group}/{name}"
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+class DiscardingWriter:
+    """What non-chief ranks get instead of a ``SummaryWriter``: every ``add_*`` call is dropped.
+
+    Only the chief's files are the run's record; this keeps trial code rank-agnostic.
+    """
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+
+    def get_logdir(self) -> str:
+        """The directory the chief writes to."""
+        return self.log_dir
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("add_"):
+            return _discard
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+
+def _discard(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class TensorBoardPlugin:
+    """Writes reported metrics to ``run.tensorboard_dir`` and owns the run's ``SummaryWriter``."""
+
+    def __init__(self) -> None:
+        self._run: Any = None
+        self._writer: Any = None
+
+    @hookimpl
+    def hookdet_configure(self, run: Any) -> None:
+        """Refuse the run at once when TensorBoard is missing (not at the first report)."""
+        global _active_plugin
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        except ImportError as error:
+            raise PluginError(f"{INSTALL_HINT} [{error}]") from error
+        self._run = run
+        _active_plugin = self
+
+    def get_writer(self) -> Any:
+        """The run's ``SummaryWriter`` (created on first use), or a discarding one off the chief."""
+        if self._writer is None:
+            if self._run is None or self._run.distributed is None:
+                raise RuntimeError(
+                    "the TensorBoard writer exists only inside a run: call it from the trial "
+                    "(context.get_tensorboard_writer()) after pytorch.init(...) started"
+                )
+            log_dir = str(self._run.tensorboard_dir)
+            if self._run.is_chief:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(log_dir=log_dir)
+            else:
+                self._writer = DiscardingWriter(log_dir)
+        return self._writer
+
+    @hookimpl
+    def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
+        """On resume, tell TensorBoard to drop what an earlier attempt wrote past the checkpoint."""
+        if first_batch_idx <= 0 or not self._run.is_chief:
+            return
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        # TensorBoard purges earlier events whose step is >= a START marker's step. Step
+        # first_batch_idx itself (the checkpoint's own validation) stays.
+        self.get_writer().file_writer.add_event(
+            Event(step=first_batch_idx + 1, session_log=SessionLog(status=SessionLog.START))
+        )
+
+    @hookimpl
+    def hookdet_report_metrics(
+        self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
+    ) -> None:
+        """Write each numeric metric under ``<group>/<name>`` and flush (fires on the chief)."""
+        writer = self.get_writer()
+        for name, value in metrics.items():
+            if _is_scalar(value):
+                writer.add_scalar(metric_tag(group, name), value, steps_completed)
+        writer.flush()
+
+    @hookimpl
+    def hookdet_unconfigure(self, run: Any) -> None:
+        """Flush and close the writer."""
+        global _active_plugin
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if _active_plugin is self:
+            _active_plugin = None
+
+
+class TorchWriter:
+    """Determined's legacy ``determined.tensorboard.metric_writers.pytorch.TorchWriter``.
+
+    Create it in the trial's ``__init__``; ``writer`` is the run's ``SummaryWriter`` (the one
+    ``context.get_tensorboard_writer()`` returns), ``add_scalar(name, value, step)`` writes one
+    scalar. New code should use ``context.get_tensorboard_writer()``.
+    """
+
+    def __init__(self) -> None:
+        if _active_plugin is None:
+            raise RuntimeError(
+                "TorchWriter() needs a run with the 'tensorboard' plugin: create it inside the "
+                "trial after pytorch.init(...) (or use context.get_tensorboard_writer())"
+            )
+        self.writer: Any = _active_plugin.get_writer()
+
+    def add_scalar(self, name: str, value: Any, step: int) -> None:
+        """Write ``value`` under tag ``name`` at ``step``."""
+        self.writer.add_scalar(name, value, step)
+
+    def reset(self) -> None:
+        """Flush pending events to disk."""
+        self.writer.flush()

@@ -1,0 +1,85 @@
+"""A plugin from another package: pip-installed, found by entry-point name, configured from YAML.
+
+The sample package (``tests/fixtures/hookdet-sample-plugin``) is installed with pip into a
+temporary directory that only the child processes put on ``sys.path``, so nothing stays installed
+in the environment the other tests run in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.plugin_manager import installed_plugins
+
+REPO = Path(__file__).resolve().parents[1]
+HOOKDET = Path(sys.executable).with_name("hookdet")
+SAMPLE_PACKAGE = REPO / "tests" / "fixtures" / "hookdet-sample-plugin"
+
+
+@pytest.fixture(scope="module")
+def sample_environment(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
+    """Environment variables under which the sample plugin is installed (and hookdet is not touched)."""
+    root = tmp_path_factory.mktemp("third_party")
+    source = root / "source"
+    shutil.copytree(SAMPLE_PACKAGE, source)  # pip's build writes into the source tree
+    site = root / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(site), str(source)],
+        check=True, capture_output=True, text=True,
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+    env["XDG_CACHE_HOME"] = str(root / "cache")  # stevedore caches entry-point scans there
+    return env
+
+
+@pytest.mark.slow
+def test_hookdet_plugins_lists_it(sample_environment: Dict[str, str]) -> None:
+    listing = subprocess.run([str(HOOKDET), "plugins"], env=sample_environment, capture_output=True,
+                             text=True, check=True).stdout
+    entry = listing[listing.index("sample\n"):].split("\n")[:3]
+    assert entry == [
+        "sample",
+        "  from: hookdet_sample:SamplePlugin",
+        "  hooks: hookdet_report_metrics, hookdet_train_batch_end, hookdet_unconfigure",
+    ]
+    assert "sample" not in installed_plugins(), "the sample plugin leaked into the test environment"
+
+
+@pytest.mark.slow
+def test_a_yaml_plugins_list_loads_it_by_name_with_its_options(
+    sample_environment: Dict[str, str], tmp_path: Path
+) -> None:
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(textwrap.dedent(
+        """
+        entrypoint: tests.trials:OneWeightTrial
+        hyperparameters: {lr: 0.1, records: 8, global_batch_size: 2}
+        searcher: {name: single, metric: validation_loss, max_length: {batches: 10}}
+        min_validation_period: {batches: 5}
+        scheduling_unit: 5
+        plugins: [metrics_log, sample]
+        plugin_config:
+          sample: {greeting: bonjour}
+        """
+    ))
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [str(HOOKDET), "run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir)],
+        env=sample_environment, capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    recorded = json.loads((run_dir / "sample_plugin.json").read_text())
+    expected_reports = [[r["group"], r["steps_completed"]] for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert recorded == {"greeting": "bonjour", "batches": 10, "reports": expected_reports}
+    assert len(expected_reports) == 4
