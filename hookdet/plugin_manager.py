@@ -44,20 +44,29 @@ def installed_plugins() -> Dict[str, str]:
 
 
 def resolve_plugin_names(requested: Optional[Sequence[str]], storage_plugin: str) -> List[str]:
-    """The names to load, in order: the defaults when ``requested`` is None or holds only
-    ``no:<name>`` entries, else exactly the names ``requested`` lists; minus each ``no:<name>``.
+    """The plugin names to load, in order.
 
-    ``storage_plugin`` (chosen by ``checkpoint_storage.type``) joins whenever ``checkpoint`` runs.
+    ``requested`` is the experiment file's ``plugins:`` list. Absent, the defaults run. Bare names
+    replace the defaults (``[checkpoint, amp]`` runs exactly those). ``+name`` adds to the defaults
+    and ``no:name`` removes from them, so ``[+hook_timing, no:progress]`` is the defaults with one
+    more and one fewer. ``storage_plugin`` (chosen by ``checkpoint_storage.type``) joins whenever
+    ``checkpoint`` runs.
     """
     if requested is None:
-        requested = []
-        names = list(DEFAULT_PLUGINS)
-    else:
-        requested = list(requested)
-        names = [name for name in requested if not name.startswith("no:")]
-        if requested and not names:
-            names = list(DEFAULT_PLUGINS)
+        requested = [f"+{name}" for name in DEFAULT_PLUGINS]
+    requested = list(requested)
     removed = {name[len("no:"):] for name in requested if name.startswith("no:")}
+    added = [name[1:] for name in requested if name.startswith("+")]
+    chosen = [name for name in requested if not name.startswith(("no:", "+"))]
+    if chosen and added:
+        raise PluginError(
+            f"plugins: {', '.join('+' + n for n in added)} adds to the defaults, but the list also "
+            f"names {', '.join(chosen)}, which replaces them; use either +name entries or bare names"
+        )
+    if chosen or not requested:
+        names = chosen
+    else:
+        names = list(DEFAULT_PLUGINS) + added
     if "checkpoint" in names and storage_plugin not in names:
         names.insert(names.index("checkpoint") + 1, storage_plugin)
     return [name for name in dict.fromkeys(names) if name not in removed]

@@ -249,7 +249,7 @@ def test_plugin_names_in_yaml_blocks_are_entry_points() -> None:
                 continue
             lists += 1
             for entry in content["plugins"]:
-                name = entry[len("no:"):] if entry.startswith("no:") else entry
+                name = entry[len("no:"):] if entry.startswith("no:") else entry.lstrip("+")
                 assert name in here, f"{block.page}:{block.line}: plugin {name!r} is not an entry point"
     assert lists >= 2
 

@@ -36,10 +36,16 @@ def test_every_builtin_is_an_installed_entry_point() -> None:
         (["checkpoint", "amp"], ["checkpoint", "local_storage", "amp"]),
         ([], []),
         (["amp", "amp"], ["amp"]),
+        (["+hook_timing", "no:progress"], ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "hook_timing"]),
     ],
 )
 def test_resolve_plugin_names(requested: Any, expected: list) -> None:
     assert resolve_plugin_names(requested, "local_storage") == expected
+
+
+def test_adding_and_replacing_in_one_list_is_refused() -> None:
+    with pytest.raises(PluginError, match=r"\+amp adds to the defaults, but the list also names checkpoint"):
+        resolve_plugin_names(["+amp", "checkpoint"], "local_storage")
 
 
 def test_unknown_plugin_lists_installed_ones() -> None:

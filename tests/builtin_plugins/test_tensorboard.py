@@ -216,3 +216,10 @@ def test_only_the_chief_writes(tmp_path: Path) -> None:
     for tag, points in reported_scalars(tmp_path).items():
         assert in_tensorboard[tag] == points, tag
     assert [step for step, _ in in_tensorboard["training/loss"]] == [2, 4]
+
+
+def test_torch_writer_is_importable_from_determineds_path() -> None:
+    from hookdet.builtin_plugins import tensorboard
+    from hookdet.tensorboard.metric_writers.pytorch import TorchWriter
+
+    assert TorchWriter is tensorboard.TorchWriter

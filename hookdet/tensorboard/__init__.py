@@ -1,0 +1,1 @@
+"""``hookdet.tensorboard``: where Determined's ``determined.tensorboard`` names live."""

@@ -1,0 +1,1 @@
+"""Metric writers, at Determined's import path."""
