@@ -308,22 +308,24 @@ class PyTorchTrialContext:
                 "step_optimizer was called twice for the same optimizer in one batch; "
                 "call it once per optimizer per batch"
             )
-        if not any(optimizer is wrapped for wrapped in self.optimizers):
+        if key not in self._original_optimizers:  # keyed by id(wrapped optimizer)
             raise ValueError("step_optimizer: the optimizer was not passed through wrap_optimizer")
         self._stepped_this_batch.add(key)
         if not self._is_optimizer_step_batch():
             return
         if self._call_prepare_gradients:
             self._run.hook.hookdet_prepare_gradients(optimizer=optimizer, context=self)
-        parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        if self._aggregation_frequency > 1 and self._average_aggregated_gradients:
-            grads = [p.grad for p in parameters if p.grad is not None]
-            if grads:
-                torch._foreach_div_(grads, float(self._aggregation_frequency))
-        if clip_grads is not None:
-            clip_grads(parameters)
-        if self._call_before_step:
-            self._run.hook.on_before_optimizer_step(parameters=parameters)
+        averaging = self._aggregation_frequency > 1 and self._average_aggregated_gradients
+        if averaging or clip_grads is not None or self._call_before_step:
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            if averaging:
+                grads = [p.grad for p in parameters if p.grad is not None]
+                if grads:
+                    torch._foreach_div_(grads, float(self._aggregation_frequency))
+            if clip_grads is not None:
+                clip_grads(parameters)
+            if self._call_before_step:
+                self._run.hook.on_before_optimizer_step(parameters=parameters)
         if self._call_step_hook:
             self._run.hook.hookdet_step_optimizer(optimizer=optimizer, context=self, scaler=scaler)
         elif scaler is not None:
@@ -332,7 +334,8 @@ class PyTorchTrialContext:
             optimizer.step()
         if auto_zero_grads:
             optimizer.zero_grad()
-        self._step_schedulers(LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP, optimizer)
+        if self.lr_schedulers:
+            self._step_schedulers(LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP, optimizer)
 
     def _step_schedulers(self, mode: LRScheduler.StepMode, optimizer: Any = None) -> None:
         """Step the schedulers registered with ``mode``; for optimizer-step mode, ``optimizer``'s.

@@ -139,6 +139,12 @@ class TrainingLoop:
         auto_to_device = context.experimental._auto_to_device
         device = self.run.device
         epoch_length = state.epoch_length
+        # One process needs no collective to learn whether any rank wants to stop.
+        any_rank = self.distributed.any_rank if self.distributed.size > 1 else bool
+        periods = (validation_period, checkpoint_period, reporting_period)
+        # Batches trained at which the next Batch-period boundary (or the end) falls; until
+        # then, and outside epoch ends and stops, a batch needs no boundary checks at all.
+        next_boundary = _next_boundary(periods, state.batches_trained, self.max_batches)
         workload: List[Dict[str, Any]] = []
         context.experimental.reset_reducers()
         self._set_train_mode(True)
@@ -173,19 +179,26 @@ class TrainingLoop:
             workload.append(metrics)
             state.batches_trained = batch_idx + 1
             epoch_ended = state.batches_trained % epoch_length == 0
-            context._end_batch(batch_idx, epoch_ended, epoch_idx)
+            if context.lr_schedulers:
+                context._end_batch(batch_idx, epoch_ended, epoch_idx)
             if call_batch_end:
                 hook.hookdet_train_batch_end(context=context, batch_idx=batch_idx, metrics=metrics)
             if epoch_ended:
                 hook.on_training_epoch_end(epoch_idx=epoch_idx)
 
+            stopping = any_rank(context._stop_requested)
+            if (
+                state.batches_trained < next_boundary
+                and not (epoch_ended or stopping or self.test_mode)
+            ):
+                continue
             done = state.batches_trained >= self.max_batches or self.test_mode
-            stopping = self.distributed.any_rank(context._stop_requested)
             validate = done or _reached(validation_period, state.batches_trained, epoch_ended, epoch_length)
             checkpoint = done or stopping or _reached(
                 checkpoint_period, state.batches_trained, epoch_ended, epoch_length
             )
             report = _reached(reporting_period, state.batches_trained, epoch_ended, epoch_length)
+            next_boundary = _next_boundary(periods, state.batches_trained, self.max_batches)
             if not (validate or checkpoint or report or stopping):
                 continue
             self._finish_workload(workload)
@@ -336,6 +349,25 @@ class TrainingLoop:
         if improved:
             self.state.best_validation = float(value)
         return improved
+
+
+def _next_boundary(periods: Tuple[Optional[TrainUnit], ...], batches: int, max_batches: int) -> int:
+    """The smallest batch count above ``batches`` at which a ``Batch`` period in ``periods`` can
+    fire, or ``max_batches`` if sooner. ``Epoch`` periods fire only at epoch ends, which the loop
+    checks on its own; an unknown kind of period gives ``batches + 1`` (check every batch)."""
+    boundary = max_batches
+    for period in periods:
+        if period is None or isinstance(period, Epoch):
+            continue
+        if not isinstance(period, Batch):
+            return batches + 1
+        if isinstance(period.value, int):
+            boundary = min(boundary, (batches // period.value + 1) * period.value)
+        else:
+            later = [value for value in period.value if value > batches]
+            if later:
+                boundary = min(boundary, min(later))
+    return boundary
 
 
 def _reached(period: Optional[TrainUnit], batches: int, epoch_ended: bool, epoch_length: int) -> bool:

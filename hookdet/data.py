@@ -548,13 +548,22 @@ def to_device(
     """
     if warned_types is None:
         warned_types = set()
-    target = torch.device(device)
+    target = device if isinstance(device, torch.device) else torch.device(device)
     return _move(data, target, target.type != "cpu", warned_types)
 
 
 def _move(data: Any, device: torch.device, non_blocking: bool, warned_types: Set[Type]) -> Any:
     if isinstance(data, torch.Tensor):
+        if data.device == device:  # already there: skip the dispatcher round trip of .to()
+            return data
         return data.to(device, non_blocking=non_blocking)
+    # The usual batches, by exact type first: the checks below (numbers.Number, Mapping) are
+    # abstract-base-class isinstance checks costing about 0.4 µs each, paid on every batch.
+    kind = type(data)
+    if kind is tuple or kind is list:
+        return kind([_move(item, device, non_blocking, warned_types) for item in data])
+    if kind is dict:
+        return {key: _move(value, device, non_blocking, warned_types) for key, value in data.items()}
     if isinstance(data, np.ndarray):
         if data.dtype.kind not in _NUMPY_KINDS_TORCH_CAN_HOLD:
             _warn_once(data, device, warned_types, detail=f" with dtype {data.dtype}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import abc
 import collections.abc
 import inspect
-import math
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import torch
@@ -212,13 +211,3 @@ class PyTorchCallback:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
-
-
-def epochs_to_batches(epochs: int, epoch_length: int) -> int:
-    """The number of batches in ``epochs`` epochs of ``epoch_length`` batches."""
-    return epochs * epoch_length
-
-
-def records_to_batches(records: int, global_batch_size: int) -> int:
-    """Determined's rounding: a partial batch counts as a batch."""
-    return math.ceil(records / global_batch_size)

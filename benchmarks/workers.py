@@ -1,0 +1,339 @@
+"""One benchmark run per process: train one workload with one framework, write what was measured.
+
+``overhead.py`` starts this file with the interpreter of each mode's environment::
+
+    python benchmarks/workers.py MODE WORKLOAD --out DIR [--steps N --warmup K]
+
+and reads back ``DIR/result.json`` and ``DIR/weights.pt``. The modes are ``raw`` (a plain PyTorch
+loop), ``hookdet`` (``pytorch.init`` + ``Trainer.fit``, default plugins), ``lightning``
+(``lightning.Trainer.fit``) and ``determined`` (``determined.pytorch.init`` + ``Trainer.fit``,
+locally, without a master). Only the standard library and torch are imported at the top: the
+Lightning and Determined environments have no hookdet, and the raw mode must not pay for it.
+
+How time is measured, the same way in every mode:
+
+* **Per step.** The first statement of the user's step function (the raw loop body,
+  ``PyTorchTrial.train_batch``, ``LightningModule.training_step``) appends ``perf_counter()`` to
+  a list. The interval between two consecutive stamps is one whole batch as the framework runs it:
+  drawing and moving the batch, forward, backward, optimizer step, and every hook, callback,
+  metric and logging call in between. Per-step time is ``(stamp[N-1] - stamp[warmup]) /
+  (N-1-warmup)``: a mean over a window, so periodic work (a report every 100 batches) is counted
+  at its true share. The final validation and checkpoint come after the last stamp, outside it.
+  The process's CPU time is read at the same two stamps (``per_step_cpu_s``): on a busy machine
+  it is the steadier of the two.
+* **Start-up.** The orchestrator notes the wall clock just before it starts the process; this
+  process notes the wall clock at the first stamp. The difference is interpreter start, imports,
+  framework initialisation, model and data construction: everything before the first batch.
+* **Fit.** ``perf_counter()`` around the framework's fit call (the raw loop: around the loop, its
+  one validation pass and its one checkpoint, the same end work the frameworks do).
+* **Peak memory.** ``ru_maxrss`` of this process when the fit returns.
+"""
+from __future__ import annotations
+
+import time
+
+MAIN_STARTED_AT = time.time()  # before torch is imported: the interpreter's own start-up ends here
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: E402
+
+import torch  # noqa: E402
+
+if __package__:
+    from . import workloads  # noqa: E402
+else:  # run as a script: this file's folder is sys.path[0]
+    import workloads  # type: ignore[no-redef]  # noqa: E402
+
+MODES = ("raw", "hookdet", "lightning", "determined")
+
+
+class StepClock:
+    """Per-step timestamps: wall time (``perf_counter``) at the start of every step, and the
+    process's CPU time (``process_time``) at the two ends of the timed window only.
+
+    CPU time is kept beside wall time because on a shared machine other load stretches wall time
+    by however long this process waited for a core, while the process's CPU time counts only work
+    done (by all its threads: a framework's background writer threads are charged to it). It is
+    read only twice because ``process_time`` is a system call (about 2 µs in a VM), a visible
+    share of a tiny step; ``perf_counter`` costs about 0.2 µs.
+    """
+
+    def __init__(self, warmup: int, steps: int) -> None:
+        self.warmup = warmup
+        self.steps = steps
+        self.stamps: List[float] = []
+        self.cpu_marks: List[float] = []
+        self.first_step_wall: Optional[float] = None
+
+    def tick(self) -> None:
+        """Called first thing in every training step, in every mode (the same cost in each)."""
+        self.stamps.append(time.perf_counter())
+        count = len(self.stamps)
+        if count == 1:
+            self.first_step_wall = time.time()
+        if count == self.warmup + 1 or count == self.steps:
+            self.cpu_marks.append(time.process_time())
+
+    def cpu_per_step(self) -> float:
+        """Mean CPU seconds per step over the window ``warmup .. steps - 1``."""
+        if len(self.cpu_marks) != 2:
+            raise ValueError(f"the CPU window needs {self.warmup + 2} steps or more")
+        return (self.cpu_marks[1] - self.cpu_marks[0]) / (self.steps - 1 - self.warmup)
+
+
+Run = Tuple[torch.nn.Module, float, Dict[str, Any]]
+
+
+def _evaluate(model: torch.nn.Module, loader: Any) -> float:
+    """The raw loop's validation: mean loss over the validation loader, no gradients."""
+    model.eval()
+    total, batches = 0.0, 0
+    with torch.no_grad():
+        for inputs, labels in loader:
+            total += float(workloads.loss_fn(model(inputs), labels))
+            batches += 1
+    model.train()
+    return total / max(batches, 1)
+
+
+def run_raw(workload: workloads.Workload, clock: StepClock, work_dir: Path) -> Run:
+    """A plain PyTorch loop: the reference every other mode is divided by.
+
+    The training loader reads the data in order (no shuffle) with a private generator, so the
+    global RNG (the CNN's dropout) advances exactly as under hookdet, whose loader also has one.
+    It ends like a framework's fit: one validation pass and one checkpoint file.
+    """
+    train_set, validation_set = workload.datasets()
+    model = workload.build_model()
+    optimizer = workload.build_optimizer(model)
+    loader = torch.utils.data.DataLoader(
+        train_set, batch_size=workload.batch_size, generator=torch.Generator().manual_seed(0)
+    )
+    validation_loader = torch.utils.data.DataLoader(validation_set, batch_size=workload.batch_size)
+    started = time.perf_counter()
+    model.train()
+    step = 0
+    while step < workload.steps:
+        for inputs, labels in loader:
+            clock.tick()
+            loss = workloads.loss_fn(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == workload.steps:
+                break
+    validation_loss = _evaluate(model, validation_loader)
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        work_dir / "checkpoint.pt",
+    )
+    return model, time.perf_counter() - started, {"validation_loss": validation_loss}
+
+
+def make_trial_class(pytorch: Any, workload: workloads.Workload, clock: StepClock) -> type:
+    """One ``PyTorchTrial`` for hookdet and Determined alike: only the ``pytorch`` module differs.
+
+    The loaders are the framework's own ``DataLoader`` without shuffling, so the data order is
+    the raw loop's.
+    """
+    train_set, validation_set = workload.datasets()
+
+    class BenchmarkTrial(pytorch.PyTorchTrial):  # type: ignore[misc, name-defined]
+        def __init__(self, context: Any) -> None:
+            self.context = context
+            self.model = context.wrap_model(workload.build_model())
+            self.optimizer = context.wrap_optimizer(workload.build_optimizer(self.model))
+
+        def build_training_data_loader(self) -> Any:
+            return pytorch.DataLoader(train_set, batch_size=workload.batch_size)
+
+        def build_validation_data_loader(self) -> Any:
+            return pytorch.DataLoader(validation_set, batch_size=workload.batch_size)
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
+            clock.tick()
+            inputs, labels = batch
+            loss = workloads.loss_fn(self.model(inputs), labels)
+            self.context.backward(loss)
+            self.context.step_optimizer(self.optimizer)
+            return {"loss": loss}
+
+        def evaluate_batch(self, batch: Any) -> Dict[str, Any]:
+            inputs, labels = batch
+            return {"validation_loss": workloads.loss_fn(self.model(inputs), labels)}
+
+    return BenchmarkTrial
+
+
+def _experiment_config(workload: workloads.Workload) -> Dict[str, Any]:
+    """The experiment file both Trainer-API modes get. No ``plugins:``: hookdet's defaults run."""
+    return {
+        "name": f"benchmark-{workload.name}",
+        "hyperparameters": {"global_batch_size": workload.batch_size},
+        "searcher": {
+            "name": "single",
+            "metric": "validation_loss",
+            "smaller_is_better": True,
+            "max_length": {"batches": workload.steps},
+        },
+    }
+
+
+def run_hookdet(workload: workloads.Workload, clock: StepClock, work_dir: Path) -> Run:
+    """hookdet's Trainer API with its default plugins and ``Trainer.fit``'s default periods:
+    reports every 100 batches; validation and checkpoint once, at the end."""
+    from hookdet import pytorch
+
+    trial_class = make_trial_class(pytorch, workload, clock)
+    config = _experiment_config(workload)
+    with pytorch.init(hparams=config["hyperparameters"], exp_conf=config, run_dir=work_dir / "run") as context:
+        trial = trial_class(context)
+        plugins = list(context._run.plugins.named_plugins())
+        started = time.perf_counter()
+        pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(workload.steps))
+        fit_seconds = time.perf_counter() - started
+    return trial.model, fit_seconds, {"plugins": plugins}
+
+
+def run_determined(workload: workloads.Workload, clock: StepClock, work_dir: Path) -> Run:
+    """Determined's Trainer API run locally (no master): ``det.pytorch.init()`` + ``fit``.
+
+    Locally Determined stores checkpoints under ``appdirs.user_data_dir("determined")``; the
+    orchestrator points ``XDG_DATA_HOME`` into this run's scratch directory.
+    """
+    import determined
+    from determined import pytorch
+
+    trial_class = make_trial_class(pytorch, workload, clock)
+    config = _experiment_config(workload)
+    with pytorch.init(hparams=config["hyperparameters"], exp_conf=config) as context:
+        trial = trial_class(context)
+        started = time.perf_counter()
+        pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(workload.steps))
+        fit_seconds = time.perf_counter() - started
+    return trial.model, fit_seconds, {"determined": determined.__version__}
+
+
+def run_lightning(workload: workloads.Workload, clock: StepClock, work_dir: Path) -> Run:
+    """Lightning's ``Trainer.fit`` with its defaults (progress bar, logger, checkpointing), set to
+    the same work as the others: ``max_steps``, logging every 100 steps, one validation at the
+    last step (``val_check_interval``) and no sanity-check validation before the first batch."""
+    import lightning
+
+    train_set, validation_set = workload.datasets()
+
+    class BenchmarkModule(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = workload.build_model()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            clock.tick()
+            inputs, labels = batch
+            loss = workloads.loss_fn(self.model(inputs), labels)
+            self.log("loss", loss)
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            inputs, labels = batch
+            self.log("validation_loss", workloads.loss_fn(self.model(inputs), labels))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return workload.build_optimizer(self.model)
+
+    module = BenchmarkModule()
+    train_loader = torch.utils.data.DataLoader(
+        train_set, batch_size=workload.batch_size, generator=torch.Generator().manual_seed(0)
+    )
+    validation_loader = torch.utils.data.DataLoader(validation_set, batch_size=workload.batch_size)
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=workload.steps,
+        max_epochs=-1,
+        val_check_interval=workload.steps,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=100,
+        default_root_dir=str(work_dir),
+    )
+    started = time.perf_counter()
+    trainer.fit(module, train_loader, validation_loader)
+    fit_seconds = time.perf_counter() - started
+    return module.model, fit_seconds, {"lightning": lightning.__version__}
+
+
+RUNNERS: Dict[str, Callable[[workloads.Workload, StepClock, Path], Run]] = {
+    "raw": run_raw,
+    "hookdet": run_hookdet,
+    "lightning": run_lightning,
+    "determined": run_determined,
+}
+
+
+def per_step_seconds(stamps: List[float], warmup: int) -> float:
+    """Mean seconds per step over steps ``warmup .. len(stamps) - 1`` (see the module docstring)."""
+    if len(stamps) < warmup + 2:
+        raise ValueError(f"{len(stamps)} steps are too few for a warm-up of {warmup}")
+    return (stamps[-1] - stamps[warmup]) / (len(stamps) - 1 - warmup)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=MODES)
+    parser.add_argument("workload", choices=workloads.names())
+    parser.add_argument("--out", required=True, type=Path, help="directory for result.json, weights.pt")
+    parser.add_argument("--steps", type=int, help="override the workload's step count")
+    parser.add_argument("--warmup", type=int, help="override the workload's warm-up steps")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    workload = workloads.WORKLOADS[args.workload]
+    if args.steps is not None or args.warmup is not None:
+        workload = workload.scaled(
+            args.steps if args.steps is not None else workload.steps,
+            args.warmup if args.warmup is not None else workload.warmup,
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    clock = StepClock(workload.warmup, workload.steps)
+    model, fit_seconds, info = RUNNERS[args.mode](workload, clock, args.out)
+    cpu_seconds = time.process_time()
+    max_rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    if len(clock.stamps) != workload.steps:
+        raise RuntimeError(
+            f"{args.mode} ran {len(clock.stamps)} training steps, expected {workload.steps}"
+        )
+    torch.save([tensor.detach().clone() for tensor in model.state_dict().values()], args.out / "weights.pt")
+    result = {
+        "mode": args.mode,
+        "workload": workload.name,
+        "steps": workload.steps,
+        "warmup": workload.warmup,
+        "per_step_s": per_step_seconds(clock.stamps, workload.warmup),
+        "per_step_cpu_s": clock.cpu_per_step(),
+        "fit_s": fit_seconds,
+        "process_cpu_s": cpu_seconds,
+        "main_started_at": MAIN_STARTED_AT,
+        "first_step_at": clock.first_step_wall,
+        "max_rss_kib": max_rss_kib,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        **info,
+    }
+    (args.out / "result.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
