@@ -1,7 +1,16 @@
-"""Using a checkpoint outside training: ``load_trial_from_checkpoint_path`` and its context."""
+"""Using a checkpoint outside training: ``load_trial_from_checkpoint_path``, its context, export.
+
+``load_trial_from_checkpoint_path(path)`` rebuilds the trial that wrote a checkpoint (class,
+hyperparameters and experiment config come from the checkpoint's metadata) and loads its
+models' weights, for inference or evaluation. ``CheckpointLoadContext(hparams, exp_conf)`` is
+the context it builds, and one a user can build directly to construct a trial class that takes
+extra arguments, as in Determined. Checkpoints are verified and loaded with
+``torch.load(weights_only=True)`` unless ``torch_load_kwargs`` says otherwise.
+"""
 from __future__ import annotations
 
 import importlib
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, Type
 
@@ -16,7 +25,33 @@ from hookdet.run import Run
 
 
 class CheckpointLoadContext(PyTorchTrialContext):
-    """The context a trial is rebuilt with for inference: one process, no plugins, no training."""
+    """A trial context for building a trial outside training (Determined's name and signature).
+
+    One process on the CPU, no plugins, no checkpoints or metrics: ``wrap_model`` and
+    ``wrap_optimizer`` register what the trial builds so a checkpoint's state can be loaded
+    into it. ``hparams`` and ``exp_conf`` (an experiment file as a dict) answer ``get_hparam``
+    and ``get_experiment_config``.
+    """
+
+    def __init__(
+        self,
+        hparams: Optional[Dict[str, Any]] = None,
+        exp_conf: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        config = parse_experiment_config(dict(exp_conf or {}), source="CheckpointLoadContext exp_conf")
+        hparams = dict(hparams if hparams is not None else config.hyperparameters or {})
+        run = Run(
+            config=config,
+            run_dir=Path.cwd(),
+            plugins=PluginManager(),
+            model_dir=Path.cwd(),
+            hparams=hparams,
+            trial_seed=config.trial_seed(),
+            distributed=DistributedContext(),
+            device=torch.device("cpu"),
+        )
+        super().__init__(run)
+        run.context = self
 
 
 def import_trial_class(spec: str) -> type:
@@ -39,46 +74,57 @@ def load_trial_from_checkpoint_path(
     trial_class: Optional[Type[Any]] = None,
     trial_kwargs: Optional[Dict[str, Any]] = None,
     torch_load_kwargs: Optional[Dict[str, Any]] = None,
+    **kwargs: Any,
 ) -> Any:
     """Rebuild the trial that wrote checkpoint ``path`` with its models' weights loaded.
 
-    ``trial_class`` defaults to the class recorded in the checkpoint; ``trial_kwargs`` are passed
-    to its constructor after the context; ``torch_load_kwargs`` to ``torch.load``
-    (``weights_only`` stays True unless overridden).
+    ``path`` is a checkpoint directory (or a run directory: its newest intact checkpoint).
+    ``trial_class`` defaults to the class recorded in the checkpoint; ``trial_kwargs`` are
+    passed to its constructor after the context; ``torch_load_kwargs`` to ``torch.load``
+    (``weights_only`` stays True unless overridden). Extra keyword arguments are the deprecated
+    spelling of ``torch_load_kwargs``, as in Determined.
     """
+    if kwargs:
+        if torch_load_kwargs:
+            raise ValueError("pass torch.load arguments as torch_load_kwargs or as **kwargs, not both")
+        warnings.warn(
+            "passing torch.load arguments as **kwargs to load_trial_from_checkpoint_path is "
+            "deprecated; pass torch_load_kwargs={...}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        torch_load_kwargs = kwargs
     directory = fmt.resolve_checkpoint_dir(Path(path))
     metadata = fmt.read_metadata(directory)
-    cls = trial_class or import_trial_class(metadata["trial_class"])
-    state = fmt.load_state(directory, map_location="cpu", **(torch_load_kwargs or {}))
-    config = parse_experiment_config(metadata.get("experiment_config") or {}, source=str(directory))
-    run = Run(
-        config=config,
-        run_dir=directory,
-        plugins=PluginManager(),
-        model_dir=Path.cwd(),
-        hparams=dict(metadata.get("hparams") or {}),
-        trial_seed=config.trial_seed(),
-        distributed=DistributedContext(),
-        device=torch.device("cpu"),
+    cls = trial_class or import_trial_class(str(metadata.get("trial_class") or ""))
+    load_kwargs = dict(torch_load_kwargs or {})
+    state = fmt.load_state(directory, map_location=load_kwargs.pop("map_location", "cpu"), **load_kwargs)
+    context = CheckpointLoadContext(
+        hparams=metadata.get("hparams") or {}, exp_conf=metadata.get("experiment_config") or {}
     )
-    context = CheckpointLoadContext(run)
-    run.context = context
     trial = cls(context, **(trial_kwargs or {}))
     models = state.get("models_state_dict", [])
     if len(models) != len(context.unwrapped_models):
         raise fmt.CheckpointError(
-            f"checkpoint {directory} holds {len(models)} models but {cls.__qualname__} wraps "
+            f"checkpoint {directory} holds {len(models)} model(s) but {cls.__qualname__} wraps "
             f"{len(context.unwrapped_models)}"
         )
-    for model, model_state in zip(context.unwrapped_models, models):
-        model.load_state_dict(model_state)
+    for index, (model, model_state) in enumerate(zip(context.unwrapped_models, models)):
+        try:
+            model.load_state_dict(model_state)
+        except RuntimeError as error:
+            raise fmt.CheckpointError(
+                f"checkpoint {directory}: model {index} does not match {cls.__qualname__}'s: {error}"
+            ) from error
     return trial
 
 
 def export_model_state(checkpoint: str, output: str, model_index: int = 0) -> Path:
     """Write model ``model_index``'s bare ``state_dict`` from a checkpoint to ``output``.
 
-    The result loads in plain PyTorch: ``model.load_state_dict(torch.load(output))``.
+    The result loads in plain PyTorch:
+    ``model.load_state_dict(torch.load(output, weights_only=True))``. Written to a temporary
+    name and renamed, so an interrupted export never leaves a truncated file behind.
     """
     directory = fmt.resolve_checkpoint_dir(Path(checkpoint))
     models = fmt.load_state(directory, map_location="cpu").get("models_state_dict", [])
@@ -86,5 +132,8 @@ def export_model_state(checkpoint: str, output: str, model_index: int = 0) -> Pa
         raise fmt.CheckpointError(
             f"checkpoint {directory} holds {len(models)} model(s); there is no model {model_index}"
         )
-    torch.save(models[model_index], output)
-    return Path(output)
+    output_path = Path(output)
+    partial = output_path.with_name(f".{output_path.name}.partial")
+    torch.save(models[model_index], partial)
+    partial.replace(output_path)
+    return output_path

@@ -2,55 +2,259 @@
 
 A checkpoint is a directory holding ``state_dict.pth`` (Determined's file name and keys) and any
 files plugins or callbacks add, plus ``metadata.json``, written last, with a manifest (size and
-sha256 of every other file). A directory without ``metadata.json``, or whose files disagree with
-its manifest, is not a checkpoint. ``state_dict.pth`` loads with ``torch.load(weights_only=True)``:
-it holds tensors and plain Python values only.
+sha256 digests of every other file) and a sha256 digest of the metadata itself. A directory without
+``metadata.json``, or whose files or metadata disagree with their checksums, is not a
+checkpoint: nothing in it is ever loaded.
+
+``state_dict.pth`` loads with ``torch.load(weights_only=True)``: it holds tensors and plain
+Python values only, and :func:`check_weights_only` refuses anything else *before* a byte is
+written, naming where the offending value sits.
+
+Why sha256, per slice. The manifest exists to catch damage: torn or truncated writes, flipped
+bits, a file from another checkpoint. Each file is hashed in 64 MiB slices (the manifest lists one
+sha256 per slice), so verification runs on every core at once (hashlib releases the GIL) instead of
+one sequential pass. The digests do not make a hostile checkpoint harmless — whoever can rewrite a
+file can rewrite an unsigned manifest too; refusing to unpickle anything but tensors
+(``weights_only``) is what does that.
+
+Speed. The state file is checksummed as ``torch.save`` writes it, so sealing never reads it
+back. Loading reads it twice: once to verify it, slices in parallel, and once to deserialise it
+(from the page cache), so no byte is deserialised before it is known intact. Overlapping the
+checksum with the write or with the deserialisation on a helper thread was measured and gained
+nothing (``torch.load`` holds the GIL while it copies records), so those stay sequential.
+``benchmarks/checkpoint_io.py`` measures them against a bare ``torch.save``/``torch.load``.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
-import io
 import json
+import logging
 import platform
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-FORMAT_VERSION = 1
+from hookdet.plugin_manager import PluginError
+
+logger = logging.getLogger("hookdet")
+
+#: 3: a sha256 per 64 MiB slice of every file, plus the metadata's own sha256 (``metadata_sha256``).
+FORMAT_VERSION = 3
 STATE_FILE = "state_dict.pth"
 METADATA_FILE = "metadata.json"
+METADATA_DIGEST_KEY = "metadata_sha256"
+
+_READ_CHUNK = 1 << 22
+
+#: The manifest holds one sha256 per slice of this many bytes (fixed by FORMAT_VERSION 3), so
+#: verification runs on every core.
+CHUNK_BYTES = 1 << 26
 
 
-class CheckpointError(Exception):
-    """A checkpoint is missing, corrupt, incomplete or belongs to another trial."""
+class CheckpointError(PluginError):
+    """A checkpoint is missing, corrupt, incomplete or belongs to another trial.
+
+    The message is the whole diagnosis (which checkpoint, what is wrong, what to use instead).
+    It is a :class:`~hookdet.plugin_manager.PluginError` so that, raised from the checkpoint
+    plugin's hooks, it reaches the user as it is rather than wrapped in "plugin failed in hook".
+    """
 
 
-def sha256_of(path: Path) -> str:
-    """The hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+# ---------------------------------------------------------------------------------------------
+# What a checkpoint may hold
+# ---------------------------------------------------------------------------------------------
+
+_PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray)
+_TORCH_LEAVES = (torch.dtype, torch.device, torch.layout)
 
 
-def write_state(directory: Path, state: Dict[str, Any]) -> None:
-    """Write ``state`` as ``state_dict.pth`` in ``directory``."""
-    torch.save(state, directory / STATE_FILE)
+def check_weights_only(obj: Any, where: str = "checkpoint") -> None:
+    """Raise CheckpointError unless ``obj`` loads with ``torch.load(weights_only=True)``.
+
+    Allowed: tensors and parameters, ``None``/bool/int/float/complex/str/bytes, torch dtypes,
+    devices, layouts and ``torch.Size``; lists, tuples, sets, dicts and OrderedDicts of those.
+    Anything else (a NumPy array, a namedtuple, a user object) would need unpickling arbitrary
+    code to load, so the message names the path to it (``callbacks['timer']['start']``) and
+    how to fix it. Checked before writing so a bad value costs no half-written checkpoint.
+    """
+    stack: List[Tuple[Any, str]] = [(obj, where)]
+    while stack:
+        value, path = stack.pop()
+        kind = type(value)
+        if kind in _PLAIN_LEAVES or isinstance(value, _TORCH_LEAVES):
+            continue
+        if isinstance(value, torch.Tensor):
+            if kind not in (torch.Tensor, torch.nn.Parameter):
+                raise CheckpointError(
+                    f"{path} is a {kind.__module__}.{kind.__qualname__} (a tensor subclass); "
+                    "checkpoints hold plain tensors only: store value.as_subclass(torch.Tensor)"
+                )
+            continue
+        if kind is torch.Size:
+            continue
+        if kind in (list, tuple, set):
+            stack.extend((item, f"{path}[{index}]") for index, item in enumerate(value))
+            continue
+        if kind is dict or kind.__module__ == "collections" and kind.__qualname__ == "OrderedDict":
+            for key, item in value.items():
+                if type(key) not in _PLAIN_LEAVES and type(key) is not tuple:
+                    raise CheckpointError(
+                        f"{path} has a key of type {type(key).__qualname__} ({key!r}); "
+                        "checkpoint dict keys must be str, int, float, bool, None or tuples"
+                    )
+                stack.append((item, f"{path}[{key!r}]"))
+            continue
+        raise CheckpointError(
+            f"{path} is a {kind.__module__}.{kind.__qualname__}, which "
+            "torch.load(weights_only=True) cannot load: checkpoints hold only tensors and plain "
+            "Python values (convert NumPy arrays with torch.from_numpy or .tolist(), objects "
+            "to dicts)"
+        )
 
 
-def write_metadata(directory: Path, metadata: Dict[str, Any]) -> Dict[str, Any]:
-    """Seal ``directory``: add the manifest of every file to ``metadata`` and write it last."""
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+
+def checksums_of(path: Path, chunk_bytes: Optional[int] = None) -> List[str]:
+    """The sha256 (hex) of each ``chunk_bytes`` slice (default :data:`CHUNK_BYTES`) of a file,
+    in order.
+
+    The slices are hashed in parallel, one thread per core (hashlib releases the GIL), so
+    verifying a large checkpoint takes a fraction of one sequential pass. An empty file has one
+    (empty) slice.
+    """
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    size = os.path.getsize(path)
+    count = max(1, -(-size // chunk_bytes))
+
+    def checksum_slice(index: int) -> str:
+        digest, remaining = hashlib.sha256(), min(chunk_bytes, size - index * chunk_bytes)
+        buffer = bytearray(min(_READ_CHUNK, max(remaining, 1)))
+        view = memoryview(buffer)
+        with open(path, "rb", buffering=0) as handle:
+            handle.seek(index * chunk_bytes)
+            while remaining > 0:
+                got = handle.readinto(view[: min(len(buffer), remaining)])
+                if not got:
+                    break  # shorter than its size said: the size check reports it
+                digest.update(view[:got])
+                remaining -= got
+        return digest.hexdigest()
+
+    if count == 1:
+        return [checksum_slice(0)]
+    workers = min(count, os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hookdet-sha256") as pool:
+        return list(pool.map(checksum_slice, range(count)))
+
+
+def manifest_entry(path: Path) -> Dict[str, Any]:
+    """The manifest entry of a file: its size and the sha256 of each slice."""
+    return {"size": Path(path).stat().st_size, "sha256": checksums_of(path)}
+
+
+class _ChecksummingWriter:
+    """A write-only file object that checksums what passes through it on its way to the file.
+
+    ``torch.save`` hands each record to ``write`` as a memoryview; checksumming it there, slice
+    by slice, means sealing the checkpoint never has to read the file back.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self._chunk_bytes = CHUNK_BYTES
+        self._digest = hashlib.sha256()
+        self._filled = 0
+        self._done: List[str] = []
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        self._handle.write(view)
+        written = view.nbytes
+        while view.nbytes:
+            part = view[: self._chunk_bytes - self._filled]
+            self._digest.update(part)
+            self._filled += part.nbytes
+            if self._filled == self._chunk_bytes:
+                self._done.append(self._digest.hexdigest())
+                self._digest, self._filled = hashlib.sha256(), 0
+            view = view[part.nbytes :]
+        self.size += written
+        return written
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def entry(self) -> Dict[str, Any]:
+        """The manifest entry of what was written."""
+        tail = [self._digest.hexdigest()] if self._filled or not self._done else []
+        return {"size": self.size, "sha256": self._done + tail}
+
+
+def write_state(directory: Path, state: Dict[str, Any]) -> Dict[str, Any]:
+    """Write ``state`` as ``state_dict.pth`` in ``directory``; return its manifest entry.
+
+    The checksum is computed while writing, so sealing the checkpoint never re-reads the file.
+    """
+    check_weights_only(state, "checkpoint")
+    path = Path(directory) / STATE_FILE
+    with open(path, "wb") as handle:
+        writer = _ChecksummingWriter(handle)
+        torch.save(state, writer)
+    return writer.entry()
+
+
+def _json_normal(metadata: Dict[str, Any]) -> Dict[str, Any]:
+    """``metadata`` as it reads back from JSON (non-JSON values become strings)."""
+    return json.loads(json.dumps(metadata, default=str))
+
+
+def metadata_digest(metadata: Dict[str, Any]) -> str:
+    """The sha256 of ``metadata`` (without its own digest) in a canonical JSON form."""
+    body = {key: value for key, value in metadata.items() if key != METADATA_DIGEST_KEY}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def write_metadata(
+    directory: Path,
+    metadata: Dict[str, Any],
+    known_files: Optional[Dict[str, Dict[str, Any]]] = None,
+) -> Dict[str, Any]:
+    """Seal ``directory``: add the manifest of every file to ``metadata`` and write it last.
+
+    ``known_files`` maps relative paths to manifest entries already computed (the state file's,
+    from :func:`write_state`); an entry is trusted only if the file still has that size. Every
+    other file (added by ``on_checkpoint_write_end``) is hashed here.
+    """
+    directory = Path(directory)
+    known_files = known_files or {}
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         relative = path.relative_to(directory).as_posix()
         if relative == METADATA_FILE:
             continue
-        files[relative] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
-    sealed = dict(metadata, format_version=FORMAT_VERSION, files=files, created=time.time())
-    (directory / METADATA_FILE).write_text(json.dumps(sealed, indent=2, sort_keys=True, default=str))
+        size = path.stat().st_size
+        entry = known_files.get(relative)
+        if entry is not None and entry["size"] == size:
+            files[relative] = dict(entry)
+        else:
+            files[relative] = manifest_entry(path)
+    sealed = _json_normal(
+        dict(metadata, format_version=FORMAT_VERSION, files=files, created=time.time())
+    )
+    sealed[METADATA_DIGEST_KEY] = metadata_digest(sealed)
+    # Durability (fsync, atomic publication) is the storage's job: it publishes the directory.
+    (directory / METADATA_FILE).write_text(json.dumps(sealed, indent=2, sort_keys=True), encoding="utf-8")
     return sealed
 
 
@@ -68,119 +272,205 @@ def base_metadata(**fields: Any) -> Dict[str, Any]:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Reading and verifying
+# ---------------------------------------------------------------------------------------------
+
+
 def read_metadata(directory: Path) -> Dict[str, Any]:
-    """``metadata.json`` of ``directory``; CheckpointError when missing or unreadable."""
+    """``metadata.json`` of ``directory``, checked against its own digest.
+
+    CheckpointError when it is missing (the checkpoint was never completely written), not JSON,
+    not hookdet's, or altered since it was written.
+    """
     path = Path(directory) / METADATA_FILE
     if not path.is_file():
-        raise CheckpointError(f"{directory} is not a complete checkpoint: it has no {METADATA_FILE}")
+        raise CheckpointError(
+            f"{directory} is not a complete checkpoint: it has no {METADATA_FILE} "
+            "(its write was interrupted, or the file was removed)"
+        )
     try:
-        metadata = json.loads(path.read_text())
+        metadata = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is unreadable: {error}") from error
-    if not isinstance(metadata, dict) or "files" not in metadata:
-        raise CheckpointError(f"{path} is not hookdet checkpoint metadata (no file manifest)")
+        raise CheckpointError(f"checkpoint {directory} is corrupt: {path} is unreadable: {error}") from error
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("files"), dict):
+        raise CheckpointError(
+            f"checkpoint {directory} is corrupt: {path} is not hookdet checkpoint metadata "
+            "(no file manifest)"
+        )
+    recorded = metadata.get(METADATA_DIGEST_KEY)
+    if recorded is None and int(metadata.get("format_version", 0)) >= 2:
+        raise CheckpointError(f"checkpoint {directory} is corrupt: {path} lacks its digest")
+    if recorded is not None and recorded != metadata_digest(metadata):
+        raise CheckpointError(
+            f"checkpoint {directory} is corrupt: {path} does not match its own digest "
+            "(it was altered after it was written)"
+        )
     return metadata
 
 
+def _check_size(directory: Path, relative: str, expected: Dict[str, Any]) -> Path:
+    path = Path(directory) / relative
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} is missing")
+    size = path.stat().st_size
+    if size != expected["size"]:
+        raise CheckpointError(
+            f"checkpoint {directory} is corrupt: {relative} has {size} bytes, "
+            f"the manifest says {expected['size']} (truncated?)"
+        )
+    return path
+
+
+def _check_file(directory: Path, relative: str, expected: Dict[str, Any]) -> None:
+    path = _check_size(directory, relative, expected)
+    if checksums_of(path) != expected.get("sha256"):
+        raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} fails its sha256 check")
+
+
 def verify(directory: Path) -> Dict[str, Any]:
-    """Check every file against the manifest; return the metadata or raise CheckpointError."""
+    """Check the metadata and every file against the manifest; return the metadata.
+
+    Raises CheckpointError naming the first thing that does not match.
+    """
     directory = Path(directory)
     metadata = read_metadata(directory)
     for relative, expected in metadata["files"].items():
-        path = directory / relative
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} is missing")
-        size = path.stat().st_size
-        if size != expected["size"]:
-            raise CheckpointError(
-                f"checkpoint {directory} is corrupt: {relative} has {size} bytes, "
-                f"the manifest says {expected['size']} (truncated?)"
-            )
-        if sha256_of(path) != expected["sha256"]:
-            raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} fails its sha256 check")
+        _check_file(directory, relative, expected)
     return metadata
 
 
 def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: Any) -> Dict[str, Any]:
     """Verify ``directory`` and load its ``state_dict.pth`` with ``weights_only=True``.
 
-    The state file is read once: hashed and deserialised from the same bytes.
+    Every file is checked against the manifest first, so a corrupt file is never deserialised,
+    let alone returned. ``torch_load_kwargs`` go to ``torch.load`` (``weights_only`` stays True
+    unless given).
     """
     directory = Path(directory)
     metadata = read_metadata(directory)
     expected = metadata["files"].get(STATE_FILE)
     if expected is None:
         raise CheckpointError(f"checkpoint {directory} has no {STATE_FILE} in its manifest")
-    verify_others = {k: v for k, v in metadata["files"].items() if k != STATE_FILE}
-    for relative, entry in verify_others.items():
-        path = directory / relative
-        if not path.is_file() or path.stat().st_size != entry["size"] or sha256_of(path) != entry["sha256"]:
-            raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} does not match its manifest")
-    try:
-        payload = (directory / STATE_FILE).read_bytes()
-    except OSError as error:
-        raise CheckpointError(f"checkpoint {directory}: cannot read {STATE_FILE}: {error}") from error
-    if len(payload) != expected["size"] or hashlib.sha256(payload).hexdigest() != expected["sha256"]:
-        raise CheckpointError(
-            f"checkpoint {directory} is corrupt: {STATE_FILE} does not match its manifest "
-            f"({len(payload)} bytes, manifest says {expected['size']})"
-        )
+    for relative, entry in metadata["files"].items():  # before a single byte is deserialised
+        _check_file(directory, relative, entry)
     torch_load_kwargs.setdefault("weights_only", True)
     try:
-        return torch.load(io.BytesIO(payload), map_location=map_location, **torch_load_kwargs)
+        state = torch.load(directory / STATE_FILE, map_location=map_location, **torch_load_kwargs)
     except Exception as error:
         raise CheckpointError(f"checkpoint {directory}: {STATE_FILE} does not load: {error}") from error
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"checkpoint {directory}: {STATE_FILE} holds a {type(state).__name__}, not a state dict"
+        )
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_dirs(root: Path) -> List[Path]:
+    """Every visible (not dot-named) directory directly under ``root``, complete or not."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(child for child in root.iterdir() if child.is_dir() and not child.name.startswith("."))
 
 
 def find_checkpoints(root: Path) -> List[Tuple[Path, Dict[str, Any]]]:
-    """Complete checkpoints directly under ``root`` with their metadata, oldest first.
+    """Checkpoints directly under ``root`` whose metadata reads, with it, oldest first.
 
-    Ordered by ``steps_completed`` then creation time; directories without readable metadata are
-    skipped (they are incomplete by definition).
+    Ordered by ``steps_completed`` then creation time. Directories without readable, untampered
+    metadata are skipped: they are incomplete or corrupt by definition. Their data files are not
+    checked here; :func:`newest_intact` does that.
     """
     found = []
-    if not Path(root).is_dir():
-        return found
-    for child in Path(root).iterdir():
-        if child.is_dir() and not child.name.startswith("."):
-            try:
-                found.append((child, read_metadata(child)))
-            except CheckpointError:
-                continue
-    found.sort(key=lambda item: (item[1].get("steps_completed", 0), item[1].get("created", 0)))
+    for child in checkpoint_dirs(root):
+        try:
+            found.append((child, read_metadata(child)))
+        except CheckpointError:
+            continue
+    found.sort(key=lambda item: (_steps(item[1]), item[1].get("created", 0)))
     return found
 
 
+def _steps(metadata: Dict[str, Any]) -> int:
+    steps = metadata.get("steps_completed", 0)
+    return steps if isinstance(steps, int) else 0
+
+
 def newest_intact(root: Path, exclude: Optional[Path] = None) -> Optional[Path]:
-    """The newest checkpoint under ``root`` that passes verification, or None."""
+    """The newest checkpoint under ``root`` that passes full verification, or None.
+
+    Newer ones that fail are logged as skipped, with the reason.
+    """
+    excluded = Path(exclude).resolve() if exclude is not None else None
     for path, _metadata in reversed(find_checkpoints(root)):
-        if exclude is not None and Path(path).resolve() == Path(exclude).resolve():
+        if excluded is not None and path.resolve() == excluded:
             continue
         try:
             verify(path)
-        except CheckpointError:
+        except CheckpointError as error:
+            logger.warning("skipping checkpoint that fails verification: %s", error)
             continue
         return path
     return None
 
 
+def intact_hint(root: Optional[Path], exclude: Optional[Path] = None) -> str:
+    """``"; the newest intact checkpoint is X"`` for messages (or what to do when none is)."""
+    if root is None:
+        return ""
+    intact = newest_intact(root, exclude=exclude)
+    if intact is None:
+        return f"; no intact checkpoint is left in {root}"
+    metadata = read_metadata(intact)
+    return f"; the newest intact checkpoint is {intact} (batch {metadata.get('steps_completed')})"
+
+
 def resolve_checkpoint_dir(target: Path) -> Path:
     """A checkpoint directory from a checkpoint, a run directory, or a folder of checkpoints.
 
-    A run directory or folder resolves to its newest intact checkpoint.
+    A run directory or folder resolves to its newest intact checkpoint. A directory that is an
+    unfinished or damaged checkpoint (no metadata) is refused, naming the newest intact one
+    beside it.
     """
     target = Path(target)
     if (target / METADATA_FILE).is_file():
         return target
-    for root in (target / "checkpoints", target):
-        if root.is_dir() and find_checkpoints(root):
-            newest = newest_intact(root)
-            if newest is None:
-                raise CheckpointError(f"no intact checkpoint under {root}: every one fails verification")
-            return newest
     if not target.exists():
         raise CheckpointError(f"{target} does not exist")
-    raise CheckpointError(f"{target} holds no checkpoint (no {METADATA_FILE} in it or below it)")
+    if not target.is_dir():
+        raise CheckpointError(f"{target} is a file; give a checkpoint directory or a run directory")
+    if (target / STATE_FILE).exists():
+        raise CheckpointError(
+            f"{target} is not a complete checkpoint: it has no {METADATA_FILE} "
+            f"(its write was interrupted, or the file was removed){intact_hint(target.parent, target)}"
+        )
+    for root in (target / "checkpoints", target):
+        candidates = checkpoint_dirs(root)
+        if not candidates:
+            continue
+        newest = newest_intact(root)
+        if newest is not None:
+            return newest
+        if root == target and not any((c / STATE_FILE).exists() or (c / METADATA_FILE).exists() for c in candidates):
+            continue
+        raise CheckpointError(
+            f"no intact checkpoint under {root}: each of its {len(candidates)} checkpoint "
+            "directories is incomplete or fails verification"
+        )
+    raise CheckpointError(
+        f"{target} holds no checkpoint (no {METADATA_FILE} in it, in {target / 'checkpoints'} "
+        "or in its subdirectories)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity and RNG state
+# ---------------------------------------------------------------------------------------------
 
 
 def trial_spec(trial_class: type) -> str:

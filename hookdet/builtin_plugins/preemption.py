@@ -1,8 +1,12 @@
 """SIGTERM and SIGINT stop training gracefully: finish the batch, checkpoint, exit.
 
 The first signal asks the trial to stop (``context.set_stop_requested(True)``) and marks the run
-preempted, so ``hookdet run`` exits with :data:`PREEMPTED_EXIT_CODE`; a second SIGINT interrupts
-at once. Previous handlers are restored when the run ends.
+preempted, so ``hookdet run`` exits with :data:`PREEMPTED_EXIT_CODE` after the checkpoint is
+written; ``hookdet run CONFIG --resume RUN_DIR`` then continues exactly. The handler only sets
+flags: the batch in flight, a validation due at that batch and a checkpoint being written all
+finish normally. A signal that arrives after training completed changes nothing (the run exits
+0). A second SIGINT interrupts at once (Ctrl-C twice). Previous handlers are restored when the
+run ends.
 """
 from __future__ import annotations
 
@@ -46,7 +50,8 @@ class PreemptionPlugin:
             "received %s: finishing the current batch, then checkpointing and stopping",
             signal.Signals(signum).name,
         )
-        self._run.exit_reason = "preempted"
+        if self._run.exit_reason is None:  # a run that already finished stays finished
+            self._run.exit_reason = "preempted"
         if self._run.context is not None:
             self._run.context.set_stop_requested(True)
 
