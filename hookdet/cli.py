@@ -258,7 +258,7 @@ def _print_summary(run: Any) -> None:
     lines = [
         f"hookdet: {run.exit_reason or 'finished'} after {state.batches_trained} batches",
         f"  best {metric}: {best}",
-        f"  run directory: {run.run_dir}",
+        f"  run directory: {run.run_dir.resolve()}",
     ]
     if state.latest_checkpoint and run.storage is not None:
         lines.append(f"  latest checkpoint: {run.storage.location(state.latest_checkpoint)}")
