@@ -283,11 +283,11 @@ class PyTorchTrialContext:
         create_graph: bool = False,
     ) -> None:
         """Compute gradients of ``loss``; use this instead of ``loss.backward()``."""
-        kwargs = {"gradient": gradient, "retain_graph": retain_graph, "create_graph": create_graph}
         if self._call_backward_hook:
+            kwargs = {"gradient": gradient, "retain_graph": retain_graph, "create_graph": create_graph}
             self._run.hook.hookdet_backward(loss=loss, context=self, backward_kwargs=kwargs)
         else:
-            loss.backward(**kwargs)
+            loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
 
     def step_optimizer(
         self,

@@ -83,6 +83,9 @@ class TrainingLoop:
             seed=self.run.trial_seed,
         )
         self.context._bind_hooks()
+        # One mover for the run's batches, training and validation: device resolved, unknown
+        # types warned about once.
+        self.move_batch = data_module.batch_mover(self.run.device)
         try:
             self.hook.on_trial_startup(
                 first_batch_idx=self.state.batches_trained, checkpoint_uuid=checkpoint_uuid
@@ -136,8 +139,7 @@ class TrainingLoop:
         plugins = self.run.plugins
         call_train_hook = plugins.implemented("hookdet_train_batch")
         call_batch_end = plugins.implemented("hookdet_train_batch_end")
-        auto_to_device = context.experimental._auto_to_device
-        device = self.run.device
+        move_batch = self.move_batch if context.experimental._auto_to_device else None
         epoch_length = state.epoch_length
         # One process needs no collective to learn whether any rank wants to stop.
         any_rank = self.distributed.any_rank if self.distributed.size > 1 else bool
@@ -156,8 +158,8 @@ class TrainingLoop:
             if batch_idx % epoch_length == 0:
                 hook.on_training_epoch_start(epoch_idx=epoch_idx)
             batch = next(batches)
-            if auto_to_device:
-                batch = data_module.to_device(batch, device)
+            if move_batch is not None:
+                batch = move_batch(batch)
             context._start_batch(batch_idx)
             try:
                 if call_train_hook:
@@ -292,7 +294,7 @@ class TrainingLoop:
         hook.on_validation_epoch_start()
         for batch_idx, batch in enumerate(loader):
             if context.experimental._auto_to_device:
-                batch = data_module.to_device(batch, self.run.device)
+                batch = self.move_batch(batch)
             output = trial.evaluate_batch(batch, batch_idx) if takes_index else trial.evaluate_batch(batch)
             if not isinstance(output, dict):
                 raise TrialError(
@@ -381,14 +383,14 @@ def _reached(period: Optional[TrainUnit], batches: int, epoch_ended: bool, epoch
 
 def _as_metrics_dict(metrics: Any) -> Dict[str, Any]:
     """``train_batch``'s result as a dict of detached values (a bare tensor is the loss)."""
+    if isinstance(metrics, dict):
+        return {
+            key: value.detach() if isinstance(value, torch.Tensor) else value
+            for key, value in metrics.items()
+        }
     if isinstance(metrics, torch.Tensor):
         return {"loss": metrics.detach()}
-    if not isinstance(metrics, dict):
-        raise TrialError(
-            "train_batch must return a dict of metrics or a loss tensor, "
-            f"got {type(metrics).__name__}"
-        )
-    return {
-        key: value.detach() if isinstance(value, torch.Tensor) else value
-        for key, value in metrics.items()
-    }
+    raise TrialError(
+        "train_batch must return a dict of metrics or a loss tensor, "
+        f"got {type(metrics).__name__}"
+    )

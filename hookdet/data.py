@@ -21,8 +21,8 @@ What is not exact: random augmentation done *inside* DataLoader worker processes
 Augmentation in the main process (``num_workers=0``) draws from the global RNGs, which the
 checkpoint restores.
 
-Also here: :data:`TorchData`, :func:`to_device` and :func:`data_length`, with Determined's names
-and semantics.
+Also here: :data:`TorchData`, :func:`to_device` (and :func:`batch_mover`, its per-run form) and
+:func:`data_length`, with Determined's names and semantics.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import (
     Optional,
     Sequence,
     Set,
+    Tuple,
     Type,
     Union,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "adapt_training_loader",
     "adapt_validation_loader",
     "to_device",
+    "batch_mover",
     "data_length",
 ]
 
@@ -546,10 +548,32 @@ def to_device(
     not reuse); copies to the CPU block, since a non-blocking device-to-host copy could be read
     before it lands. Values are never inspected, so no device-to-host sync is forced.
     """
-    if warned_types is None:
-        warned_types = set()
+    target, non_blocking = _target(device)
+    return _move(data, target, non_blocking, set() if warned_types is None else warned_types)
+
+
+def batch_mover(
+    device: Union[torch.device, str, int], warned_types: Optional[Set[Type]] = None
+) -> Callable[[Any], Any]:
+    """:func:`to_device` bound to ``device``: ``mover(data)`` moves one batch.
+
+    What does not change from batch to batch is worked out here, once: the target device,
+    whether copies are ``non_blocking``, and one ``warned_types`` set for every batch it moves
+    (so an unknown type is warned about once per mover). The training loop makes one per run.
+    """
+    target, non_blocking = _target(device)
+    warned = set() if warned_types is None else warned_types
+
+    def mover(data: Any) -> Any:
+        return _move(data, target, non_blocking, warned)
+
+    return mover
+
+
+def _target(device: Union[torch.device, str, int]) -> Tuple[torch.device, bool]:
+    """``device`` as a ``torch.device``, and whether copies to it are non-blocking."""
     target = device if isinstance(device, torch.device) else torch.device(device)
-    return _move(data, target, target.type != "cpu", warned_types)
+    return target, target.type != "cpu"
 
 
 def _move(data: Any, device: torch.device, non_blocking: bool, warned_types: Set[Type]) -> Any:

@@ -489,6 +489,13 @@ def _metric_names(batch_metrics: Sequence[Any], origin: str, first_batch_idx: in
 
     Every batch must be a dict with string keys, and all batches must report the same names.
     """
+    # The usual workload passes in one comparison of key views per batch; anything else goes
+    # through the loop below, which finds and names the batch that breaks a rule.
+    first = batch_metrics[0] if batch_metrics else None
+    if type(first) is dict and all(isinstance(key, str) for key in first):
+        first_keys = first.keys()
+        if all(type(metrics) is dict and metrics.keys() == first_keys for metrics in batch_metrics):
+            return list(first_keys)
     names: list[str] | None = None
     for position, metrics in enumerate(batch_metrics):
         batch_idx = first_batch_idx + position
@@ -705,9 +712,13 @@ def reduce_training_metrics(
                 allow_arrays=False,
                 allow_none=True,
             )
-            batch_values: list[float | None] = [None] * len(batch_metrics)
-            for position, value in zip(positions, host_values.tolist()):
-                batch_values[position] = value
+            batch_values: list[float | None]
+            if len(positions) == len(batch_metrics):  # every batch reported a value
+                batch_values = host_values.tolist()
+            else:
+                batch_values = [None] * len(batch_metrics)
+                for position, value in zip(positions, host_values.tolist()):
+                    batch_values[position] = value
             per_metric[name] = batch_values
         return len(batch_metrics), names, per_metric
 
@@ -716,31 +727,40 @@ def reduce_training_metrics(
     num_batches = max(count for count, _, _ in gathered)
     ranks_values = [per_metric for count, _, per_metric in gathered if count > 0]
 
-    averaged_batches: list[dict] = []
+    # Per metric, each batch's value averaged across the ranks that reported one.
     if len(ranks_values) == 1:
-        # One rank: each batch's values are its own (host floats or None); no averaging.
-        columns = [ranks_values[0][name] for name in names]
-        averaged_batches = [dict(zip(names, row)) for row in zip(*columns)]
-    for batch_position in range(len(averaged_batches), num_batches):
-        batch = {}
-        for name in names:
-            reported = [
-                per_metric[name][batch_position]
-                for per_metric in ranks_values
-                if batch_position < len(per_metric[name])
-                and per_metric[name][batch_position] is not None
+        columns = ranks_values[0]  # one rank: its own values (host floats or None), no averaging
+    else:
+        columns = {
+            name: [
+                _average_across_ranks(ranks_values, name, batch_position)
+                for batch_position in range(num_batches)
             ]
-            if len(reported) == 1:  # one rank (or one reporting rank): the value itself
-                batch[name] = float(reported[0])
-            else:
-                batch[name] = float(np.mean(reported)) if reported else None
-        averaged_batches.append(batch)
-
+            for name in names
+        }
+    averaged_batches = [
+        {name: columns[name][batch_position] for name in names}
+        for batch_position in range(num_batches)
+    ]
     avg_metrics = {}
     for name in names:
-        reported = [batch[name] for batch in averaged_batches if batch[name] is not None]
+        reported = [value for value in columns[name] if value is not None]
         avg_metrics[name] = float(np.mean(reported)) if reported else None
     return TrainingMetrics(avg_metrics, averaged_batches)
+
+
+def _average_across_ranks(
+    ranks_values: Sequence[dict[str, list[float | None]]], name: str, batch_position: int
+) -> float | None:
+    """Metric ``name`` of one batch, averaged over the ranks that ran that batch and reported it."""
+    reported = [
+        per_metric[name][batch_position]
+        for per_metric in ranks_values
+        if batch_position < len(per_metric[name]) and per_metric[name][batch_position] is not None
+    ]
+    if len(reported) == 1:  # one rank (or one reporting rank): the value itself
+        return float(reported[0])
+    return float(np.mean(reported)) if reported else None
 
 
 def average_training_metrics(
