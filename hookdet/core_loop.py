@@ -254,7 +254,7 @@ class TrainingLoop:
 
     def _validate(self) -> bool:
         """Run validation; return whether its searcher metric is the best so far."""
-        hook, trial = self.hook, self.trial
+        hook = self.hook
         hook.on_validation_start()
         self._set_train_mode(False)
         self.context._reducers.reset_all(for_training=False)

@@ -19,7 +19,12 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from hookdet.config import STORAGE_PLUGIN_FOR_TYPE, ExperimentConfig, parse_experiment_config
+from hookdet.config import (
+    STORAGE_PLUGIN_FOR_TYPE,
+    ExperimentConfig,
+    length_in_batches,
+    parse_experiment_config,
+)
 from hookdet.context import PyTorchTrialContext
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
@@ -197,7 +202,7 @@ def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dic
         if length.unit == "records":
             if not global_batch_size:
                 raise ValueError("a length in records needs the 'global_batch_size' hyperparameter")
-            return Batch(max(1, length.value // int(global_batch_size)))
+            return Batch(max(1, length_in_batches(length, global_batch_size=int(global_batch_size))))
         if config.records_per_epoch and global_batch_size:
             return Batch(length.value * max(1, config.records_per_epoch // int(global_batch_size)))
         from hookdet.trial import Epoch
