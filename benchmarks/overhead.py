@@ -212,6 +212,7 @@ def compare_weights(candidate: Sequence[Any], reference: Sequence[Any]) -> Tuple
 METRICS = (
     ("per_step_s", "per step (wall)", lambda v: f"{v * 1e6:.1f} µs"),
     ("per_step_cpu_s", "per step (CPU)", lambda v: f"{v * 1e6:.1f} µs"),
+    ("per_step_window_s", "per step (window mean, wall)", lambda v: f"{v * 1e6:.1f} µs"),
     ("fit_s", "fit", lambda v: f"{v:.2f} s"),
     ("startup_s", "start-up", lambda v: f"{v:.2f} s"),
     ("max_rss_kib", "peak RSS", lambda v: f"{v / 1024:.0f} MiB"),

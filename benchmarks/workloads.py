@@ -23,6 +23,9 @@ from typing import Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
+#: Steps per timing block (see ``workers.py``): the reporting period every mode uses, so each
+#: block of this many consecutive steps holds exactly one report.
+BLOCK_STEPS = 100
 #: The seed every mode gives ``torch.manual_seed`` right before building the model.
 MODEL_SEED = 1234
 #: The seed of the synthetic data (a private generator: the global RNG is not touched).
@@ -132,8 +135,8 @@ WORKLOADS: Dict[str, Workload] = {
         batch_size=32,
         train_records=1024,
         validation_records=256,
-        steps=400,
-        warmup=40,
+        steps=800,
+        warmup=100,
         learning_rate=0.02,
         momentum=0.9,
         make_model=_cnn,

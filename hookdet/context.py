@@ -68,8 +68,10 @@ class PyTorchTrialContext:
         self.scalers: List[Any] = []
         self._reducers = ReducerRegistry()
         self._stop_requested = False
-        self._current_batch_idx = 0
-        self._stepped_this_batch: set = set()
+        self._current_batch_idx = 0  # the batch being trained: the loop sets it before train_batch
+        # id(wrapped optimizer) -> the batch it last stepped in (-1: not yet), for the
+        # once-per-batch rule; holding only wrapped optimizers' ids, it also tells them apart.
+        self._last_step_batch: Dict[int, int] = {}
         optimizations = run.config.optimizations
         self._aggregation_frequency = int(optimizations.aggregation_frequency)
         self._average_aggregated_gradients = bool(optimizations.average_aggregated_gradients)
@@ -235,6 +237,7 @@ class PyTorchTrialContext:
         )
         self.optimizers.append(wrapped)
         self._original_optimizers[id(wrapped)] = optimizer
+        self._last_step_batch[id(wrapped)] = -1
         return wrapped
 
     def wrap_lr_scheduler(
@@ -271,10 +274,6 @@ class PyTorchTrialContext:
 
     # ------------------------------------------------------------------ the training step
 
-    def _is_optimizer_step_batch(self) -> bool:
-        """Whether the current batch ends a gradient-aggregation window."""
-        return (self._current_batch_idx + 1) % self._aggregation_frequency == 0
-
     def backward(
         self,
         loss: torch.Tensor,
@@ -302,21 +301,22 @@ class PyTorchTrialContext:
         ``clip_grads`` as a list of parameters, then the optimizer steps and (by default) zeroes
         them. Call once per optimizer per batch.
         """
-        key = id(optimizer)
-        if key in self._stepped_this_batch:
+        key, batch_idx = id(optimizer), self._current_batch_idx
+        last_step_batch = self._last_step_batch.get(key)
+        if last_step_batch is None:
+            raise ValueError("step_optimizer: the optimizer was not passed through wrap_optimizer")
+        if last_step_batch == batch_idx:
             raise RuntimeError(
                 "step_optimizer was called twice for the same optimizer in one batch; "
                 "call it once per optimizer per batch"
             )
-        if key not in self._original_optimizers:  # keyed by id(wrapped optimizer)
-            raise ValueError("step_optimizer: the optimizer was not passed through wrap_optimizer")
-        self._stepped_this_batch.add(key)
-        if not self._is_optimizer_step_batch():
+        self._last_step_batch[key] = batch_idx
+        if (batch_idx + 1) % self._aggregation_frequency:  # inside an aggregation window
             return
         if self._call_prepare_gradients:
             self._run.hook.hookdet_prepare_gradients(optimizer=optimizer, context=self)
         averaging = self._aggregation_frequency > 1 and self._average_aggregated_gradients
-        if averaging or clip_grads is not None or self._call_before_step:
+        if clip_grads is not None or averaging or self._call_before_step:
             parameters = [p for group in optimizer.param_groups for p in group["params"]]
             if averaging:
                 grads = [p.grad for p in parameters if p.grad is not None]
@@ -356,11 +356,6 @@ class PyTorchTrialContext:
                 if steps % wrapped.frequency:
                     continue
             wrapped.step()
-
-    def _start_batch(self, batch_idx: int) -> None:
-        """Loop bookkeeping before ``train_batch``."""
-        self._current_batch_idx = batch_idx
-        self._stepped_this_batch.clear()
 
     def _end_batch(self, batch_idx: int, epoch_ended: bool, epoch_idx: int) -> None:
         """Loop bookkeeping after ``train_batch``: step per-batch and per-epoch schedulers."""

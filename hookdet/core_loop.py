@@ -38,6 +38,8 @@ class TrainingLoop:
         self.hook = run.hook
         self.state = run.state
         self.distributed = run.distributed
+        # Whether a plugin reads on_training_workload_end's per-batch metrics (set by _train).
+        self.call_workload_end = True
 
     # ------------------------------------------------------------------ entry point
 
@@ -136,16 +138,21 @@ class TrainingLoop:
         reporting_period: TrainUnit,
     ) -> None:
         state, context, trial, hook = self.state, self.context, self.trial, self.hook
-        plugins = self.run.plugins
-        call_train_hook = plugins.implemented("hookdet_train_batch")
-        call_batch_end = plugins.implemented("hookdet_train_batch_end")
+        implemented = self.run.plugins.implemented
+        call_train_hook = implemented("hookdet_train_batch")
+        call_batch_end = implemented("hookdet_train_batch_end")
+        call_epoch_start = implemented("on_training_epoch_start")
+        call_epoch_end = implemented("on_training_epoch_end")
+        self.call_workload_end = implemented("on_training_workload_end")
+        train_batch = trial.train_batch
         move_batch = self.move_batch if context.experimental._auto_to_device else None
+        lr_schedulers = context.lr_schedulers  # the context's own list: later additions show
         epoch_length = state.epoch_length
         # One process needs no collective to learn whether any rank wants to stop.
         any_rank = self.distributed.any_rank if self.distributed.size > 1 else bool
         periods = (validation_period, checkpoint_period, reporting_period)
-        # Batches trained at which the next Batch-period boundary (or the end) falls; until
-        # then, and outside epoch ends and stops, a batch needs no boundary checks at all.
+        # Batches trained at which the next Batch-period boundary (or the end) falls. The batches
+        # before it, within one epoch, run as one stretch with no boundary checks at all.
         next_boundary = _next_boundary(periods, state.batches_trained, self.max_batches)
         workload: List[Dict[str, Any]] = []
         context.experimental.reset_reducers()
@@ -153,47 +160,43 @@ class TrainingLoop:
 
         hook.on_training_start()
         while state.batches_trained < self.max_batches:
-            batch_idx = state.batches_trained
-            epoch_idx = batch_idx // epoch_length
-            if batch_idx % epoch_length == 0:
+            first = state.batches_trained
+            epoch_idx, position = divmod(first, epoch_length)
+            if position == 0 and call_epoch_start:
                 hook.on_training_epoch_start(epoch_idx=epoch_idx)
-            batch = next(batches)
-            if move_batch is not None:
-                batch = move_batch(batch)
-            context._start_batch(batch_idx)
-            try:
-                if call_train_hook:
-                    metrics = hook.hookdet_train_batch(
-                        trial=trial, batch=batch, epoch_idx=epoch_idx, batch_idx=batch_idx
-                    )
-                else:
-                    metrics = trial.train_batch(batch, epoch_idx, batch_idx)
-            except ShouldExit as should_exit:
-                self._finish_workload(workload)
-                self.run.exit_reason = "exited"
-                if (
-                    not should_exit.skip_exit_checkpoint
-                    and state.last_checkpoint_batch != state.batches_trained
-                ):
-                    self._checkpoint()
-                return
-            metrics = _as_metrics_dict(metrics)
-            workload.append(metrics)
-            state.batches_trained = batch_idx + 1
+            stretch_end = first + 1 if self.test_mode else min(next_boundary, first - position + epoch_length)
+            stopping = False
+            for batch_idx in range(first, stretch_end):
+                batch = next(batches)
+                if move_batch is not None:
+                    batch = move_batch(batch)
+                context._current_batch_idx = batch_idx
+                try:
+                    if call_train_hook:
+                        metrics = hook.hookdet_train_batch(
+                            trial=trial, batch=batch, epoch_idx=epoch_idx, batch_idx=batch_idx
+                        )
+                    else:
+                        metrics = train_batch(batch, epoch_idx, batch_idx)
+                except ShouldExit as should_exit:
+                    self._exit_early(workload, should_exit)
+                    return
+                metrics = _as_metrics_dict(metrics)
+                workload.append(metrics)
+                state.batches_trained = batch_idx + 1
+                if lr_schedulers:
+                    context._end_batch(batch_idx, (batch_idx + 1) % epoch_length == 0, epoch_idx)
+                if call_batch_end:
+                    hook.hookdet_train_batch_end(context=context, batch_idx=batch_idx, metrics=metrics)
+                if any_rank(context._stop_requested):
+                    stopping = True
+                    break
             epoch_ended = state.batches_trained % epoch_length == 0
-            if context.lr_schedulers:
-                context._end_batch(batch_idx, epoch_ended, epoch_idx)
-            if call_batch_end:
-                hook.hookdet_train_batch_end(context=context, batch_idx=batch_idx, metrics=metrics)
-            if epoch_ended:
+            if epoch_ended and call_epoch_end:
                 hook.on_training_epoch_end(epoch_idx=epoch_idx)
+                # Every rank ran the same stretch, so every rank takes this branch alike.
+                stopping = stopping or any_rank(context._stop_requested)
 
-            stopping = any_rank(context._stop_requested)
-            if (
-                state.batches_trained < next_boundary
-                and not (epoch_ended or stopping or self.test_mode)
-            ):
-                continue
             done = state.batches_trained >= self.max_batches or self.test_mode
             validate = done or _reached(validation_period, state.batches_trained, epoch_ended, epoch_length)
             checkpoint = done or stopping or _reached(
@@ -223,17 +226,31 @@ class TrainingLoop:
             context.experimental.reset_reducers()
         self.run.exit_reason = "completed"
 
+    def _exit_early(self, workload: List[Dict[str, Any]], should_exit: ShouldExit) -> None:
+        """``train_batch`` raised ``ShouldExit``: report what the workload has, then checkpoint
+        unless the trial asked not to (or the current batch count has one already)."""
+        self._finish_workload(workload)
+        self.run.exit_reason = "exited"
+        state = self.state
+        if not should_exit.skip_exit_checkpoint and state.last_checkpoint_batch != state.batches_trained:
+            self._checkpoint()
+
     def _finish_workload(self, workload: List[Dict[str, Any]]) -> None:
         """Average the workload's metrics (across ranks too) and report them."""
         if not workload:
             return
         allgather = self.distributed.allgather
         first_batch = self.state.batches_trained - len(workload)
-        reduced = reducers.reduce_training_metrics(workload, allgather, first_batch_idx=first_batch)
+        reduced = reducers.reduce_training_metrics(
+            workload, allgather, first_batch_idx=first_batch, per_batch=self.call_workload_end
+        )
         avg_metrics = dict(reduced.avg_metrics)
         avg_metrics.update(self.context._reducers.reduce(for_training=True, allgather=allgather))
         avg_metrics = reducers.check_metrics_serialisable(avg_metrics, "train_batch")
-        self.hook.on_training_workload_end(avg_metrics=avg_metrics, batch_metrics=reduced.batch_metrics)
+        if self.call_workload_end:
+            self.hook.on_training_workload_end(
+                avg_metrics=avg_metrics, batch_metrics=reduced.batch_metrics
+            )
         if self.run.is_chief:
             self.hook.hookdet_report_metrics(
                 run=self.run,
@@ -382,12 +399,17 @@ def _reached(period: Optional[TrainUnit], batches: int, epoch_ended: bool, epoch
 
 
 def _as_metrics_dict(metrics: Any) -> Dict[str, Any]:
-    """``train_batch``'s result as a dict of detached values (a bare tensor is the loss)."""
+    """``train_batch``'s result as a new dict of detached values (a bare tensor is the loss).
+
+    Detaching keeps a metric that was never backpropagated from holding its graph (and that
+    graph's activations) alive until the report. A plain loop, not a comprehension: this runs
+    every batch, and a comprehension costs a function object and a frame per call.
+    """
     if isinstance(metrics, dict):
-        return {
-            key: value.detach() if isinstance(value, torch.Tensor) else value
-            for key, value in metrics.items()
-        }
+        detached = {}
+        for key, value in metrics.items():
+            detached[key] = value.detach() if isinstance(value, torch.Tensor) else value
+        return detached
     if isinstance(metrics, torch.Tensor):
         return {"loss": metrics.detach()}
     raise TrialError(

@@ -560,11 +560,25 @@ def batch_mover(
     What does not change from batch to batch is worked out here, once: the target device,
     whether copies are ``non_blocking``, and one ``warned_types`` set for every batch it moves
     (so an unknown type is warned about once per mover). The training loop makes one per run.
+    Unlike :func:`to_device`, a tuple or list whose items are all tensors on ``device`` already
+    comes back as the same object.
     """
     target, non_blocking = _target(device)
     warned = set() if warned_types is None else warned_types
 
+    on_cpu = target.type == "cpu"
+
     def mover(data: Any) -> Any:
+        # The usual batch, a tuple or list of tensors already on the device (a CPU run), is
+        # returned as it is, without rebuilding it around the same tensors. ``is_cpu`` is a
+        # plain flag; ``.device`` builds a torch.device object on every read.
+        kind = type(data)
+        if kind is tuple or kind is list:
+            for item in data:
+                if type(item) is not torch.Tensor or not (item.is_cpu if on_cpu else item.device == target):
+                    break
+            else:
+                return data
         return _move(data, target, non_blocking, warned)
 
     return mover

@@ -53,7 +53,8 @@ adapts each callback one to one). **Mechanism hooks** are named ``hookdet_*`` by
 ``hookdet_<phase>`` performs a step that plugins may replace or wrap, and ``*_end`` notifies.
 
 A per-batch hook nobody implements costs nothing: the loop checks once, before training, which
-per-batch hooks have implementations and never calls the others.
+per-batch hooks have implementations and never calls the others. It does the same for the
+training epoch hooks and ``on_training_workload_end``.
 
 **Plugin state.** A plugin object that has ``state_dict()`` and ``load_state_dict(state)`` methods
 (the ``PyTorchCallback`` protocol) has that state saved in every checkpoint under the plugin's

@@ -31,6 +31,7 @@ import dataclasses
 import enum
 import functools
 import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple
 
@@ -469,17 +470,16 @@ def _scalar_tensors_to_host(values: Sequence[Any]) -> np.ndarray | None:
     workload's values are usually this case, and one ``torch.stack`` replaces a Python loop that
     costs microseconds per batch.
     """
-    if not values or any(type(value) is not torch.Tensor for value in values):
+    if not values or type(values[0]) is not torch.Tensor:
         return None
     try:
         with torch.no_grad():
             stacked = torch.stack(values)  # type: ignore[arg-type]
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError):  # not all tensors, or shapes or devices differ
         return None
+    # Stacking promotes mixed dtypes as the general path does; it also accepts numbers mixed into
+    # tensors, which only the general path may judge, so the element count must match too.
     if stacked.numel() != len(values) or stacked.is_complex() or stacked.is_quantized:
-        return None
-    common_dtype = functools.reduce(torch.promote_types, {value.dtype for value in values})
-    if stacked.dtype != common_dtype:
         return None
     return stacked.reshape(len(values)).cpu().to(torch.float64).numpy()
 
@@ -489,13 +489,16 @@ def _metric_names(batch_metrics: Sequence[Any], origin: str, first_batch_idx: in
 
     Every batch must be a dict with string keys, and all batches must report the same names.
     """
-    # The usual workload passes in one comparison of key views per batch; anything else goes
+    # The usual workload (dicts with the first batch's string keys) passes in one comparison of
+    # key views per batch, run by ``map`` without a Python frame per batch; anything else goes
     # through the loop below, which finds and names the batch that breaks a rule.
     first = batch_metrics[0] if batch_metrics else None
     if type(first) is dict and all(isinstance(key, str) for key in first):
-        first_keys = first.keys()
-        if all(type(metrics) is dict and metrics.keys() == first_keys for metrics in batch_metrics):
-            return list(first_keys)
+        try:
+            if all(map(first.keys().__eq__, map(dict.keys, batch_metrics))):
+                return list(first)
+        except TypeError:  # a batch's metrics are not a dict
+            pass
     names: list[str] | None = None
     for position, metrics in enumerate(batch_metrics):
         batch_idx = first_batch_idx + position
@@ -688,6 +691,7 @@ def reduce_training_metrics(
     allgather: Allgather = single_process_allgather,
     *,
     first_batch_idx: int = 0,
+    per_batch: bool = True,
 ) -> TrainingMetrics:
     """Average this rank's ``train_batch`` outputs across ranks and over the workload.
 
@@ -695,31 +699,31 @@ def reduce_training_metrics(
     element (on any device), or ``None`` for "not measured in this batch" (left out of the
     averages, as Determined does). ``first_batch_idx`` is the trial's index of the workload's
     first batch, used to name the culprit batch in errors. When ranks ran different numbers of
-    batches, batch ``i`` averages the ranks that ran it.
+    batches, batch ``i`` averages the ranks that ran it. ``per_batch=False`` leaves
+    ``batch_metrics`` empty: the loop passes it when nothing reads them, sparing a dict per batch.
     """
 
     def local_values() -> tuple[int, list[str] | None, dict]:
         if not batch_metrics:
             return 0, None, {}
         names = _metric_names(batch_metrics, "train_batch", first_batch_idx)
-        per_metric = {}
+        per_metric: dict[str, Any] = {}
         for name in names:
             host_values, positions = _workload_metric_to_host(
-                [metrics[name] for metrics in batch_metrics],
+                list(map(operator.itemgetter(name), batch_metrics)),
                 name,
                 "train_batch",
                 first_batch_idx,
                 allow_arrays=False,
                 allow_none=True,
             )
-            batch_values: list[float | None]
-            if len(positions) == len(batch_metrics):  # every batch reported a value
-                batch_values = host_values.tolist()
+            if len(positions) == len(batch_metrics):  # every batch reported: a float64 array
+                per_metric[name] = host_values
             else:
-                batch_values = [None] * len(batch_metrics)
+                column: list[float | None] = [None] * len(batch_metrics)
                 for position, value in zip(positions, host_values.tolist()):
-                    batch_values[position] = value
-            per_metric[name] = batch_values
+                    column[position] = value
+                per_metric[name] = column
         return len(batch_metrics), names, per_metric
 
     gathered = _gather_from_all_ranks(local_values, allgather, what="training metrics")
@@ -727,9 +731,11 @@ def reduce_training_metrics(
     num_batches = max(count for count, _, _ in gathered)
     ranks_values = [per_metric for count, _, per_metric in gathered if count > 0]
 
-    # Per metric, each batch's value averaged across the ranks that reported one.
+    # Per metric, each batch's value averaged across the ranks that reported one: a float64
+    # array when every batch has a value, else a list holding None where none was reported.
+    columns: dict[str, Any]
     if len(ranks_values) == 1:
-        columns = ranks_values[0]  # one rank: its own values (host floats or None), no averaging
+        columns = ranks_values[0]  # one rank: its own values, no averaging
     else:
         columns = {
             name: [
@@ -738,19 +744,28 @@ def reduce_training_metrics(
             ]
             for name in names
         }
-    averaged_batches = [
-        {name: columns[name][batch_position] for name in names}
-        for batch_position in range(num_batches)
-    ]
     avg_metrics = {}
     for name in names:
-        reported = [value for value in columns[name] if value is not None]
+        column = columns[name]
+        if isinstance(column, np.ndarray):
+            avg_metrics[name] = float(column.mean())
+            continue
+        reported = [value for value in column if value is not None]
         avg_metrics[name] = float(np.mean(reported)) if reported else None
+    if not per_batch:
+        return TrainingMetrics(avg_metrics, [])
+    plain_columns = [
+        columns[name].tolist() if isinstance(columns[name], np.ndarray) else columns[name]
+        for name in names
+    ]
+    if not names:
+        return TrainingMetrics(avg_metrics, [{} for _ in range(num_batches)])
+    averaged_batches = [dict(zip(names, values)) for values in zip(*plain_columns)]
     return TrainingMetrics(avg_metrics, averaged_batches)
 
 
 def _average_across_ranks(
-    ranks_values: Sequence[dict[str, list[float | None]]], name: str, batch_position: int
+    ranks_values: Sequence[dict[str, Sequence[float | None]]], name: str, batch_position: int
 ) -> float | None:
     """Metric ``name`` of one batch, averaged over the ranks that ran that batch and reported it."""
     reported = [

@@ -351,7 +351,11 @@ def test_unimplemented_per_batch_hooks_are_never_called(tmp_path: Path) -> None:
     per_batch = {"hookdet_train_batch", "hookdet_backward", "hookdet_step_optimizer", "hookdet_train_batch_end",
                  "hookdet_prepare_gradients", "on_before_optimizer_step", "hookdet_validation_batch_end"}
     assert not per_batch & set(calls)
-    assert calls.count("on_training_epoch_start") == 2
+    # Nor are the training loop's per-epoch and per-report hooks that nothing implements ...
+    assert not {"on_training_epoch_start", "on_training_epoch_end", "on_training_workload_end"} & set(calls)
+    # ... while the monitor does see the loop's other hooks.
+    assert calls.count("on_training_start") == 1
+    assert calls.count("hookdet_report_metrics") == 3  # two training reports, one validation
 
 
 def test_implemented_per_batch_hook_fires_every_batch(tmp_path: Path) -> None:

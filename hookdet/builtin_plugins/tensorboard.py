@@ -2,10 +2,15 @@
 
 Every training report is written as ``training/<metric>`` and every validation as
 ``validation/<metric>``, at step = batches trained so far, so curves from the experiment file and
-from ``metrics.jsonl`` line up. One ``SummaryWriter`` stays open for the whole run, is flushed at
-every report (a crash loses nothing already reported) and is closed when the run ends. The trial
-gets the same writer from ``context.get_tensorboard_writer()``, or through Determined's legacy
-:class:`TorchWriter`.
+from ``metrics.jsonl`` line up. One ``SummaryWriter`` stays open for the whole run and is closed
+when the run ends. The trial gets the same writer from ``context.get_tensorboard_writer()``, or
+through Determined's legacy :class:`TorchWriter`.
+
+A report costs the training thread one event (every metric of the report in one ``Summary``)
+handed to TensorBoard's writer thread, which appends it to the event file as soon as it runs; the
+training thread does not wait for that write except at validation reports and at the end, where
+the writer is flushed. An exception loses nothing reported; a ``SIGKILL`` can lose the events of
+the last few milliseconds (``metrics.jsonl`` is the synchronous record).
 
 Only the chief writes. Other ranks get a :class:`DiscardingWriter`, so trial code that logs from
 every rank runs unchanged without several processes fighting over one directory.
@@ -125,12 +130,24 @@ class TensorBoardPlugin:
     def hookdet_report_metrics(
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
-        """Write each numeric metric under ``<group>/<name>`` and flush (fires on the chief)."""
+        """Write the numeric metrics under ``<group>/<name>`` as one event (fires on the chief).
+
+        The values are ``simple_value``s, as ``SummaryWriter.add_scalar`` writes them; one
+        ``Summary`` for the whole report spares an event, a proto and a queued write per metric.
+        """
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         writer = self.get_writer()
-        for name, value in metrics.items():
-            if _is_scalar(value):
-                writer.add_scalar(metric_tag(group, name), value, steps_completed)
-        writer.flush()
+        values = [
+            Summary.Value(tag=metric_tag(group, name), simple_value=value)
+            for name, value in metrics.items()
+            if _is_scalar(value)
+        ]
+        if values:
+            # What add_scalar itself calls; it reopens the file writer if the trial closed it.
+            writer._get_file_writer().add_summary(Summary(value=values), steps_completed)
+        if group != "training":
+            writer.flush()
 
     @hookimpl
     def hookdet_unconfigure(self, run: Any) -> None:

@@ -90,6 +90,37 @@ def test_every_reported_scalar_is_in_tensorboard(tmp_path: Path) -> None:
     assert run.exit_reason == "completed"
 
 
+def test_each_report_is_one_event_and_a_validation_report_is_on_disk_before_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Training reports are handed to the writer thread without waiting; a validation report
+    flushes, so everything reported so far can be read back while the run is still going."""
+    seen_at_checkpoint: List[Dict[str, List[Tuple[int, float]]]] = []
+
+    class ReadBack(pytorch.PyTorchCallback):
+        def on_checkpoint_save_start(self, checkpoint: Dict[str, Any]) -> None:
+            seen_at_checkpoint.append(read_scalars(tmp_path / "tensorboard"))
+
+    class ReadingTrial(OneWeightTrial):
+        def build_callbacks(self) -> Dict[str, pytorch.PyTorchCallback]:
+            return {"read_back": ReadBack()}
+
+    fit(
+        ReadingTrial, HP, tmp_path, config={"plugins": PLUGINS}, max_length=pytorch.Batch(8),
+        validation_period=pytorch.Batch(4), checkpoint_period=pytorch.Batch(4),
+        reporting_period=pytorch.Batch(2),
+    )
+    first_checkpoint = seen_at_checkpoint[0]
+    assert [step for step, _ in first_checkpoint["validation/validation_loss"]] == [4]
+    assert [step for step, _ in first_checkpoint["training/loss"]] == [2, 4]
+    # One event per report, holding every metric of that report.
+    accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
+    accumulator.Reload()
+    loss_events = accumulator.Scalars("training/loss")
+    weight_events = accumulator.Scalars("training/weight")
+    assert [e.wall_time for e in loss_events] == [e.wall_time for e in weight_events]
+
+
 def test_writer_is_closed_at_the_end_and_files_are_complete(tmp_path: Path) -> None:
     trial = fit(
         OneWeightTrial, HP, tmp_path, config={"plugins": PLUGINS}, max_length=pytorch.Batch(4),
