@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import types
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pluggy
 import stevedore
@@ -35,6 +35,28 @@ DEFAULTS_NAME = "hookdet.defaults"
 
 class PluginError(Exception):
     """A plugin failed, could not be found, or cannot run beside another; names the plugin."""
+
+
+def option_error(plugin: str, field: str, expected: str, value: Any) -> PluginError:
+    """The one error a bad ``plugin_config.<plugin>.<field>`` value gets."""
+    return PluginError(f"plugin_config.{plugin}.{field} must be {expected}, got {value!r}")
+
+
+def check_known_options(plugin: str, options: Dict[str, Any], known: Tuple[str, ...]) -> None:
+    """Refuse an option the plugin does not have, listing the ones it does."""
+    for name in options:
+        if name not in known:
+            raise PluginError(
+                f"plugin_config.{plugin}: unknown option {name!r}; known options: {', '.join(known)}"
+            )
+
+
+def read_seconds_option(plugin: str, options: Dict[str, Any], field: str, default: float) -> float:
+    """A ``plugin_config.<plugin>.<field>`` number of seconds, 0 or more (``default`` if absent)."""
+    value = options.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise option_error(plugin, field, "a number of seconds, 0 or more", value)
+    return float(value)
 
 
 def installed_plugins() -> Dict[str, str]:

@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import PluginError
+from hookdet.plugin_manager import PluginError, check_known_options, option_error
 from hookdet.trial import TrialError
 
 logger = logging.getLogger("hookdet")
@@ -62,20 +62,6 @@ DTYPE_NAMES: Dict[str, Optional[torch.dtype]] = {
 # ---------------------------------------------------------------------------------------------
 # Helpers shared with the apex plugin
 # ---------------------------------------------------------------------------------------------
-
-
-def option_error(plugin: str, field: str, expected: str, value: Any) -> PluginError:
-    """The one error a bad ``plugin_config.<plugin>.<field>`` value gets."""
-    return PluginError(f"plugin_config.{plugin}.{field} must be {expected}, got {value!r}")
-
-
-def check_known_options(plugin: str, options: Dict[str, Any], known: Tuple[str, ...]) -> None:
-    """Refuse an option the plugin does not have, listing the ones it does."""
-    for name in options:
-        if name not in known:
-            raise PluginError(
-                f"plugin_config.{plugin}: unknown option {name!r}; known options: {', '.join(known)}"
-            )
 
 
 def read_dtype_option(plugin: str, value: Any) -> str:

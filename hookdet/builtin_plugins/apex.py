@@ -44,15 +44,13 @@ import torch
 from hookdet.builtin_plugins.amp import (
     autocast_forward,
     cast_tensors,
-    check_known_options,
     dtype_name,
-    option_error,
     patch_forward,
     read_dtype_option,
     resolve_half_dtype,
 )
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import PluginError
+from hookdet.plugin_manager import PluginError, check_known_options, option_error
 from hookdet.trial import TrialError
 
 logger = logging.getLogger("hookdet")

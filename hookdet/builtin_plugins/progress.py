@@ -6,11 +6,16 @@ previous validation's count: the validation set does not change). The training b
 latest reported training and validation metrics; console log messages are routed around the bars
 so they do not tear them.
 
-Anywhere else (a pipe, a file, a CI log) bars would be noise, so each report becomes one plain
-log line instead::
+Anywhere else (a pipe, a file, a CI log) bars would be noise, so reports become plain log lines
+instead::
 
     training: batch 45/450 (10%) loss=0.2345
     validation: batch 45/450 (10%) validation_loss=0.1234 accuracy=0.9722
+
+Every validation is logged. A training report is logged when ``log_every_s`` seconds
+(``plugin_config.progress.log_every_s``, default 5; 0 logs every report) have passed since the
+last training line, and the one at the end of training always is, so a fast loop does not flood
+the log (``metrics.jsonl`` holds every report).
 
 Bars advance on ``hookdet_train_batch_end`` / ``hookdet_validation_batch_end`` without looking at
 the batch's metric tensors (no device sync); metrics are shown only at reports. Those two
@@ -23,15 +28,20 @@ import contextlib
 import logging
 import numbers
 import sys
+import time
 from typing import IO, Any, Dict, Optional
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hookdet.markers import hookimpl
+from hookdet.plugin_manager import check_known_options, read_seconds_option
 
 logger = logging.getLogger("hookdet")
 
+NAME = "progress"
+#: Default least seconds between two plain training lines.
+LOG_EVERY_S = 5.0
 #: The name the per-batch helper is registered under while bars are shown.
 BARS_NAME = "progress:bars"
 
@@ -50,7 +60,11 @@ def format_metrics(metrics: Dict[str, Any]) -> str:
 class ProgressPlugin:
     """Training and validation progress for the chief."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        options = dict(options or {})
+        check_known_options(NAME, options, ("log_every_s",))
+        self.log_every_s = read_seconds_option(NAME, options, "log_every_s", LOG_EVERY_S)
+        self._next_training_line = 0.0
         self._run: Any = None
         self._stream: Optional[IO[str]] = None
         self._interactive = False
@@ -125,6 +139,10 @@ class ProgressPlugin:
             self._show_latest()
             return
         total = run.max_batches
+        if group == "training" and steps_completed != total:
+            if time.monotonic() < self._next_training_line:
+                return
+            self._next_training_line = time.monotonic() + self.log_every_s
         where = f"batch {steps_completed}"
         if total:
             where += f"/{total} ({100 * steps_completed // total}%)"

@@ -6,11 +6,13 @@ from ``metrics.jsonl`` line up. One ``SummaryWriter`` stays open for the whole r
 when the run ends. The trial gets the same writer from ``context.get_tensorboard_writer()``, or
 through Determined's legacy :class:`TorchWriter`.
 
-A report costs the training thread one event (every metric of the report in one ``Summary``)
-handed to TensorBoard's writer thread, which appends it to the event file as soon as it runs; the
-training thread does not wait for that write except at validation reports and at the end, where
-the writer is flushed. An exception loses nothing reported; a ``SIGKILL`` can lose the events of
-the last few milliseconds (``metrics.jsonl`` is the synchronous record).
+A report costs the training thread almost nothing: its scalars are kept, and every
+``write_every_s`` seconds (``plugin_config.tensorboard.write_every_s``, default 5; TensorBoard
+itself reloads every 30 s) the kept reports are handed to TensorBoard's writer thread, one event
+per report holding all its metrics. Every validation report and every checkpoint writes and
+flushes at once, so whatever a checkpoint covers is on disk, and the writer is closed when the run
+ends. An exception loses nothing reported; a ``SIGKILL`` can lose the training reports of the last
+``write_every_s`` seconds (``metrics.jsonl`` is the synchronous record).
 
 Only the chief writes. Other ranks get a :class:`DiscardingWriter`, so trial code that logs from
 every rank runs unchanged without several processes fighting over one directory.
@@ -23,10 +25,11 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Dict, List, Optional, Tuple
 
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import PluginError
+from hookdet.plugin_manager import PluginError, check_known_options, read_seconds_option
 
 logger = logging.getLogger("hookdet")
 
@@ -35,6 +38,10 @@ INSTALL_HINT = (
     "`pip install tensorboard` (or drop the plugin: add 'no:tensorboard' to the experiment "
     "file's plugins, or pass enable_tensorboard_logging=False to pytorch.init)"
 )
+
+NAME = "tensorboard"
+#: Default seconds between hand-overs of kept training reports to TensorBoard's writer.
+WRITE_EVERY_S = 5.0
 
 #: The plugin of the run in progress in this process, for :class:`TorchWriter`.
 _active_plugin: Optional["TensorBoardPlugin"] = None
@@ -81,9 +88,15 @@ def _discard(*args: Any, **kwargs: Any) -> None:
 class TensorBoardPlugin:
     """Writes reported metrics to ``run.tensorboard_dir`` and owns the run's ``SummaryWriter``."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        options = dict(options or {})
+        check_known_options(NAME, options, ("write_every_s",))
+        self.write_every_s = read_seconds_option(NAME, options, "write_every_s", WRITE_EVERY_S)
         self._run: Any = None
         self._writer: Any = None
+        # Reports not yet handed to the writer: (step, wall time, [(tag, value), ...]).
+        self._kept: List[Tuple[int, float, List[Tuple[str, float]]]] = []
+        self._next_write = 0.0
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
@@ -130,29 +143,44 @@ class TensorBoardPlugin:
     def hookdet_report_metrics(
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
-        """Write the numeric metrics under ``<group>/<name>`` as one event (fires on the chief).
-
-        The values are ``simple_value``s, as ``SummaryWriter.add_scalar`` writes them; one
-        ``Summary`` for the whole report spares an event, a proto and a queued write per metric.
-        """
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        writer = self.get_writer()
-        values = [
-            Summary.Value(tag=metric_tag(group, name), simple_value=value)
-            for name, value in metrics.items()
-            if _is_scalar(value)
-        ]
-        if values:
-            # What add_scalar itself calls; it reopens the file writer if the trial closed it.
-            writer._get_file_writer().add_summary(Summary(value=values), steps_completed)
+        """Keep the numeric metrics under ``<group>/<name>``; write when due (fires on the chief)."""
+        scalars = [(metric_tag(group, name), value) for name, value in metrics.items() if _is_scalar(value)]
+        if scalars:
+            self._kept.append((steps_completed, time.time(), scalars))
         if group != "training":
-            writer.flush()
+            self.write_kept(flush=True)
+        elif time.monotonic() >= self._next_write:
+            self.write_kept(flush=False)
+
+    @hookimpl
+    def on_checkpoint_end(self, checkpoint_dir: str) -> None:
+        """Everything reported up to a checkpoint is on disk with it."""
+        self.write_kept(flush=True)
+
+    def write_kept(self, flush: bool) -> None:
+        """Hand the kept reports to the writer, one event each (``simple_value``s, as
+        ``SummaryWriter.add_scalar`` writes them); with ``flush``, wait until they are on disk."""
+        self._next_write = time.monotonic() + self.write_every_s
+        if not self._run.is_chief:
+            return
+        if self._kept:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            # What add_scalar itself calls; it reopens the file writer if the trial closed it.
+            file_writer = self.get_writer()._get_file_writer()
+            for step, wall_time, scalars in self._kept:
+                values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
+                file_writer.add_summary(Summary(value=values), step, wall_time)
+            self._kept = []
+        if flush and self._writer is not None:
+            self._writer.flush()
 
     @hookimpl
     def hookdet_unconfigure(self, run: Any) -> None:
-        """Flush and close the writer."""
+        """Write what is kept, flush and close the writer."""
         global _active_plugin
+        if self._kept:
+            self.write_kept(flush=False)
         if self._writer is not None:
             self._writer.close()
             self._writer = None

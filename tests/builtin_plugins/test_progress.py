@@ -16,13 +16,14 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
 from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
-from hookdet.builtin_plugins.progress import format_metrics
+from hookdet.builtin_plugins.progress import ProgressPlugin, format_metrics
+from hookdet.plugin_manager import PluginError
 from hookdet.distributed import DistributedContext
 from tests.trials import OneWeightTrial, fit
 
@@ -107,22 +108,42 @@ def test_bars_in_a_terminal(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("log_every_s", [0, None])
+def test_plain_lines_without_a_terminal(tmp_path: Path, log_every_s: Any) -> None:
+    experiment = write_experiment(tmp_path)
+    if log_every_s is not None:
+        with experiment.open("a") as handle:
+            handle.write(f"plugin_config: {{progress: {{log_every_s: {log_every_s}}}}}\n")
     result = subprocess.run(
-        hookdet_run(write_experiment(tmp_path), tmp_path / "run"),
+        hookdet_run(experiment, tmp_path / "run"),
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert result.returncode == 0, result.stderr
     messages = [line.split(" hookdet INFO ", 1)[1] for line in result.stderr.splitlines() if " hookdet INFO " in line]
     reports = [line for line in messages if line.startswith(("training:", "validation:"))]
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 8
+    if log_every_s is None:
+        # The default (5 s) in a run of about a second: the first and the last training report,
+        # and every validation.
+        records = [
+            record for record in records
+            if record["group"] == "validation" or record["steps_completed"] in (10, 40)
+        ]
     expected = [
         f"{record['group']}: batch {record['steps_completed']}/40 "
         f"({100 * record['steps_completed'] // 40}%) {format_metrics(record['metrics'])}"
-        for record in read_metrics(tmp_path / "run" / "metrics.jsonl")
+        for record in records
     ]
-    assert len(expected) == 8
     assert reports == expected
     assert "\r" not in result.stderr and "%|" not in result.stderr
+
+
+def test_a_bad_log_every_s_is_refused_naming_the_field() -> None:
+    with pytest.raises(PluginError, match=r"plugin_config\.progress\.log_every_s must be a number of seconds"):
+        ProgressPlugin(options={"log_every_s": -2})
+    with pytest.raises(PluginError, match="unknown option 'every'; known options: log_every_s"):
+        ProgressPlugin(options={"every": 1})
 
 
 class TerminalStderr:

@@ -17,6 +17,7 @@ from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
 from hookdet.builtin_plugins.tensorboard import DiscardingWriter, TorchWriter
 from hookdet.distributed import DistributedContext
+from hookdet.plugin_manager import PluginError
 from tests.trials import OneWeightTrial, fit
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -90,35 +91,47 @@ def test_every_reported_scalar_is_in_tensorboard(tmp_path: Path) -> None:
     assert run.exit_reason == "completed"
 
 
-def test_each_report_is_one_event_and_a_validation_report_is_on_disk_before_its_checkpoint(
-    tmp_path: Path,
-) -> None:
-    """Training reports are handed to the writer thread without waiting; a validation report
-    flushes, so everything reported so far can be read back while the run is still going."""
-    seen_at_checkpoint: List[Dict[str, List[Tuple[int, float]]]] = []
+def test_training_reports_are_kept_until_due_and_on_disk_by_the_next_validation(tmp_path: Path) -> None:
+    """With ``write_every_s`` long, training reports stay in the plugin; the validation report
+    writes and flushes them, so a checkpoint that follows finds everything reported on disk."""
+    seen: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
 
     class ReadBack(pytorch.PyTorchCallback):
+        def on_validation_start(self) -> None:
+            seen.setdefault("validation_start", read_scalars(tmp_path / "tensorboard"))
+
         def on_checkpoint_save_start(self, checkpoint: Dict[str, Any]) -> None:
-            seen_at_checkpoint.append(read_scalars(tmp_path / "tensorboard"))
+            seen.setdefault("checkpoint", read_scalars(tmp_path / "tensorboard"))
 
     class ReadingTrial(OneWeightTrial):
         def build_callbacks(self) -> Dict[str, pytorch.PyTorchCallback]:
             return {"read_back": ReadBack()}
 
     fit(
-        ReadingTrial, HP, tmp_path, config={"plugins": PLUGINS}, max_length=pytorch.Batch(8),
-        validation_period=pytorch.Batch(4), checkpoint_period=pytorch.Batch(4),
-        reporting_period=pytorch.Batch(2),
+        ReadingTrial, HP, tmp_path,
+        config={"plugins": PLUGINS, "plugin_config": {"tensorboard": {"write_every_s": 3600}}},
+        max_length=pytorch.Batch(8), validation_period=pytorch.Batch(4),
+        checkpoint_period=pytorch.Batch(4), reporting_period=pytorch.Batch(2),
     )
-    first_checkpoint = seen_at_checkpoint[0]
-    assert [step for step, _ in first_checkpoint["validation/validation_loss"]] == [4]
-    assert [step for step, _ in first_checkpoint["training/loss"]] == [2, 4]
+    # The first report at batch 2 is written at once (nothing was due before it); the one at
+    # batch 4 is kept until the validation report of batch 4.
+    assert [step for step, _ in seen["validation_start"].get("training/loss", [])] in ([], [2])
+    assert [step for step, _ in seen["checkpoint"]["training/loss"]] == [2, 4]
+    assert [step for step, _ in seen["checkpoint"]["validation/validation_loss"]] == [4]
     # One event per report, holding every metric of that report.
     accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
     accumulator.Reload()
     loss_events = accumulator.Scalars("training/loss")
     weight_events = accumulator.Scalars("training/weight")
+    assert [e.step for e in loss_events] == [2, 4, 6, 8]
     assert [e.wall_time for e in loss_events] == [e.wall_time for e in weight_events]
+
+
+@pytest.mark.parametrize("value", [-1, "soon", True])
+def test_a_bad_write_every_s_is_refused_naming_the_field(tmp_path: Path, value: Any) -> None:
+    config = {"plugins": PLUGINS, "plugin_config": {"tensorboard": {"write_every_s": value}}}
+    with pytest.raises(PluginError, match=r"plugin_config\.tensorboard\.write_every_s must be a number of seconds"):
+        fit(OneWeightTrial, HP, tmp_path, config=config, max_length=pytorch.Batch(2))
 
 
 def test_writer_is_closed_at_the_end_and_files_are_complete(tmp_path: Path) -> None:
