@@ -69,8 +69,8 @@ class PyTorchTrialContext:
         self._reducers = ReducerRegistry()
         self._stop_requested = False
         self._current_batch_idx = 0  # the batch being trained: the loop sets it before train_batch
-        # id(wrapped optimizer) -> the batch it last stepped in (-1: not yet), for the
-        # once-per-batch rule; holding only wrapped optimizers' ids, it also tells them apart.
+        # id(wrapped optimizer) -> the batch it last stepped in (-1: none yet), for the
+        # once-per-batch rule; only wrap_optimizer adds keys, so it also spots an unwrapped one.
         self._last_step_batch: Dict[int, int] = {}
         optimizations = run.config.optimizations
         self._aggregation_frequency = int(optimizations.aggregation_frequency)

@@ -192,9 +192,11 @@ class TrainingLoop:
                     stopping = True
                     break
             epoch_ended = state.batches_trained % epoch_length == 0
-            if epoch_ended and call_epoch_end:
-                hook.on_training_epoch_end(epoch_idx=epoch_idx)
-                # Every rank ran the same stretch, so every rank takes this branch alike.
+            if epoch_ended:
+                if call_epoch_end:
+                    hook.on_training_epoch_end(epoch_idx=epoch_idx)
+                # Every rank ends the same epochs, so every rank joins this collective alike
+                # (whatever hooks each rank has); an epoch-end hook may have asked for a stop.
                 stopping = stopping or any_rank(context._stop_requested)
 
             done = state.batches_trained >= self.max_batches or self.test_mode

@@ -565,7 +565,6 @@ def batch_mover(
     """
     target, non_blocking = _target(device)
     warned = set() if warned_types is None else warned_types
-
     on_cpu = target.type == "cpu"
 
     def mover(data: Any) -> Any:
