@@ -43,8 +43,20 @@ WORKER = HERE / "workers.py"
 MODES = ("raw", "hookdet", "lightning", "determined")
 PEERS = {"lightning": "lightning", "determined": "determined"}  # mode -> module it imports
 WORKLOADS = ("mlp", "cnn")
-#: Environment every worker gets: one torch/OpenMP/MKL thread.
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+#: Environment every worker gets: one torch/OpenMP/MKL thread, and glibc malloc's mmap and trim
+#: thresholds fixed (256 MiB, 1 GiB). Left dynamic, glibc moves them as a process frees large
+#: blocks, and depending on what a process allocated before training (imports, set-up) the CNN's
+#: activations are either reused from the heap or mapped, faulted in and unmapped every step:
+#: about 1,100-1,400 page faults per step, 10-20 % of a CNN step, differing between two
+#: processes of the same mode. Fixed thresholds make every mode reuse the heap, so what differs
+#: between modes is the frameworks.
+WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MALLOC_MMAP_THRESHOLD_": str(256 * 1024 * 1024),
+    "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024),
+}
 #: hookdet's targets: per-step ratio to raw (by workload), start-up ratio.
 STEP_TARGETS = {"mlp": 1.03, "cnn": 1.01}
 STARTUP_TARGET = 1.5
@@ -121,7 +133,7 @@ def probe(mode: str, python: str) -> Tuple[Optional[Dict[str, str]], str]:
 
 def _worker_env(data_home: Optional[Path]) -> Dict[str, str]:
     env = dict(os.environ)
-    env.update(THREAD_ENV)
+    env.update(WORKER_ENV)
     env.pop("HOOKDET_TRACE", None)
     env.pop("HOOKDET_RUN_DIR", None)
     if data_home is not None:
