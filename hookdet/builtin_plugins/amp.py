@@ -34,7 +34,7 @@ import logging
 import math
 import types
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
