@@ -477,8 +477,8 @@ def _scalar_tensors_to_host(values: Sequence[Any]) -> np.ndarray | None:
             stacked = torch.stack(values)  # type: ignore[arg-type]
     except (RuntimeError, TypeError):  # not all tensors, or shapes or devices differ
         return None
-    # Stacking promotes mixed dtypes as the general path does; it also accepts numbers mixed into
-    # tensors, which only the general path may judge, so the element count must match too.
+    # Stacking promotes mixed dtypes as the general path does; it also stacks values of several
+    # elements, which only the general path may judge, so the element count must match.
     if stacked.numel() != len(values) or stacked.is_complex() or stacked.is_quantized:
         return None
     return stacked.reshape(len(values)).cpu().to(torch.float64).numpy()
@@ -754,12 +754,12 @@ def reduce_training_metrics(
         avg_metrics[name] = float(np.mean(reported)) if reported else None
     if not per_batch:
         return TrainingMetrics(avg_metrics, [])
+    if not names:
+        return TrainingMetrics(avg_metrics, [{} for _ in range(num_batches)])
     plain_columns = [
         columns[name].tolist() if isinstance(columns[name], np.ndarray) else columns[name]
         for name in names
     ]
-    if not names:
-        return TrainingMetrics(avg_metrics, [{} for _ in range(num_batches)])
     averaged_batches = [dict(zip(names, values)) for values in zip(*plain_columns)]
     return TrainingMetrics(avg_metrics, averaged_batches)
 
