@@ -140,9 +140,10 @@ class ProgressPlugin:
             return
         total = run.max_batches
         if group == "training" and steps_completed != total:
-            if time.monotonic() < self._next_training_line:
+            now = time.monotonic()
+            if now < self._next_training_line:
                 return
-            self._next_training_line = time.monotonic() + self.log_every_s
+            self._next_training_line = now + self.log_every_s
         where = f"batch {steps_completed}"
         if total:
             where += f"/{total} ({100 * steps_completed // total}%)"
