@@ -171,17 +171,21 @@ class TrainingLoop:
                 if move_batch is not None:
                     batch = move_batch(batch)
                 context._current_batch_idx = batch_idx
+                # ``returned`` keeps the previous batch's result, and so its autograd graph,
+                # alive until this batch's forward has run, as a plain loop's ``loss = ...``
+                # does: the parameters' gradient accumulators, which a live graph holds, are
+                # then reused instead of being destroyed and rebuilt every batch.
                 try:
                     if call_train_hook:
-                        metrics = hook.hookdet_train_batch(
+                        returned = hook.hookdet_train_batch(
                             trial=trial, batch=batch, epoch_idx=epoch_idx, batch_idx=batch_idx
                         )
                     else:
-                        metrics = train_batch(batch, epoch_idx, batch_idx)
+                        returned = train_batch(batch, epoch_idx, batch_idx)
                 except ShouldExit as should_exit:
                     self._exit_early(workload, should_exit)
                     return
-                metrics = _as_metrics_dict(metrics)
+                metrics = _as_metrics_dict(returned)
                 workload.append(metrics)
                 state.batches_trained = batch_idx + 1
                 if lr_schedulers:
@@ -191,6 +195,7 @@ class TrainingLoop:
                 if any_rank(context._stop_requested):
                     stopping = True
                     break
+            returned = None  # no graph held through hooks, validation and checkpoints
             epoch_ended = state.batches_trained % epoch_length == 0
             if epoch_ended:
                 if call_epoch_end:
@@ -401,19 +406,23 @@ def _reached(period: Optional[TrainUnit], batches: int, epoch_ended: bool, epoch
 
 
 def _as_metrics_dict(metrics: Any) -> Dict[str, Any]:
-    """``train_batch``'s result as a new dict of detached values (a bare tensor is the loss).
+    """``train_batch``'s result as a new dict whose tensors hold no graph (a bare tensor is the loss).
 
-    Detaching keeps a metric that was never backpropagated from holding its graph (and that
-    graph's activations) alive until the report. A plain loop, not a comprehension: this runs
-    every batch, and a comprehension costs a function object and a frame per call.
+    Cutting the graph keeps a metric that was never backpropagated from holding its activations
+    alive until the report. ``Tensor.data`` cuts it as ``detach()`` does (same storage, no
+    ``grad_fn``, no copy) without a trip through the dispatcher: inside a real step that trip
+    costs about 1 % of a tiny model's step, ``.data`` next to nothing. What ``.data`` leaves
+    out, a version counter shared with the original, matters only to autograd, and these
+    tensors are only ever read. A plain loop, not a comprehension: this runs every batch, and
+    a comprehension costs a function object and a frame per call.
     """
     if isinstance(metrics, dict):
-        detached = {}
+        plain = {}
         for key, value in metrics.items():
-            detached[key] = value.detach() if isinstance(value, torch.Tensor) else value
-        return detached
+            plain[key] = value.data if isinstance(value, torch.Tensor) else value
+        return plain
     if isinstance(metrics, torch.Tensor):
-        return {"loss": metrics.detach()}
+        return {"loss": metrics.data}
     raise TrialError(
         "train_batch must return a dict of metrics or a loss tensor, "
         f"got {type(metrics).__name__}"

@@ -462,16 +462,24 @@ def _workload_metric_to_host(
 
 
 def _scalar_tensors_to_host(values: Sequence[Any]) -> np.ndarray | None:
-    """The common case in one stack: every value a one-element real tensor, all on one device.
+    """The common case without a Python loop: every value a one-element real tensor.
 
     Returns the float64 array :func:`_workload_metric_to_host` would build, or None whenever
     anything is unusual (another type, ``None``, several elements, mixed shapes or devices),
     leaving that case, and its precise error message, to the general path. A training
-    workload's values are usually this case, and one ``torch.stack`` replaces a Python loop that
-    costs microseconds per batch.
+    workload's values are usually this case.
+
+    Scalars on the CPU are read in one pass of ``Tensor.item`` (no device involved), which
+    costs a third of ``torch.stack`` over a hundred 0-dim tensors; on another device one
+    ``stack`` and one copy to the host replace a transfer per value.
     """
-    if not values or type(values[0]) is not torch.Tensor:
+    if not values or not isinstance(values[0], torch.Tensor):
         return None
+    if values[0].is_cpu:
+        try:
+            return np.fromiter(map(torch.Tensor.item, values), dtype=np.float64, count=len(values))
+        except (RuntimeError, TypeError):  # several elements, a complex value, not a tensor
+            return None
     try:
         with torch.no_grad():
             stacked = torch.stack(values)  # type: ignore[arg-type]
@@ -748,7 +756,9 @@ def reduce_training_metrics(
     for name in names:
         column = columns[name]
         if isinstance(column, np.ndarray):
-            avg_metrics[name] = float(column.mean())
+            # column.mean()'s value (numpy divides this same pairwise sum by the count), at a
+            # third of its cost: mean() runs a Python wrapper around this reduction.
+            avg_metrics[name] = float(np.add.reduce(column)) / len(column)
             continue
         reported = [value for value in column if value is not None]
         avg_metrics[name] = float(np.mean(reported)) if reported else None

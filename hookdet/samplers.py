@@ -194,13 +194,16 @@ def _repeat_forever(owner: str, wrapped: Iterable[Any], start_epoch: int) -> Ite
     """Yield every pass of ``wrapped`` in turn, setting the chain's epoch before each pass."""
     for epoch in itertools.count(start_epoch):
         set_sampler_epoch(wrapped, epoch)
-        yielded_any = False
-        for item in wrapped:
-            yielded_any = True
-            yield item
-        if not yielded_any:
+        items = iter(wrapped)
+        first = next(items, _NOTHING)
+        if first is _NOTHING:
             raise ValueError(f"{owner}: the wrapped sampler yielded nothing in epoch {epoch}; "
                              "an empty dataset cannot be repeated")
+        yield first
+        yield from items  # the rest of the pass without a line of this loop per item
+
+
+_NOTHING = object()
 
 
 class RepeatSampler(torch.utils.data.Sampler):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
@@ -372,3 +373,40 @@ def test_implemented_per_batch_hook_fires_every_batch(tmp_path: Path) -> None:
         context._run.plugins.register("counter", BatchCounter())
         pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(7))
     assert seen == list(range(7))
+
+
+def test_previous_batch_graph_lives_until_the_next_forward_and_not_into_validation(tmp_path: Path) -> None:
+    """The loop holds a batch's result (and its autograd graph) until the next batch's forward
+    has run, as a plain loop's ``loss = ...`` rebinding does, so the parameters' gradient
+    accumulators are reused rather than rebuilt every batch; at a boundary it lets go, so no
+    graph is held through validation and checkpoints."""
+    previous_loss_alive: List[bool] = []
+    losses: List[Any] = []
+
+    class GraphWatchingTrial(OneWeightTrial):
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            if losses:
+                previous_loss_alive.append(losses[-1]() is not None)
+            losses.append(weakref.ref(loss))
+            self.context.backward(loss)
+            self.context.step_optimizer(self.optimizer)
+            return {"loss": loss}
+
+    alive_at_validation: List[bool] = []
+
+    class ValidationWatcher:
+        @hookimpl
+        def on_validation_start(self) -> None:
+            alive_at_validation.append(losses[-1]() is not None)
+
+    hp = hparams(records=6)  # one epoch: stretches end only at the validations
+    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+        context._run.plugins.register("watcher", ValidationWatcher())
+        pytorch.Trainer(GraphWatchingTrial(context), context).fit(
+            max_length=pytorch.Batch(6), validation_period=pytorch.Batch(3)
+        )
+    # Batches 1, 2, 4, 5 follow a batch of their own stretch; batch 3 starts a new stretch.
+    assert previous_loss_alive == [True, True, False, True, True]
+    assert alive_at_validation == [False, False]

@@ -134,8 +134,8 @@ class ProgressPlugin:
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
         """Show the report: on the training bar, or as one log line (fires on the chief)."""
-        self._latest[group] = format_metrics(metrics)
         if self._interactive:
+            self._latest[group] = format_metrics(metrics)
             self._show_latest()
             return
         total = run.max_batches
@@ -147,7 +147,7 @@ class ProgressPlugin:
         where = f"batch {steps_completed}"
         if total:
             where += f"/{total} ({100 * steps_completed // total}%)"
-        logger.info("%s: %s %s", group, where, self._latest[group])
+        logger.info("%s: %s %s", group, where, format_metrics(metrics))
 
     def _show_latest(self) -> None:
         if self._training_bar is not None:
