@@ -465,13 +465,13 @@ def _scalar_tensors_to_host(values: Sequence[Any]) -> np.ndarray | None:
     """The common case without a Python loop: every value a one-element real tensor.
 
     Returns the float64 array :func:`_workload_metric_to_host` would build, or None whenever
-    anything is unusual (another type, ``None``, several elements, mixed shapes or devices),
-    leaving that case, and its precise error message, to the general path. A training
-    workload's values are usually this case.
+    anything is unusual (another type, ``None``, several elements, a complex value; off the CPU
+    also mixed shapes or devices), leaving that case, and its precise error message, to the
+    general path. A training workload's values are usually this case.
 
-    Scalars on the CPU are read in one pass of ``Tensor.item`` (no device involved), which
-    costs a third of ``torch.stack`` over a hundred 0-dim tensors; on another device one
-    ``stack`` and one copy to the host replace a transfer per value.
+    When the first value is on the CPU, the values are read in one pass of ``Tensor.item`` (no
+    device involved), about a third of the cost of ``torch.stack`` over a hundred 0-dim
+    tensors. On a device one ``stack`` and one copy to the host replace a transfer per value.
     """
     if not values or not isinstance(values[0], torch.Tensor):
         return None

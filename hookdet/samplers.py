@@ -190,6 +190,9 @@ class ReproducibleShuffleBatchSampler(_EpochShuffle, torch.utils.data.BatchSampl
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
 
+_NOTHING = object()  # what ``next`` returns for a pass that yields nothing
+
+
 def _repeat_forever(owner: str, wrapped: Iterable[Any], start_epoch: int) -> Iterator[Any]:
     """Yield every pass of ``wrapped`` in turn, setting the chain's epoch before each pass."""
     for epoch in itertools.count(start_epoch):
@@ -201,9 +204,6 @@ def _repeat_forever(owner: str, wrapped: Iterable[Any], start_epoch: int) -> Ite
                              "an empty dataset cannot be repeated")
         yield first
         yield from items  # the rest of the pass without a line of this loop per item
-
-
-_NOTHING = object()
 
 
 class RepeatSampler(torch.utils.data.Sampler):
