@@ -87,6 +87,10 @@ class PyTorchTrialContext:
         self._call_prepare_gradients = implemented("hookdet_prepare_gradients")
         self._call_step_hook = implemented("hookdet_step_optimizer")
         self._call_before_step = implemented("on_before_optimizer_step")
+        # Every batch steps, and no hook takes part: step_optimizer can call optimizer.step() as is.
+        self._plain_steps = self._aggregation_frequency == 1 and not (
+            self._call_prepare_gradients or self._call_step_hook or self._call_before_step
+        )
 
     # ------------------------------------------------------------------ settings and identity
 
@@ -303,16 +307,38 @@ class PyTorchTrialContext:
         """
         key, batch_idx = id(optimizer), self._current_batch_idx
         last_step_batch = self._last_step_batch.get(key)
+        if last_step_batch is None or last_step_batch == batch_idx:
+            self._refuse_step(last_step_batch)
+        self._last_step_batch[key] = batch_idx
+        if self._plain_steps and clip_grads is None and scaler is None:
+            optimizer.step()
+        elif not self._step_with_extras(optimizer, batch_idx, clip_grads, scaler):
+            return  # inside an aggregation window: the gradients keep accumulating
+        if auto_zero_grads:
+            optimizer.zero_grad()
+        if self.lr_schedulers:
+            self._step_schedulers(LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP, optimizer)
+
+    @staticmethod
+    def _refuse_step(last_step_batch: Optional[int]) -> None:
         if last_step_batch is None:
             raise ValueError("step_optimizer: the optimizer was not passed through wrap_optimizer")
-        if last_step_batch == batch_idx:
-            raise RuntimeError(
-                "step_optimizer was called twice for the same optimizer in one batch; "
-                "call it once per optimizer per batch"
-            )
-        self._last_step_batch[key] = batch_idx
-        if (batch_idx + 1) % self._aggregation_frequency:  # inside an aggregation window
-            return
+        raise RuntimeError(
+            "step_optimizer was called twice for the same optimizer in one batch; "
+            "call it once per optimizer per batch"
+        )
+
+    def _step_with_extras(
+        self,
+        optimizer: torch.optim.Optimizer,
+        batch_idx: int,
+        clip_grads: Optional[Callable[[Iterator[torch.nn.Parameter]], None]],
+        scaler: Optional[Any],
+    ) -> bool:
+        """``step_optimizer`` with aggregation, clipping, a scaler or step hooks; returns whether
+        the optimizer stepped (not inside an aggregation window)."""
+        if (batch_idx + 1) % self._aggregation_frequency:
+            return False
         if self._call_prepare_gradients:
             self._run.hook.hookdet_prepare_gradients(optimizer=optimizer, context=self)
         averaging = self._aggregation_frequency > 1 and self._average_aggregated_gradients
@@ -332,10 +358,7 @@ class PyTorchTrialContext:
             scaler.step(optimizer)
         else:
             optimizer.step()
-        if auto_zero_grads:
-            optimizer.zero_grad()
-        if self.lr_schedulers:
-            self._step_schedulers(LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP, optimizer)
+        return True
 
     def _step_schedulers(self, mode: LRScheduler.StepMode, optimizer: Any = None) -> None:
         """Step the schedulers registered with ``mode``; for optimizer-step mode, ``optimizer``'s.

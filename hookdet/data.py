@@ -565,22 +565,42 @@ def batch_mover(
     """
     target, non_blocking = _target(device)
     warned = set() if warned_types is None else warned_types
-    on_cpu = target.type == "cpu"
+
+    if target.type == "cpu":
+
+        def mover(data: Any) -> Any:
+            # The usual batch of a CPU run, a tuple or list of CPU tensors, is returned as it is,
+            # checked by one ``all`` over the tensors' ``is_cpu`` flags without a Python line per
+            # item (``_tensor_is_cpu`` raises TypeError for anything that is not a tensor).
+            kind = type(data)
+            if kind is tuple or kind is list:
+                try:
+                    if all(map(_tensor_is_cpu, data)):
+                        return data
+                except TypeError:
+                    pass
+            return _move(data, target, non_blocking, warned)
+
+        return mover
 
     def mover(data: Any) -> Any:
-        # The usual batch, a tuple or list of tensors already on the device (a CPU run), is
-        # returned as it is, without rebuilding it around the same tensors. ``is_cpu`` is a
-        # plain flag; ``.device`` builds a torch.device object on every read.
+        # A tuple or list of tensors on the device already is returned as it is, without
+        # rebuilding it around the same tensors.
         kind = type(data)
         if kind is tuple or kind is list:
             for item in data:
-                if type(item) is not torch.Tensor or not (item.is_cpu if on_cpu else item.device == target):
+                if type(item) is not torch.Tensor or item.device != target:
                     break
             else:
                 return data
         return _move(data, target, non_blocking, warned)
 
     return mover
+
+
+#: A tensor's ``is_cpu`` flag, read without building a ``torch.device`` (as ``.device`` does);
+#: raises TypeError when given anything but a tensor.
+_tensor_is_cpu = torch.Tensor.is_cpu.__get__
 
 
 def _target(device: Union[torch.device, str, int]) -> Tuple[torch.device, bool]:

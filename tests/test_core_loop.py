@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
+import pluggy
 import pytest
 import torch
 
+import hookdet
 from hookdet import pytorch
 from hookdet.markers import hookimpl
 from tests.hook_recorder import SPEC_NAMES, HookRecorder
@@ -410,3 +413,66 @@ def test_previous_batch_graph_lives_until_the_next_forward_and_not_into_validati
     # Batches 1, 2, 4, 5 follow a batch of their own stretch; batch 3 starts a new stretch.
     assert previous_loss_alive == [True, True, False, True, True]
     assert alive_at_validation == [False, False]
+
+
+def test_the_loop_runs_few_python_bytecodes_of_its_own_per_batch(tmp_path: Path) -> None:
+    """The per-batch path stays lean, counted rather than timed (a count is the same on every
+    machine for one Python version): between the starts of two batches inside a stretch, with
+    the default plugins on, the Python that runs outside the trial and torch (the loop, the
+    context's ``backward`` and ``step_optimizer``, the batch mover, the sampler chain, and any
+    hook dispatch) stays within a small budget. One hook call through pluggy alone costs more
+    than a hundred bytecodes, so a per-batch hook or a per-batch Python loop breaks it."""
+    torch_dir = str(Path(torch.__file__).parent)
+    framework_dirs = (str(Path(hookdet.__file__).parent), str(Path(pluggy.__file__).parent))
+    counting = [False]
+    counts: Dict[str, int] = {}
+    counted_batches = range(10, 50)  # inside the first epoch and report: no boundary among them
+
+    def run_for_the_framework(frame: Any) -> bool:
+        """Whether the nearest caller that is not the standard library is hookdet or pluggy."""
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith(framework_dirs):
+                return True
+            if filename == __file__ or filename.startswith(torch_dir):
+                return False
+            frame = frame.f_back
+        return False
+
+    def count_opcodes(frame: Any, event: str, arg: Any) -> Any:
+        if event == "opcode" and counting[0]:
+            where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+            counts[where] = counts.get(where, 0) + 1
+        return count_opcodes
+
+    def trace_frames(frame: Any, event: str, arg: Any) -> Any:
+        if not run_for_the_framework(frame):
+            return None
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        return count_opcodes
+
+    class CountedTrial(OneWeightTrial):
+        def build_callbacks(self) -> Dict[str, pytorch.PyTorchCallback]:
+            return {}
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
+            counting[0] = batch_idx in counted_batches and batch_idx != counted_batches[-1]
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            self.context.backward(loss)
+            self.context.step_optimizer(self.optimizer)
+            return {"loss": loss}
+
+    hp = hparams(records=64)
+    with pytorch.init(hparams=hp, exp_conf={"hyperparameters": hp}, run_dir=tmp_path) as context:
+        assert "tensorboard" in dict(context._run.plugins.named_plugins())  # the defaults are on
+        trial = CountedTrial(context)
+        sys.settrace(trace_frames)
+        try:
+            pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(60))
+        finally:
+            sys.settrace(None)
+    per_batch = sum(counts.values()) / (len(counted_batches) - 1)
+    by_function = sorted(counts.items(), key=lambda item: -item[1])
+    assert 0 < per_batch <= 210, f"{per_batch:.0f} bytecodes per batch: {by_function}"

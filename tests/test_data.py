@@ -20,6 +20,7 @@ from hookdet.data import (
     PlainLoaderAdapter,
     adapt_training_loader,
     adapt_validation_loader,
+    batch_mover,
     data_length,
     to_device,
 )
@@ -386,6 +387,37 @@ class TestToDevice:
         assert len(messages) == 1
         assert "Opaque" in messages[0]
         assert warned == {Opaque}
+
+
+class TestBatchMover:
+    """``batch_mover``: the loop's one mover per run, with a shortcut for batches already in place."""
+
+    def test_cpu_batch_of_cpu_tensors_is_returned_as_is(self) -> None:
+        mover = batch_mover("cpu")
+        pair = (torch.ones(2), torch.nn.Parameter(torch.zeros(1)))
+        listed = [torch.ones(2)]
+        assert mover(pair) is pair
+        assert mover(listed) is listed
+
+    def test_cpu_batch_with_other_items_is_moved_item_by_item(self) -> None:
+        mover = batch_mover(torch.device("cpu"))
+        batch = (torch.ones(2), np.array([1.0, 2.0]), 3)
+        moved = mover(batch)
+        assert moved is not batch and isinstance(moved, tuple)
+        assert moved[0] is batch[0]
+        assert torch.equal(moved[1], torch.tensor([1.0, 2.0], dtype=torch.float64))
+        assert moved[2] == 3
+
+    def test_cpu_batch_holding_a_tensor_elsewhere_is_copied_to_the_cpu(self) -> None:
+        with pytest.raises(NotImplementedError, match="meta"):  # the copy is tried: meta has no data
+            batch_mover("cpu")([torch.ones(1), torch.ones(2, device="meta")])
+
+    def test_device_batch_is_returned_as_is_and_a_host_batch_is_moved(self) -> None:
+        mover = batch_mover("meta")
+        on_device = (torch.ones(2, device="meta"), torch.zeros(1, device="meta"))
+        assert mover(on_device) is on_device
+        moved = mover([torch.ones(2), torch.ones(2, device="meta")])
+        assert [tensor.device.type for tensor in moved] == ["meta", "meta"]
 
 
 class TestDataLength:
