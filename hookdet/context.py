@@ -321,6 +321,7 @@ class PyTorchTrialContext:
 
     @staticmethod
     def _refuse_step(last_step_batch: Optional[int]) -> None:
+        """Raise for an optimizer never wrapped (no last step recorded) or stepped twice in a batch."""
         if last_step_batch is None:
             raise ValueError("step_optimizer: the optimizer was not passed through wrap_optimizer")
         raise RuntimeError(

@@ -68,6 +68,16 @@ def test_step_optimizer_twice_in_one_batch_is_an_error(tmp_path: Path) -> None:
         fit(Twice, HP, tmp_path, max_length=pytorch.Batch(2))
 
 
+def test_step_optimizer_with_an_unwrapped_optimizer_is_an_error(tmp_path: Path) -> None:
+    class Unwrapped(OneWeightTrial):
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
+            self.context.step_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
+            return {"loss": torch.tensor(0.0)}
+
+    with pytest.raises(ValueError, match="not passed through wrap_optimizer"):
+        fit(Unwrapped, HP, tmp_path, max_length=pytorch.Batch(1))
+
+
 def test_wrap_model_refuses_non_modules(tmp_path: Path) -> None:
     with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
         with pytest.raises(TypeError, match="wrap_model takes a torch.nn.Module, got str"):
