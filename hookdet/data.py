@@ -552,6 +552,11 @@ def to_device(
     return _move(data, target, non_blocking, set() if warned_types is None else warned_types)
 
 
+#: A tensor's ``is_cpu`` flag, read without building a ``torch.device`` (as ``.device`` does);
+#: raises TypeError when given anything but a tensor.
+_tensor_is_cpu = torch.Tensor.is_cpu.__get__
+
+
 def batch_mover(
     device: Union[torch.device, str, int], warned_types: Optional[Set[Type]] = None
 ) -> Callable[[Any], Any]:
@@ -596,11 +601,6 @@ def batch_mover(
         return _move(data, target, non_blocking, warned)
 
     return mover
-
-
-#: A tensor's ``is_cpu`` flag, read without building a ``torch.device`` (as ``.device`` does);
-#: raises TypeError when given anything but a tensor.
-_tensor_is_cpu = torch.Tensor.is_cpu.__get__
 
 
 def _target(device: Union[torch.device, str, int]) -> Tuple[torch.device, bool]:
