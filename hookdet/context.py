@@ -72,6 +72,8 @@ class PyTorchTrialContext:
         # id(wrapped optimizer) -> the batch it last stepped in (-1: none yet), for the
         # once-per-batch rule; only wrap_optimizer adds keys, so it also spots an unwrapped one.
         self._last_step_batch: Dict[int, int] = {}
+        # id(wrapped optimizer) -> whether its aggregated gradients are averaged (wrap_optimizer).
+        self._averages_gradients: Dict[int, bool] = {}
         optimizations = run.config.optimizations
         self._aggregation_frequency = int(optimizations.aggregation_frequency)
         self._average_aggregated_gradients = bool(optimizations.average_aggregated_gradients)
@@ -158,9 +160,26 @@ class PyTorchTrialContext:
         resume_point = getattr(run.plugins.get("checkpoint"), "resume_point", None)
         return int(resume_point(run, run.resume_from)) if resume_point is not None else 0
 
+    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
+        """Whether reported metrics go to TensorBoard: True switches the tensorboard plugin on
+        (when the experiment did not list it), False stops it writing reported metrics
+        (``get_tensorboard_writer()`` still works)."""
+        if not isinstance(enable_tensorboard_logging, bool):
+            raise TypeError(
+                "set_enable_tensorboard_logging takes a bool, got "
+                f"{enable_tensorboard_logging!r}"
+            )
+        plugin = self._run.plugins.get("tensorboard")
+        if plugin is None and enable_tensorboard_logging:
+            plugin = self._run.plugins.load("tensorboard")
+        if plugin is not None:
+            plugin.write_metrics = enable_tensorboard_logging
+
     def get_enable_tensorboard_logging(self) -> bool:
-        """Whether a TensorBoard plugin is running."""
-        return self._run.plugins.get("tensorboard") is not None
+        """Whether reported metrics are written to TensorBoard (the tensorboard plugin runs and
+        ``set_enable_tensorboard_logging(False)`` was not called)."""
+        plugin = self._run.plugins.get("tensorboard")
+        return plugin is not None and bool(getattr(plugin, "write_metrics", True))
 
     def get_tensorboard_path(self) -> Any:
         """The directory TensorBoard files go to (inside the run directory; never None)."""
@@ -226,13 +245,30 @@ class PyTorchTrialContext:
         self,
         optimizer: torch.optim.Optimizer,
         backward_passes_per_step: int = 1,
+        fp16_compression: Optional[bool] = None,
+        average_aggregated_gradients: Optional[bool] = None,
         **options: Any,
     ) -> torch.optim.Optimizer:
-        """Register ``optimizer`` for stepping and checkpoints; use the result."""
+        """Register ``optimizer`` for stepping and checkpoints; use the result.
+
+        ``average_aggregated_gradients`` (default: the experiment's
+        ``optimizations.average_aggregated_gradients``) says whether this optimizer's gradients,
+        summed over an ``aggregation_frequency`` window, are divided by the window before it
+        steps. ``fp16_compression`` (default: ``optimizations.gradient_compression``) compresses
+        Horovod's all-reduce; without Horovod it has no effect, as in Determined.
+        """
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"wrap_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
+        for name, value in (
+            ("fp16_compression", fp16_compression),
+            ("average_aggregated_gradients", average_aggregated_gradients),
+        ):
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"wrap_optimizer: {name} must be True, False or None, got {value!r}")
+        if fp16_compression is not None:
+            options = {**options, "fp16_compression": fp16_compression}
         wrapped = self._run.hook.hookdet_wrap_optimizer(
             optimizer=optimizer,
             context=self,
@@ -242,6 +278,11 @@ class PyTorchTrialContext:
         self.optimizers.append(wrapped)
         self._original_optimizers[id(wrapped)] = optimizer
         self._last_step_batch[id(wrapped)] = -1
+        self._averages_gradients[id(wrapped)] = (
+            self._average_aggregated_gradients
+            if average_aggregated_gradients is None
+            else average_aggregated_gradients
+        )
         return wrapped
 
     def wrap_lr_scheduler(
@@ -258,9 +299,47 @@ class PyTorchTrialContext:
         """Register a ``torch.amp.GradScaler`` (the amp plugin); returns it."""
         return self._run.plugins.load("amp").wrap_scaler(self, scaler)
 
-    def configure_apex_amp(self, models: Any, optimizers: Any, *args: Any, **kwargs: Any) -> Any:
+    def configure_apex_amp(
+        self,
+        models: Union[torch.nn.Module, List[torch.nn.Module]],
+        optimizers: Union[torch.optim.Optimizer, List[torch.optim.Optimizer]],
+        enabled: Optional[bool] = True,
+        opt_level: Optional[str] = "O1",
+        cast_model_type: Optional[torch.dtype] = None,
+        patch_torch_functions: Optional[bool] = None,
+        keep_batchnorm_fp32: Optional[Union[bool, str]] = None,
+        master_weights: Optional[bool] = None,
+        loss_scale: Optional[Union[float, str]] = None,
+        cast_model_outputs: Optional[torch.dtype] = None,
+        num_losses: Optional[int] = 1,
+        verbosity: Optional[int] = 1,
+        min_loss_scale: Optional[float] = None,
+        max_loss_scale: Optional[float] = 2.0**24,
+    ) -> Any:
         """Determined's apex configuration (the apex plugin; torch.amp when apex is absent)."""
-        return self._run.plugins.load("apex").configure_apex_amp(self, models, optimizers, *args, **kwargs)
+        return self._run.plugins.load("apex").configure_apex_amp(
+            self,
+            models,
+            optimizers,
+            enabled=enabled,
+            opt_level=opt_level,
+            cast_model_type=cast_model_type,
+            patch_torch_functions=patch_torch_functions,
+            keep_batchnorm_fp32=keep_batchnorm_fp32,
+            master_weights=master_weights,
+            loss_scale=loss_scale,
+            cast_model_outputs=cast_model_outputs,
+            num_losses=num_losses,
+            verbosity=verbosity,
+            min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale,
+        )
+
+    def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
+        """Run ``to_wrap``'s forward under autocast and return its half-precision outputs as
+        float32 (what ``experimental.use_amp()`` does to wrapped models); the amp plugin's dtype
+        and device. Unlike Determined's, the module itself is patched and returned, not a copy."""
+        return self._run.plugins.load("amp").autocast_forward_pass(self, to_wrap)
 
     def wrap_reducer(
         self,
@@ -271,6 +350,24 @@ class PyTorchTrialContext:
     ) -> Any:
         """Register a custom metric reducer; see :class:`hookdet.reducers.ReducerRegistry`."""
         return self._reducers.wrap(reducer, name, for_training, for_validation)
+
+    def reset_reducers(self) -> None:
+        """Reset every reducer registered with :meth:`wrap_reducer` (the loop does this before
+        each workload)."""
+        self._reducers.reset_all()
+
+    def reduce_metrics(self, for_training: bool) -> Dict[str, Any]:
+        """Reduce the reducers of training (True) or validation (False) across ranks, as the loop
+        does at a reporting boundary: ``{metric: value}``; does not reset them."""
+        return self._reducers.reduce(for_training, allgather=self.distributed.allgather)
+
+    def run_cross_slot_reduction(
+        self, reducables: List[MetricReducer], gathered: List[Any]
+    ) -> Dict[str, Any]:
+        """Combine per-rank values into metrics: ``gathered[rank][i]`` is rank ``rank``'s
+        ``per_slot_reduce()`` of ``reducables[i]`` (reducers returned by :meth:`wrap_reducer`).
+        :meth:`reduce_metrics` gathers and calls this; Determined exposes the step too."""
+        return self._reducers.cross_slot_reduce(reducables, gathered)
 
     def to_device(self, data: Any) -> Any:
         """Move ``data`` (any nesting of tensors) to this rank's device."""
@@ -342,7 +439,7 @@ class PyTorchTrialContext:
             return False
         if self._call_prepare_gradients:
             self._run.hook.hookdet_prepare_gradients(optimizer=optimizer, context=self)
-        averaging = self._aggregation_frequency > 1 and self._average_aggregated_gradients
+        averaging = self._aggregation_frequency > 1 and self._averages_gradients[id(optimizer)]
         if clip_grads is not None or averaging or self._call_before_step:
             parameters = [p for group in optimizer.param_groups for p in group["params"]]
             if averaging:

@@ -68,6 +68,7 @@ __all__ = [
     "DataLoader",
     "DatasetReproducibilityError",
     "PlainLoaderAdapter",
+    "adapt_batch_sampler",
     "adapt_training_loader",
     "adapt_validation_loader",
     "to_device",
@@ -224,13 +225,15 @@ class DataLoader:
         skip: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        *,
         seed: int = 0,
     ) -> torch.utils.data.DataLoader:
         """Build the torch DataLoader over the sampler chain (see the module docstring).
 
-        ``skip`` counts batches already consumed *by this rank* (after sharding); ``seed`` must be
-        the same on every rank. With ``repeat`` the loader is endless and ``len()`` is this rank's
-        epoch length, ``ceil(len(self) / num_replicas)``.
+        ``skip`` counts batches already consumed *by this rank* (after sharding); ``seed`` (a
+        hookdet addition: the shuffle's seed) must be the same on every rank. With ``repeat`` the
+        loader is endless and ``len()`` is what this rank gets of one pass (as in Determined;
+        :meth:`epoch_length` is the chief's count that defines epochs).
         """
         return self._build(repeat, skip, num_replicas, rank, seed, pinned_epoch=None)
 
@@ -335,6 +338,27 @@ class DataLoader:
     def __len__(self) -> int:
         """Batches in one unsharded epoch."""
         return len(self.batch_sampler)  # type: ignore[arg-type]
+
+
+def adapt_batch_sampler(
+    batch_sampler: Iterable[List[int]],
+    repeat: bool = False,
+    skip: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> Iterable[List[int]]:
+    """Determined's chain over a loader's ``batch_sampler``: repeat, then shard, then skip.
+
+    ``skip`` counts this rank's batches (it sits after sharding). For a custom
+    ``torch.utils.data.DataLoader`` that a trial adapts itself, as with Determined.
+    """
+    if repeat:
+        batch_sampler = RepeatBatchSampler(batch_sampler)
+    if num_replicas > 1:
+        batch_sampler = DistributedBatchSampler(batch_sampler, num_replicas, rank)
+    if skip > 0:
+        batch_sampler = SkipBatchSampler(batch_sampler, skip)
+    return batch_sampler
 
 
 def _reject_bad_loader_arguments(
@@ -486,8 +510,8 @@ def adapt_training_loader(
     """Turn what ``build_training_data_loader()`` returned into this rank's stream of batches.
 
     A hookdet :class:`DataLoader` becomes its endless, sharded, resumed torch loader
-    (``get_data_loader(repeat, skip, num_replicas, rank, seed)``); ``len()`` of the result is this
-    rank's epoch length. Anything else raises :class:`DatasetReproducibilityError` unless
+    (``get_data_loader(repeat, skip, num_replicas, rank, seed=seed)``); ``len()`` of the result is
+    what this rank gets of one pass (the loop's epoch length is :meth:`DataLoader.epoch_length`). Anything else raises :class:`DatasetReproducibilityError` unless
     ``disable_checks`` (set by ``context.experimental.disable_dataset_reproducibility_checks()``),
     in which case it is wrapped in a :class:`PlainLoaderAdapter`.
     """

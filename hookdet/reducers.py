@@ -323,7 +323,27 @@ class ReducerRegistry:
                     f"this rank has {len(selected)} reducers; every rank must call "
                     "wrap_reducer() with the same reducers in the same order"
                 )
+        return self._combine(selected, gathered)
 
+    def cross_slot_reduce(
+        self, reducers: list[MetricReducer], gathered: list[list[Any]]
+    ) -> dict[str, Any]:
+        """Combine ``gathered[rank][i]``, the ``per_slot_reduce()`` of ``reducers[i]`` on each
+        rank, into ``{metric: value}`` (the second half of :meth:`reduce`)."""
+        by_reducer = {id(r.reducer): r for r in self._registrations}
+        selected = []
+        for reducer in reducers:
+            if id(reducer) not in by_reducer:
+                raise ValueError(
+                    f"run_cross_slot_reduction: {type(reducer).__name__} was not returned by "
+                    "context.wrap_reducer()"
+                )
+            selected.append(by_reducer[id(reducer)])
+        return self._combine(selected, gathered)
+
+    @staticmethod
+    def _combine(selected: list[_Registration], gathered: list[list[Any]]) -> dict[str, Any]:
+        """Each registration's ``cross_slot_reduce`` of its per-rank values, named and checked."""
         metrics: dict = {}
         reported_by: dict = {}
         for position, registration in enumerate(selected):

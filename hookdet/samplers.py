@@ -11,23 +11,31 @@ class names, constructor arguments and chaining rules:
 Chain them in the order shuffle → repeat → distribute → skip, as Determined documents: skipping
 before shuffling breaks reproducibility, and shuffling after repeating never ends.
 
+Orders and lengths are Determined's: a shuffle sampler with seed ``s`` yields, on its ``k``-th
+pass, the ``k``-th shuffle of ``numpy.random.RandomState(s)`` (what Determined's yields), and a
+distributed sampler's ``len()`` is the number of items its rank really gets.
+
 Where hookdet differs from its reference, on purpose:
 
-* A shuffle is a pure function of ``(seed, epoch)``. Determined keeps one ``RandomState`` that
-  advances with every pass, so the order of pass *k* depends on how often the sampler was iterated
-  before; here each pass draws from a private generator built from ``(seed, epoch)``, and the
-  global ``random``/``numpy``/``torch`` generators are never touched (dropout and augmentation
-  draw from the global torch RNG, so a sampler that consumed it would break bit-exact resume).
-  Iterating a shuffle sampler directly still gives a new order each time (its epoch advances by
-  one per pass), and the repeat samplers set the epoch explicitly before each pass.
+* A shuffle is resumable. Determined keeps one ``RandomState`` that advances with every pass, so
+  a sampler rebuilt on resume starts again from the first pass's order. Here the order of pass
+  ``e`` is a pure function of ``(seed, e, length)``: ``set_epoch(e)`` replays the generator
+  through the ``e`` earlier shuffles (a private ``RandomState``, so the global
+  ``random``/``numpy``/``torch`` generators are never touched; dropout and augmentation draw from
+  the global torch RNG, so a sampler that consumed it would break bit-exact resume). Iterating a
+  shuffle sampler directly gives a new order each time, exactly as Determined's does, and the
+  repeat samplers set the epoch explicitly before each pass.
 * The repeat samplers refuse to spin forever on a sampler that yields nothing.
 * Bad arguments (negative skip, rank outside ``[0, num_workers)``, non-integer seed) raise one
   ``ValueError``/``TypeError`` naming the class and the argument.
+* Hookdet's extras are keyword-only, after Determined's parameters (``RepeatSampler(sampler, *,
+  start_epoch=0)``), and the ``set_epoch`` methods are additions.
 
 Uneven shards. Sharding is round-robin: rank ``r`` of ``N`` keeps items ``r, r+N, r+2N, ...``.
 When the wrapped length ``L`` is not a multiple of ``N``, ranks ``>= L % N`` get one item fewer
-per pass. As in Determined, ``len()`` reports ``ceil(L / N)`` on *every* rank, so all ranks agree on
-the epoch length and fire epoch-boundary work together. What actually happens:
+per pass, and their ``len()`` says so (:func:`shard_length`), as Determined's does. The training
+loop defines epochs by the chief's length, ``ceil(L / N)``, on every rank (Determined broadcasts
+the chief's), so all ranks fire epoch-boundary work together. What actually happens:
 
 * Training wraps a *repeated* sampler before sharding, so the stream is endless and every rank
   always has a next batch: no rank ever runs dry, collective ops never hang. The price (also
@@ -81,20 +89,14 @@ def _check_shard(owner: str, num_workers: Any, rank: Any) -> None:
 
 
 def shard_length(total: int, num_workers: int, rank: int) -> int:
-    """How many of ``total`` items round-robin sharding really gives ``rank`` (not ``len()``).
+    """How many of ``total`` items round-robin sharding gives ``rank``: the distributed samplers' ``len()``.
 
-    ``len()`` of the distributed samplers is ``ceil(total / num_workers)`` on every rank; this is
-    the true count, one fewer on ranks ``>= total % num_workers``. A validation loop can use it to
-    know, without iterating, which ranks finish early.
+    One fewer than ``ceil(total / num_workers)`` on ranks ``>= total % num_workers``. A
+    validation loop can use it to know, without iterating, which ranks finish early.
     """
     _check_shard("shard_length", num_workers, rank)
     full_rounds, remainder = divmod(total, num_workers)
     return full_rounds + (1 if rank < remainder else 0)
-
-
-def _equal_shard_len(wrapped_len: int, num_workers: int) -> int:
-    """Determined's per-rank length: ``ceil(wrapped_len / num_workers)`` on every rank."""
-    return -(-wrapped_len // num_workers)
 
 
 def set_sampler_epoch(sampler: Any, epoch: int) -> None:
@@ -119,41 +121,59 @@ def set_sampler_epoch(sampler: Any, epoch: int) -> None:
             pending.append(getattr(current, attribute, None))
 
 
-def _permutation(seed: int, epoch: int, size: int) -> List[int]:
-    """A permutation of ``range(size)`` determined only by ``(seed, epoch)``.
+class _ReplayableShuffle:
+    """The permutations Determined's ``RandomState(seed)`` gives pass after pass, replayable.
 
-    A fresh ``numpy`` generator is seeded through ``SeedSequence([seed, epoch])`` so that nearby
-    seeds and epochs give unrelated orders, and no global generator is read or advanced.
+    ``RandomState.shuffle`` draws the same numbers whatever it shuffles, so shuffling positions
+    ``0..n-1`` gives the permutation Determined applies to its list. The generator of the last
+    pass is kept, so consecutive epochs cost one shuffle each; any other epoch replays from the
+    seed (``epoch`` shuffles of ``n`` positions, in C).
     """
-    generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
-    return generator.permutation(size).tolist()
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self._rng = np.random.RandomState(seed)
+        self._next_epoch = 0  # the epoch the generator's next shuffle belongs to
+        self._size = -1
+
+    def permutation(self, epoch: int, size: int) -> np.ndarray:
+        if epoch != self._next_epoch or size != self._size:
+            self._rng = np.random.RandomState(self._seed)
+            for _ in range(epoch):
+                self._rng.shuffle(np.arange(size))
+        positions = np.arange(size)
+        self._rng.shuffle(positions)
+        self._next_epoch, self._size = epoch + 1, size
+        return positions
 
 
 class _EpochShuffle:
-    """Shared machinery of the two shuffle samplers: seed, epoch, and a pure shuffle of a list."""
+    """Shared machinery of the two shuffle samplers: seed, epoch, and Determined's shuffle of a list."""
 
     _owner = "ReproducibleShuffleSampler"
 
     def _init_shuffle(self, seed: Any) -> None:
         self.seed = _require_non_negative_int(self._owner, "seed", seed)
         self.epoch = 0
+        self._permutations = _ReplayableShuffle(self.seed)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass use the order of ``epoch`` (the pass after it uses ``epoch + 1``)."""
         self.epoch = _require_non_negative_int(self._owner, "epoch", epoch)
 
     def _shuffled(self, items: List[Any]) -> Iterator[Any]:
-        order = _permutation(self.seed, self.epoch, len(items))
+        order = self._permutations.permutation(self.epoch, len(items)).tolist()
         self.epoch += 1
         return (items[position] for position in order)
 
 
 class ReproducibleShuffleSampler(_EpochShuffle, torch.utils.data.Sampler):
-    """Shuffle the indices of ``sampler`` in an order fixed by ``(seed, epoch)``.
+    """Shuffle the indices of ``sampler`` in an order fixed by ``(seed, epoch)``: Determined's.
 
     ``sampler`` is any sized iterable of indices (``SequentialSampler(dataset)``, a list, a user
-    sampler). Each pass lists it, then yields it in the permutation of the current epoch, then
-    advances the epoch; ``set_epoch`` positions it explicitly. Every rank must use the same seed,
+    sampler). Each pass lists it, then yields it in the permutation of the current epoch (the
+    order Determined's sampler yields on that pass), then advances the epoch; ``set_epoch``
+    positions it explicitly. Every rank must use the same seed,
     or the shards of a distributed run would overlap.
     """
 
@@ -212,7 +232,7 @@ class RepeatSampler(torch.utils.data.Sampler):
     ``len()`` is the length of one pass, which is what defines an epoch.
     """
 
-    def __init__(self, sampler: Iterable[int], start_epoch: int = 0) -> None:
+    def __init__(self, sampler: Iterable[int], *, start_epoch: int = 0) -> None:
         self.sampler = sampler
         self.start_epoch = _require_non_negative_int("RepeatSampler", "start_epoch", start_epoch)
 
@@ -229,7 +249,7 @@ class RepeatBatchSampler(torch.utils.data.BatchSampler):
     ``len()`` is the length of one pass, which is what defines an epoch.
     """
 
-    def __init__(self, batch_sampler: Iterable[List[int]], start_epoch: int = 0) -> None:
+    def __init__(self, batch_sampler: Iterable[List[int]], *, start_epoch: int = 0) -> None:
         self.batch_sampler = batch_sampler
         self.start_epoch = _require_non_negative_int(
             "RepeatBatchSampler", "start_epoch", start_epoch
@@ -253,8 +273,8 @@ class DistributedSampler(torch.utils.data.Sampler):
     """Keep indices ``rank, rank + num_workers, ...`` of ``sampler``: one rank's shard.
 
     Unlike ``torch.utils.data.DistributedSampler`` this neither shuffles nor pads: it is a link in
-    a chain, and the wrapped sampler may be endless. ``len()`` is ``ceil(len(sampler) /
-    num_workers)`` on every rank (see the module docstring for uneven tails).
+    a chain, and the wrapped sampler may be endless. ``len()`` is what this rank gets of one pass
+    (:func:`shard_length`), as in Determined.
     """
 
     def __init__(self, sampler: Iterable[int], num_workers: int, rank: int) -> None:
@@ -267,15 +287,15 @@ class DistributedSampler(torch.utils.data.Sampler):
         return _every_nth(self.sampler, self.num_workers, self.rank)
 
     def __len__(self) -> int:
-        return _equal_shard_len(len(self.sampler), self.num_workers)  # type: ignore[arg-type]
+        return shard_length(len(self.sampler), self.num_workers, self.rank)  # type: ignore[arg-type]
 
 
 class DistributedBatchSampler(torch.utils.data.BatchSampler):
     """Keep batches ``rank, rank + num_workers, ...`` of ``batch_sampler``: one rank's shard.
 
     Each rank trains on whole batches of the per-rank batch size, so the global batch is
-    ``num_workers`` of them. ``len()`` is ``ceil(len(batch_sampler) / num_workers)`` on every rank
-    (see the module docstring for uneven tails).
+    ``num_workers`` of them. ``len()`` is what this rank gets of one pass (:func:`shard_length`),
+    as in Determined.
     """
 
     def __init__(self, batch_sampler: Iterable[List[int]], num_workers: int, rank: int) -> None:
@@ -288,7 +308,7 @@ class DistributedBatchSampler(torch.utils.data.BatchSampler):
         return _every_nth(self.batch_sampler, self.num_workers, self.rank)
 
     def __len__(self) -> int:
-        return _equal_shard_len(len(self.batch_sampler), self.num_workers)  # type: ignore[arg-type]
+        return shard_length(len(self.batch_sampler), self.num_workers, self.rank)  # type: ignore[arg-type]
 
 
 class SkipSampler(torch.utils.data.Sampler):

@@ -147,6 +147,20 @@ class Trainer:
         self.run: Run = context._run
         self.run.trial = trial
 
+    def configure_profiler(
+        self,
+        sync_timings: bool = True,
+        enabled: bool = False,
+        begin_on_batch: int = 0,
+        end_after_batch: Optional[int] = None,
+    ) -> None:
+        """Determined's deprecated system-profiler switch (cluster-only; a no-op in Determined's
+        local mode too): logs an error pointing at ``fit(..., profiling_enabled=True)``."""
+        logger.error(
+            "Trainer.configure_profiler has no effect (Determined replaced it with "
+            "fit(..., profiling_enabled=True), which turns hookdet's profiler plugin on)"
+        )
+
     def fit(
         self,
         max_length: Optional[TrainUnit] = None,

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import torch
 
+from hookdet.context import PyTorchTrialContext
+
 if TYPE_CHECKING:  # pragma: no cover
-    from hookdet.context import PyTorchTrialContext
     from hookdet.data import DataLoader
     from hookdet.reducers import Reducer
 
@@ -73,12 +74,27 @@ class TrialError(Exception):
     """A trial broke the ``PyTorchTrial`` contract; the message names the method."""
 
 
+class _TrainingLoopClass:
+    """``PyTorchTrial.trial_controller_class``: the class that drives a trial, looked up on access
+    (``hookdet.core_loop`` imports this module)."""
+
+    def __get__(self, instance: Any, owner: Any) -> type:
+        from hookdet.core_loop import TrainingLoop
+
+        return TrainingLoop
+
+
 class PyTorchTrial(abc.ABC):
     """Determined's ``PyTorchTrial``: the model, optimizers and data of one training run.
 
     Override ``train_batch``, the two loader builders, and exactly one of ``evaluate_batch`` or
     ``evaluate_full_dataset``.
     """
+
+    #: The context class a trial is constructed with (Determined's attribute).
+    trial_context_class = PyTorchTrialContext
+    #: The loop that drives the trial (Determined's attribute; here :class:`TrainingLoop`).
+    trial_controller_class = _TrainingLoopClass()
 
     @abc.abstractmethod
     def __init__(self, context: "PyTorchTrialContext") -> None:

@@ -286,6 +286,20 @@ class AmpPlugin:
         logger.info("amp: the trial's %s is registered (manual mixed precision)", type(scaler).__name__)
         return scaler
 
+    def autocast_forward_pass(self, context: Any, to_wrap: torch.nn.Module) -> torch.nn.Module:
+        """``context.autocast_forward_pass(model)``: ``model``'s forward under autocast, its
+        half-precision outputs cast back to float32; no scaler is registered. The dtype is the
+        one automatic mode uses (``plugin_config.amp.dtype``); disabled amp leaves it as is."""
+        if not isinstance(to_wrap, torch.nn.Module):
+            raise TypeError(
+                f"autocast_forward_pass takes a torch.nn.Module, got {type(to_wrap).__name__}"
+            )
+        if not self.settings.enabled:
+            return to_wrap
+        dtype = resolve_half_dtype(NAME, self.settings.dtype, context.device)
+        patch_forward(to_wrap, autocast_forward(context.device.type, dtype))
+        return to_wrap
+
     # ------------------------------------------------------------------ hooks
 
     @hookimpl(wrapper=True)

@@ -142,13 +142,16 @@ class HorovodPlugin:
         backward_passes_per_step: int,
         options: Dict[str, Any],
     ) -> torch.optim.Optimizer:
-        """``hvd.DistributedOptimizer`` around ``optimizer``."""
+        """``hvd.DistributedOptimizer`` around ``optimizer``; fp16 compression when
+        ``wrap_optimizer(fp16_compression=True)`` or, by default, ``gradient_compression``."""
+        options = dict(options)
+        fp16_compression = options.pop("fp16_compression", None)
         if options:
             raise TypeError(f"wrap_optimizer: the horovod plugin takes no options, got {sorted(options)}")
         optimizations = self._run.config.optimizations
-        compression = (
-            self.hvd.Compression.fp16 if optimizations.gradient_compression else self.hvd.Compression.none
-        )
+        if fp16_compression is None:
+            fp16_compression = optimizations.gradient_compression
+        compression = self.hvd.Compression.fp16 if fp16_compression else self.hvd.Compression.none
         return self.hvd.DistributedOptimizer(
             optimizer,
             named_parameters=_named_parameters(optimizer, context.unwrapped_models),

@@ -97,6 +97,9 @@ class TensorBoardPlugin:
         # Reports not yet handed to the writer: (step, wall time, [(tag, value), ...]).
         self._kept: List[Tuple[int, float, List[Tuple[str, float]]]] = []
         self._next_write = 0.0
+        #: Whether reported metrics are written (``context.set_enable_tensorboard_logging``);
+        #: the trial's own writer works either way.
+        self.write_metrics = True
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
@@ -144,6 +147,8 @@ class TensorBoardPlugin:
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
         """Keep the numeric metrics under ``<group>/<name>``; write when due (fires on the chief)."""
+        if not self.write_metrics:
+            return
         scalars = [(metric_tag(group, name), value) for name, value in metrics.items() if _is_scalar(value)]
         if scalars:
             self._kept.append((steps_completed, time.time(), scalars))
@@ -209,5 +214,9 @@ class TorchWriter:
         self.writer.add_scalar(name, value, step)
 
     def reset(self) -> None:
+        """Flush pending events to disk."""
+        self.writer.flush()
+
+    def flush(self) -> None:
         """Flush pending events to disk."""
         self.writer.flush()
