@@ -10,8 +10,10 @@ process group from them (gloo on CPU, nccl on CUDA) and then:
   every rank's RNG state into checkpoints;
 - wraps each model in ``DistributedDataParallel``, with options from ``plugin_config.ddp``
   overridden by ``context.wrap_model(model, **options)`` (``find_unused_parameters``,
-  ``static_graph``, ``broadcast_buffers``, ``bucket_cap_mb``, ... any DDP keyword). Checkpoints
-  hold the unwrapped model, so no ``module.`` prefix ever appears;
+  ``static_graph``, ``broadcast_buffers``, ``bucket_cap_mb``, ... any DDP keyword). As with
+  Determined's wrapper, reading an attribute the wrapper lacks reads the wrapped module's
+  (``self.model.fc``, ``self.model.weight``). Checkpoints hold the unwrapped model, so no
+  ``module.`` prefix ever appears;
 - with ``optimizations.aggregation_frequency > 1``, runs the batches that only accumulate
   gradients under ``no_sync()``. DDP decides whether to all-reduce during the *forward* pass, so
   the whole ``train_batch`` is wrapped (a ``hookdet_train_batch`` wrapper), not just the backward;
@@ -96,6 +98,23 @@ def launched_world_size() -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"WORLD_SIZE must be an integer, got {value!r}") from None
+
+
+class PassThroughDistributedDataParallel(DistributedDataParallel):
+    """``DistributedDataParallel`` whose missing attributes are read from the wrapped module.
+
+    Determined's ``wrap_model`` returns such a wrapper, and trials rely on it
+    (``self.model.fc``, ``self.generator.latent_dim``). Only reads pass through; DDP's own
+    attributes (``module``, ``no_sync``, ...) win over the module's.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":  # not set yet (inside DDP's constructor): nothing to pass to
+                raise
+            return getattr(self.module, name)
 
 
 class TorchDistributedContext(DistributedContext):
@@ -236,7 +255,7 @@ class DDPPlugin:
         merged = {**self.ddp_options, **options}
         if context.device.type == "cuda":
             merged.update(device_ids=[context.device.index], output_device=context.device.index)
-        wrapped = DistributedDataParallel(model, **merged)
+        wrapped = PassThroughDistributedDataParallel(model, **merged)
         self.ddp_models.append(wrapped)
         return wrapped
 
