@@ -66,6 +66,7 @@ class PyTorchTrialContext:
         self._original_optimizers: Dict[int, torch.optim.Optimizer] = {}
         self.lr_schedulers: List[LRScheduler] = []
         self.scalers: List[Any] = []
+        self.profiler: Any = None  # the torch.profiler.profile of set_profiler (Determined's attribute)
         self._reducers = ReducerRegistry()
         self._stop_requested = False
         self._current_batch_idx = 0  # the batch being trained: the loop sets it before train_batch
@@ -191,7 +192,9 @@ class PyTorchTrialContext:
 
     def set_profiler(self, *args: Any, **kwargs: Any) -> None:
         """Profile training with ``torch.profiler.profile(*args, **kwargs)`` (the profiler plugin)."""
-        self._run.plugins.load("profiler").set_profiler(*args, **kwargs)
+        plugin = self._run.plugins.load("profiler")
+        plugin.set_profiler(*args, **kwargs)
+        self.profiler = plugin.profiler
 
     # ------------------------------------------------------------------ stopping
 

@@ -341,6 +341,11 @@ class SkipBatchSampler(torch.utils.data.BatchSampler):
         self.batch_sampler = batch_sampler
         self.skip = _require_non_negative_int("SkipBatchSampler", "skip", skip)
 
+    @property
+    def length(self) -> int:
+        """The wrapped length (Determined's attribute; same as ``len()``)."""
+        return len(self.batch_sampler)  # type: ignore[arg-type]
+
     def __iter__(self) -> Iterator[List[int]]:
         return itertools.islice(self.batch_sampler, self.skip, None)
 

@@ -156,8 +156,41 @@ def _resolve(root: str, dotted: str) -> object:
     return getattr(_module(root, module_path), attr)
 
 
+def _instance_names(obj: object) -> list:
+    return sorted(name for name in dir(obj) if not name.startswith("_"))
+
+
+def instances(root: str) -> dict:
+    """Public attribute names (``dir``) of constructed objects: what ``dir(cls)`` misses, the
+    attributes set in ``__init__``. The context comes from ``pytorch.init()`` run in the current
+    directory (the caller's temporary one)."""
+    import torch
+
+    pytorch = importlib.import_module(f"{root}.pytorch")
+    samplers = pytorch.samplers
+    data = torch.utils.data
+    batches = data.BatchSampler(data.SequentialSampler(range(4)), 2, False)
+    built = {
+        "RepeatSampler": samplers.RepeatSampler(range(4)),
+        "RepeatBatchSampler": samplers.RepeatBatchSampler(batches),
+        "SkipSampler": samplers.SkipSampler(range(4), 1),
+        "SkipBatchSampler": samplers.SkipBatchSampler(batches, 1),
+        "DistributedSampler": samplers.DistributedSampler(range(4), 2, 1),
+        "DistributedBatchSampler": samplers.DistributedBatchSampler(batches, 2, 1),
+        "ReproducibleShuffleSampler": samplers.ReproducibleShuffleSampler(range(4), 3),
+        "ReproducibleShuffleBatchSampler": samplers.ReproducibleShuffleBatchSampler(batches, 3),
+        "DataLoader": pytorch.DataLoader(list(range(4)), batch_size=2),
+    }
+    found = {name: _instance_names(obj) for name, obj in built.items()}
+    with pytorch.init() as context:
+        found["PyTorchTrialContext"] = _instance_names(context)
+        found["PyTorchExperimentalContext"] = _instance_names(context.experimental)
+    return found
+
+
 def dump(root: str) -> dict:
     return {
+        "instances": instances(root),
         "modules": {m: _public_names(_module(root, m), root) for m in MODULES},
         "classes": {
             **{c: class_surface(_resolve(root, c), root, True) for c in CONSTRUCTED},  # type: ignore[arg-type]

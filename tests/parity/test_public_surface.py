@@ -53,21 +53,22 @@ def determined_python() -> str:
     pytest.skip(reason)
 
 
-def run_json(python: str, script: str, root: str) -> Any:
+def run_json(python: str, script: str, root: str, cwd: Path) -> Any:
+    """``python script root`` in ``cwd`` (where ``pytorch.init()`` may write); its JSON output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     done = subprocess.run(
         [python, str(HERE / script), root], capture_output=True, text=True, env=env,
-        cwd=HERE, timeout=300,
+        cwd=cwd, timeout=300,
     )
     assert done.returncode == 0, f"{script} {root} failed:\n{done.stderr[-3000:]}"
     return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")
-def surfaces() -> Dict[str, Any]:
+def surfaces(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     return {
-        "determined": run_json(determined_python(), "surface_dump.py", "determined"),
-        "hookdet": run_json(sys.executable, "surface_dump.py", "hookdet"),
+        root: run_json(python, "surface_dump.py", root, tmp_path_factory.mktemp(root))
+        for root, python in (("determined", determined_python()), ("hookdet", sys.executable))
     }
 
 
@@ -102,6 +103,9 @@ def surface_differences(determined: Dict[str, Any], hookdet: Dict[str, Any]) -> 
                     why = signature_difference(theirs["signature"], ours.get("signature"))
                     if why:
                         found[where] = why
+    for kind, names in determined["instances"].items():
+        for name in sorted(set(names) - set(hookdet["instances"][kind])):
+            found[f"{kind}().{name}"] = "missing on an instance"
     for function, theirs in determined["functions"].items():
         why = signature_difference(theirs, hookdet["functions"][function])
         if why:
@@ -130,6 +134,8 @@ def test_the_comparison_covers_what_issue_14_names(surfaces: Dict[str, Any]) -> 
                    "set_enable_tensorboard_logging", "configure_apex_amp"):
         assert "signature" in context[method], method
     assert "adapt_batch_sampler" in theirs["modules"]["pytorch"]
+    assert {"models", "optimizers", "profiler"} <= set(theirs["instances"]["PyTorchTrialContext"])
+    assert "length" in theirs["instances"]["SkipBatchSampler"]
     assert len(theirs["modules"]["pytorch.samplers"]) == 8
     assert "TorchWriter" in theirs["modules"]["tensorboard.metric_writers.pytorch"]
     assert theirs["functions"]["pytorch.init"][0][1] == "KEYWORD_ONLY"
@@ -146,10 +152,10 @@ def test_the_comparison_covers_what_issue_14_names(surfaces: Dict[str, Any]) -> 
 
 
 @pytest.fixture(scope="module")
-def streams() -> Dict[str, Any]:
+def streams(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     return {
-        "determined": run_json(determined_python(), "sampler_streams.py", "determined"),
-        "hookdet": run_json(sys.executable, "sampler_streams.py", "hookdet"),
+        root: run_json(python, "sampler_streams.py", root, tmp_path_factory.mktemp(root))
+        for root, python in (("determined", determined_python()), ("hookdet", sys.executable))
     }
 
 
