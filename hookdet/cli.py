@@ -76,7 +76,8 @@ def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) ->
 def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
     from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
-    from hookdet.config import load_experiment_config
+    from hookdet.cluster_info import activated, local_cluster_info
+    from hookdet.config import load_experiment_config, names_trial_class
     from hookdet.trainer import Trainer, fit_arguments, init
 
     config_path = Path(args.config)
@@ -88,12 +89,17 @@ def command_run(args: argparse.Namespace) -> int:
             "%s: cluster-only fields ignored when running locally: %s",
             config_path, ", ".join(config.ignored_fields),
         )
+    if config.entrypoint is not None and not names_trial_class(config.entrypoint):
+        from hookdet.script_entrypoint import run_script  # a script or launch-layer command
+
+        return run_script(args, config, config_path)
     slots = config.resources.slots_per_trial
     if slots > 1 and launched_rank() is None:
         return _launch(args, config, slots)
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
-    with init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
+    info = local_cluster_info(config, slots=slots, latest_checkpoint=args.resume, run_dir=args.run_dir)
+    with activated(info), init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
         run = context._run
         run.resume_from = args.resume  # so get_initial_batch() is right in the trial's __init__
         trial = trial_class(context)

@@ -602,24 +602,25 @@ _ENTRYPOINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z
 
 
 def _trial_spec_from_entrypoint(raw: Any) -> str:
-    """``module:Class`` from Determined's entrypoint forms that name a trial class.
+    """``module:Class``, or the command, from Determined's entrypoint forms.
 
     ``model_def:MNistTrial`` and ``pkg.mod:outer.Trial`` are taken as they are;
     ``python3 -m determined.launch.<launcher> ... --trial model_def:Trial`` gives its ``--trial``
-    (hookdet launches distributed runs itself, from ``resources.slots_per_trial``). Scripts and
-    other commands are refused: hookdet runs trial classes.
+    (hookdet launches distributed runs itself, from ``resources.slots_per_trial``). Any other
+    command (``python3 train.py --epochs 1``, a launch-layer wrapper around a script) is kept as
+    one string (a list is joined with shell quoting) and run by :mod:`hookdet.script_entrypoint`.
     """
-    if isinstance(raw, list) and all(isinstance(part, str) for part in raw):
+    if isinstance(raw, list) and raw and all(isinstance(part, str) for part in raw):
         tokens = list(raw)
-    elif isinstance(raw, str):
+    elif isinstance(raw, str) and raw.strip():
         if _ENTRYPOINT.match(raw.strip()):
             return raw.strip()
         try:
             tokens = shlex.split(raw)
-        except ValueError:
-            tokens = []
+        except ValueError as error:
+            raise ValueError(f"cannot split the command {_show(raw)} into words: {error}") from None
     else:
-        raise ValueError(f"expected 'module:Class'; got {_show(raw)}")
+        raise ValueError(f"expected 'module:Class' or a command; got {_show(raw)}")
     uses_determined_launcher = any(
         token.startswith("determined.launch") for token in tokens
     ) and "-m" in tokens
@@ -627,14 +628,17 @@ def _trial_spec_from_entrypoint(raw: Any) -> str:
         position = tokens.index("--trial") + 1
         if position < len(tokens) and _ENTRYPOINT.match(tokens[position]):
             return tokens[position]
-    shown = raw if isinstance(raw, str) else " ".join(raw)
-    hint = ""
     if isinstance(raw, str) and re.fullmatch(r"[A-Za-z_]\w*", raw.strip()):
-        hint = f" (name its module too, e.g. 'model_def:{raw.strip()}')"
-    raise ValueError(
-        f"hookdet runs a PyTorchTrial class named as 'module:Class' (e.g. 'model_def:MNistTrial'); "
-        f"got {_show(shown)}{hint}. Scripts and launch commands are not supported"
-    )
+        raise ValueError(
+            f"expected 'module:Class' or a command; got {_show(raw)} "
+            f"(name its module too, e.g. 'model_def:{raw.strip()}')"
+        )
+    return raw.strip() if isinstance(raw, str) else shlex.join(tokens)
+
+
+def names_trial_class(entrypoint: Optional[str]) -> bool:
+    """Whether ``entrypoint`` names a trial class (``module:Class``) rather than a command."""
+    return bool(entrypoint) and bool(_ENTRYPOINT.match(entrypoint))
 
 
 _PLUGIN_NAME = re.compile(r"^(no:)?[A-Za-z_][\w.-]*$")

@@ -60,6 +60,7 @@ class TrainingLoop:
                 f"checkpoint_policy must be one of {CHECKPOINT_POLICIES}, got {checkpoint_policy!r}"
             )
         self.checkpoint_policy = checkpoint_policy
+        self.warned_no_searcher_metric = False
         self.test_mode = test_mode
         self.evaluation_method = overridden_evaluation_method(self.trial)
         self._register_callbacks()
@@ -369,7 +370,14 @@ class TrainingLoop:
             {"batches": self.state.batches_trained, "metric": value}
         )
         if not isinstance(value, (int, float)):
-            return False
+            if self.checkpoint_policy == "best" and not self.warned_no_searcher_metric:
+                self.warned_no_searcher_metric = True
+                logger.warning(
+                    "checkpoint_policy 'best' ranks validations by searcher.metric %r, which the "
+                    "validation metrics %s do not hold; checkpointing after every validation",
+                    searcher.metric, sorted(metrics),
+                )
+            return True  # nothing to rank by: checkpoint, as Determined does
         best = self.state.best_validation
         improved = best is None or (value < best if searcher.smaller_is_better else value > best)
         if improved:

@@ -1,11 +1,19 @@
 """``DistributedContext``: rank, size and the object collectives the loop needs.
 
-The single-process context here is hookdet's own answer to ``hookdet_make_distributed``; the
-``ddp`` and ``horovod`` plugins subclass it. Method names follow ``det.core.DistributedContext``.
+The single-process context here is hookdet's own answer to ``hookdet_make_distributed``.
+:class:`TorchDistributedContext` (a ``torch.distributed`` process group) and
+:class:`HorovodDistributedContext` are what the ``ddp`` and ``horovod`` plugins answer with, and
+what ``DistributedContext.from_torch_distributed()`` / ``.from_horovod(hvd)`` give a script that
+starts its processes itself (Determined's local-distributed recipe). Method names follow
+``det.core.DistributedContext``; ``hookdet.core.DistributedContext`` is this class.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
 
 
 class DistributedContext:
@@ -81,3 +89,175 @@ class DistributedContext:
 
     def close(self) -> None:
         """Tear down the process group, if any."""
+
+    # ------------------------------------------------------------------ Determined's extras
+
+    def get_num_agents(self) -> int:
+        """The number of machines (Determined's name for :meth:`get_cross_size`)."""
+        return self.cross_size
+
+    def allgather_local(self, obj: Any) -> List[Any]:
+        """The ``obj`` of every rank on this machine, in local-rank order (every rank calls it)."""
+        return [item for rank, item in self._with_node(obj) if rank == self.cross_rank]
+
+    def gather_local(self, obj: Any) -> Optional[List[Any]]:
+        """The ``obj`` of every rank on this machine on its local chief; None elsewhere."""
+        gathered = self.allgather_local(obj)
+        return gathered if self.local_rank == 0 else None
+
+    def broadcast_local(self, obj: Any = None) -> Any:
+        """This machine's local chief's ``obj`` on every rank of the machine."""
+        return self.allgather_local(obj)[0]
+
+    def _with_node(self, obj: Any) -> List[Any]:
+        return self.allgather((self.cross_rank, obj))
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_torch_distributed(cls, chief_ip: Optional[str] = None) -> "DistributedContext":
+        """The context of a process group started by torchrun (``RANK``, ``WORLD_SIZE``, ...).
+
+        Joins the group from those variables (gloo on CPU, nccl on CUDA) when the script has not
+        called ``torch.distributed.init_process_group`` itself; a group the script made is left
+        for the script to destroy. ``chief_ip`` is accepted for Determined's signature; torchrun's
+        rendezvous already says where the chief is.
+        """
+        missing = [name for name in ("RANK", "WORLD_SIZE") if name not in os.environ]
+        if missing and not dist.is_initialized():
+            raise RuntimeError(
+                f"DistributedContext.from_torch_distributed(): {', '.join(missing)} not set; "
+                "start the script under torchrun (or hookdet run with slots_per_trial > 1)"
+            )
+        owns_group = not dist.is_initialized()
+        if owns_group:
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        return TorchDistributedContext(str(dist.get_backend()), owns_group)
+
+    @classmethod
+    def from_horovod(cls, hvd: Any, chief_ip: Optional[str] = None) -> "DistributedContext":
+        """The context of an initialised Horovod (``hvd.init()`` already called)."""
+        return HorovodDistributedContext(hvd)
+
+    @classmethod
+    def from_deepspeed(cls, chief_ip: Optional[str] = None) -> "DistributedContext":
+        """The context of a DeepSpeed launch: its launcher sets torch.distributed's variables
+        (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) and DeepSpeed trains over a torch process
+        group, so this is :meth:`from_torch_distributed`."""
+        return cls.from_torch_distributed(chief_ip)
+
+
+
+
+class TorchDistributedContext(DistributedContext):
+    """Rank, size and object collectives over a ``torch.distributed`` process group.
+
+    Object collectives (``allgather``, ``gather``, ``broadcast``) pickle Python objects. They and
+    :meth:`any_rank` run on a gloo group, so they never touch the GPU: with nccl as the training
+    backend a second, gloo, group is created for them.
+    """
+
+    def __init__(self, backend: str, owns_group: bool) -> None:
+        size = dist.get_world_size()
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        rank = dist.get_rank()
+        super().__init__(
+            rank=rank,
+            size=size,
+            local_rank=int(os.environ.get("LOCAL_RANK", rank % local_size)),
+            local_size=local_size,
+            cross_rank=int(os.environ.get("GROUP_RANK", rank // local_size)),
+            cross_size=max(1, size // local_size),
+        )
+        self.backend = backend
+        self._owns_group = owns_group
+        self._cpu_group = None if backend == "gloo" else dist.new_group(backend="gloo")
+        self._flag = torch.zeros(1, dtype=torch.int32)
+
+    def allgather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        gathered: List[Any] = [None] * self.size
+        dist.all_gather_object(gathered, obj, group=self._cpu_group)
+        return gathered
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        """Every rank's ``obj`` on the chief; None elsewhere."""
+        gathered: Optional[List[Any]] = [None] * self.size if self.is_chief else None
+        dist.gather_object(obj, gathered, dst=0, group=self._cpu_group)
+        return gathered
+
+    def broadcast(self, obj: Any) -> Any:
+        """The chief's ``obj`` on every rank."""
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=0, group=self._cpu_group)
+        return holder[0]
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        dist.barrier(group=self._cpu_group)
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (an all-reduce of one CPU integer)."""
+        self._flag.fill_(int(flag))
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._cpu_group)
+        return bool(self._flag.item())
+
+    def close(self) -> None:
+        """Leave the process group (destroying it when this plugin created it).
+
+        Not collective: a rank that failed must be able to leave without waiting for the others.
+        """
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class HorovodDistributedContext(DistributedContext):
+    """Rank, size and object collectives over Horovod."""
+
+    def __init__(self, hvd: Any) -> None:
+        super().__init__(
+            rank=hvd.rank(),
+            size=hvd.size(),
+            local_rank=hvd.local_rank(),
+            local_size=hvd.local_size(),
+            cross_rank=hvd.cross_rank(),
+            cross_size=hvd.cross_size(),
+        )
+        self._hvd = hvd
+        self._calls = 0
+
+    def _name(self, what: str) -> str:
+        # Horovod matches collectives across ranks by name; every rank makes the same calls in
+        # the same order, so a counter keeps concurrent names unique and identical everywhere.
+        self._calls += 1
+        return f"hookdet.{what}.{self._calls}"
+
+    def allgather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        return list(self._hvd.allgather_object(obj, name=self._name("allgather")))
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        """Every rank's ``obj`` on the chief (gathered everywhere: Horovod has no gather); None
+        elsewhere."""
+        gathered = self.allgather(obj)
+        return gathered if self.is_chief else None
+
+    def broadcast(self, obj: Any) -> Any:
+        """The chief's ``obj`` on every rank."""
+        return self._hvd.broadcast_object(obj, root_rank=0, name=self._name("broadcast"))
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        self._hvd.barrier()
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank."""
+        reduced = self._hvd.allreduce(
+            torch.tensor([int(flag)], dtype=torch.int32), op=self._hvd.Max, name="hookdet.stop"
+        )
+        return bool(reduced.item())
+
+    def close(self) -> None:
+        """Shut Horovod down."""
+        if self._hvd.is_initialized():
+            self._hvd.shutdown()

@@ -108,7 +108,9 @@ def hookdet_make_distributed(run: "Run") -> Any:
 
     The answer decides rank, size, the collectives the loop uses to average metrics, and the
     device. hookdet's own answer (tried last) is a single process. ``ddp`` answers with
-    ``torch.distributed``, ``horovod`` with Horovod.
+    ``torch.distributed``, ``horovod`` with Horovod. When the script passed its own context to
+    ``pytorch.init(distributed=...)`` it is already ``run.distributed``, and it stays the run's
+    context whatever the answer; a plugin may adopt it (``ddp`` adopts a torch one to wrap models).
     """
 
 

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from hookdet import cluster_info
 from hookdet.config import (
     STORAGE_PLUGIN_FOR_TYPE,
     ExperimentConfig,
@@ -85,7 +86,15 @@ def init(
     where metrics, checkpoints and TensorBoard files go (default ``runs/<name>-<time>``).
     ``plugins`` are extra plugin objects registered after the named ones (as pytest's
     ``pytest.main(plugins=...)``), each under its class name.
+
+    Under ``hookdet run`` (:func:`hookdet.get_cluster_info` is not None) the run's experiment
+    file, trial seed and run directory come from the cluster info, as Determined's ``init``
+    takes them from the cluster.
     """
+    info = cluster_info.get_cluster_info()
+    if info is not None and info.task_type == "TRIAL" and not isinstance(exp_conf, ExperimentConfig):
+        exp_conf = parse_experiment_config(info.trial._config, source="hookdet run's experiment file")
+        run_dir = run_dir if run_dir is not None else info.run_dir
     config = exp_conf if isinstance(exp_conf, ExperimentConfig) else parse_experiment_config(
         exp_conf or {}, source="exp_conf"
     )
@@ -95,7 +104,7 @@ def init(
     manager.load_all(plugin_names_for(config, enable_tensorboard_logging))
     for plugin in plugins:
         manager.register(type(plugin).__name__, plugin)
-    trial_seed = config.trial_seed()
+    trial_seed = info.trial.trial_seed if info is not None else config.trial_seed()
     seed_everything(trial_seed)
     run = Run(
         config=config,
@@ -107,7 +116,10 @@ def init(
     )
     try:
         manager.start(run)
-        run.distributed = distributed or run.hook.hookdet_make_distributed(run=run)
+        # A context the script made itself is offered to the plugins (ddp adopts a torch one).
+        run.distributed = distributed
+        made = run.hook.hookdet_make_distributed(run=run)
+        run.distributed = distributed or made
         run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
         run.device = _device_for(run.distributed)
         if run.is_chief:
@@ -163,9 +175,9 @@ class Trainer:
 
     def fit(
         self,
-        max_length: Optional[TrainUnit] = None,
-        validation_period: Optional[TrainUnit] = None,
         checkpoint_period: Optional[TrainUnit] = None,
+        validation_period: Optional[TrainUnit] = None,
+        max_length: Optional[TrainUnit] = None,
         reporting_period: TrainUnit = Batch(100),
         checkpoint_policy: str = "best",
         latest_checkpoint: Optional[str] = None,
@@ -178,7 +190,24 @@ class Trainer:
         ``max_length`` defaults to the experiment file's ``searcher.max_length``.
         ``latest_checkpoint`` (a checkpoint directory, storage id or run directory) resumes
         exactly from it. ``profiling_enabled`` turns the profiler plugin on.
+
+        Run bare (no :func:`hookdet.get_cluster_info`), ``checkpoint_policy="best"`` falls back
+        to ``"all"`` with Determined's warning, as Determined's local training does; under
+        ``hookdet run`` it checkpoints the best validations of ``searcher.metric``.
         """
+        info = cluster_info.get_cluster_info()
+        if info is None and checkpoint_policy == "best":
+            logger.warning(
+                "checkpoint_policy='best' is not supported in local training mode. "
+                "Falling back to 'all'."
+            )
+            checkpoint_policy = "all"
+        if info is not None and latest_checkpoint is None and info.latest_checkpoint is not None:
+            logger.warning(
+                "latest_checkpoint has not been configured. Pause/resume training will not be "
+                "able to continue from latest checkpoint. Did you mean to set "
+                "`fit(latest_checkpoint=info.latest_checkpoint)'?"
+            )
         if max_length is None:
             max_length = fit_arguments(self.run.config, self.context)["max_length"]
             if max_length is None:
@@ -196,6 +225,7 @@ class Trainer:
             step_zero_validation=step_zero_validation,
             test_mode=test_mode,
         )
+        cluster_info.record_outcome(self.run)
 
 
 def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dict[str, Any]:

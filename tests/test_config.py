@@ -19,6 +19,7 @@ from hookdet.config import (
     SharedFSStorageConfig,
     length_in_batches,
     load_experiment_config,
+    names_trial_class,
     parse_experiment_config,
 )
 
@@ -640,19 +641,38 @@ def test_entrypoints_naming_a_trial_class_are_accepted(raw: object, expected: st
 
 
 @pytest.mark.parametrize(
-    ("raw", "hint"),
+    ("raw", "expected"),
     [
-        ("python3 train.py", "Scripts and launch commands are not supported"),
-        ("./hello.sh", "Scripts and launch commands are not supported"),
-        ("MNistTrial", "name its module too, e.g. 'model_def:MNistTrial'"),
-        ("python3 -m determined.launch.torch_distributed train.py", "Scripts and launch commands"),
+        ("python3 train.py --epochs 1", "python3 train.py --epochs 1"),
+        ("./hello.sh", "./hello.sh"),
+        (
+            "python3 -m determined.launch.torch_distributed python3 train.py",
+            "python3 -m determined.launch.torch_distributed python3 train.py",
+        ),
+        (["python3", "train.py", "--name", "two words"], "python3 train.py --name 'two words'"),
     ],
 )
-def test_entrypoints_that_are_not_a_trial_class_are_refused(raw: str, hint: str) -> None:
+def test_script_and_launch_command_entrypoints_are_kept_as_commands(raw: object, expected: str) -> None:
+    config = parse_experiment_config({"entrypoint": raw})
+
+    assert config.entrypoint == expected
+    assert not names_trial_class(config.entrypoint)
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint"),
+    [
+        ("MNistTrial", "name its module too, e.g. 'model_def:MNistTrial'"),
+        ("", "expected 'module:Class' or a command"),
+        ("python3 'unclosed", "cannot split the command"),
+    ],
+)
+def test_entrypoints_that_are_neither_a_trial_class_nor_a_command_are_refused(
+    raw: str, hint: str
+) -> None:
     error = dict_error({"entrypoint": raw})
 
     assert error.field == "entrypoint"
-    assert "hookdet runs a PyTorchTrial class named as 'module:Class'" in error.message
     assert hint in error.message
 
 

@@ -26,7 +26,10 @@ has one trial, so its best are the experiment's best) — "best" counts only che
 right after a validation, whose metric is that validation's. Determined collects garbage when
 the experiment ends; hookdet applies the same rule after every checkpoint to bound disk use,
 but while training goes on it never deletes the newest checkpoint (the resume point), even
-when the counts are 0. When training completes, the rule is applied exactly.
+when the counts are 0. When training completes, the rule is applied exactly. With no
+``checkpoint_storage`` configured, ``hookdet run`` applies Determined's defaults (1 latest, 1
+best), while the Trainer API run bare (no ``hookdet.get_cluster_info()``) keeps every
+checkpoint, as Determined's local training does.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ import torch
 
 from hookdet import checkpoint_format as fmt
 from hookdet.builtin_plugins.callbacks import ADAPTER_NAME
+from hookdet.cluster_info import get_cluster_info
 from hookdet.markers import hookimpl
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
 
@@ -192,6 +196,8 @@ class CheckpointPlugin:
     def _retain(self, run: Any, final: bool) -> None:
         """Delete the tracked checkpoints retention no longer keeps (chief only)."""
         spec = run.config.checkpoint_storage
+        if spec is None and get_cluster_info() is None:
+            return  # the Trainer API run bare, no retention configured: Determined keeps them all
         keep_latest = spec.save_trial_latest if spec is not None else 1
         keep_best = max(spec.save_trial_best, spec.save_experiment_best) if spec is not None else 1
         doomed = checkpoints_to_delete(

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hookdet.distributed import DistributedContext
+from hookdet.distributed import DistributedContext, TorchDistributedContext
 from hookdet.markers import hookimpl
 
 logger = logging.getLogger("hookdet")
@@ -117,68 +117,6 @@ class PassThroughDistributedDataParallel(DistributedDataParallel):
             return getattr(self.module, name)
 
 
-class TorchDistributedContext(DistributedContext):
-    """Rank, size and object collectives over a ``torch.distributed`` process group.
-
-    Object collectives (``allgather``, ``gather``, ``broadcast``) pickle Python objects. They and
-    :meth:`any_rank` run on a gloo group, so they never touch the GPU: with nccl as the training
-    backend a second, gloo, group is created for them.
-    """
-
-    def __init__(self, backend: str, owns_group: bool) -> None:
-        size = dist.get_world_size()
-        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))
-        rank = dist.get_rank()
-        super().__init__(
-            rank=rank,
-            size=size,
-            local_rank=int(os.environ.get("LOCAL_RANK", rank % local_size)),
-            local_size=local_size,
-            cross_rank=int(os.environ.get("GROUP_RANK", rank // local_size)),
-            cross_size=max(1, size // local_size),
-        )
-        self.backend = backend
-        self._owns_group = owns_group
-        self._cpu_group = None if backend == "gloo" else dist.new_group(backend="gloo")
-        self._flag = torch.zeros(1, dtype=torch.int32)
-
-    def allgather(self, obj: Any) -> List[Any]:
-        """Every rank's ``obj``, in rank order, on every rank."""
-        gathered: List[Any] = [None] * self.size
-        dist.all_gather_object(gathered, obj, group=self._cpu_group)
-        return gathered
-
-    def gather(self, obj: Any) -> Optional[List[Any]]:
-        """Every rank's ``obj`` on the chief; None elsewhere."""
-        gathered: Optional[List[Any]] = [None] * self.size if self.is_chief else None
-        dist.gather_object(obj, gathered, dst=0, group=self._cpu_group)
-        return gathered
-
-    def broadcast(self, obj: Any) -> Any:
-        """The chief's ``obj`` on every rank."""
-        holder = [obj]
-        dist.broadcast_object_list(holder, src=0, group=self._cpu_group)
-        return holder[0]
-
-    def barrier(self) -> None:
-        """Wait until every rank gets here."""
-        dist.barrier(group=self._cpu_group)
-
-    def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank (an all-reduce of one CPU integer)."""
-        self._flag.fill_(int(flag))
-        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._cpu_group)
-        return bool(self._flag.item())
-
-    def close(self) -> None:
-        """Leave the process group (destroying it when this plugin created it).
-
-        Not collective: a rank that failed must be able to leave without waiting for the others.
-        """
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-
-
 class DDPPlugin:
     """``torch.distributed`` + ``DistributedDataParallel``; see the module docstring."""
 
@@ -207,6 +145,23 @@ class DDPPlugin:
         if launched_world_size() <= 1:
             logger.info("ddp: one process (no WORLD_SIZE above 1); models are not wrapped")
             return None
+        if run.distributed is not None:  # the script's own, given to pytorch.init(distributed=)
+            if not isinstance(run.distributed, TorchDistributedContext):
+                return None
+            self.distributed = run.distributed
+        else:
+            self.distributed = self._join_process_group()
+        backend = self.distributed.backend
+        aggregation = int(run.config.optimizations.aggregation_frequency)
+        if aggregation > 1:
+            run.plugins.register("ddp.no_sync", _AccumulateWithoutSync(self, aggregation))
+        logger.info(
+            "ddp: rank %d of %d (local rank %d), backend %s",
+            self.distributed.rank, self.distributed.size, self.distributed.local_rank, backend,
+        )
+        return self.distributed
+
+    def _join_process_group(self) -> TorchDistributedContext:
         owns_group = not dist.is_initialized()
         if owns_group:
             backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -216,16 +171,7 @@ class DDPPlugin:
             if self.timeout_seconds is not None:
                 kwargs["timeout"] = datetime.timedelta(seconds=self.timeout_seconds)
             dist.init_process_group(**kwargs)
-        backend = str(dist.get_backend())
-        self.distributed = TorchDistributedContext(backend, owns_group)
-        aggregation = int(run.config.optimizations.aggregation_frequency)
-        if aggregation > 1:
-            run.plugins.register("ddp.no_sync", _AccumulateWithoutSync(self, aggregation))
-        logger.info(
-            "ddp: rank %d of %d (local rank %d), backend %s",
-            self.distributed.rank, self.distributed.size, self.distributed.local_rank, backend,
-        )
-        return self.distributed
+        return TorchDistributedContext(str(dist.get_backend()), owns_group)
 
     @hookimpl(trylast=True)
     def hookdet_unconfigure(self, run: Any) -> None:

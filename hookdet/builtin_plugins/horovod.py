@@ -32,7 +32,7 @@ from typing import Any, Dict, Generator, List, Optional
 
 import torch
 
-from hookdet.distributed import DistributedContext
+from hookdet.distributed import DistributedContext, HorovodDistributedContext
 from hookdet.markers import hookimpl
 
 logger = logging.getLogger("hookdet")
@@ -48,58 +48,6 @@ def import_horovod() -> Any:
             f"against the installed torch with scripts/build_horovod.sh ({error})"
         ) from error
     return hvd
-
-
-class HorovodDistributedContext(DistributedContext):
-    """Rank, size and object collectives over Horovod."""
-
-    def __init__(self, hvd: Any) -> None:
-        super().__init__(
-            rank=hvd.rank(),
-            size=hvd.size(),
-            local_rank=hvd.local_rank(),
-            local_size=hvd.local_size(),
-            cross_rank=hvd.cross_rank(),
-            cross_size=hvd.cross_size(),
-        )
-        self._hvd = hvd
-        self._calls = 0
-
-    def _name(self, what: str) -> str:
-        # Horovod matches collectives across ranks by name; every rank makes the same calls in
-        # the same order, so a counter keeps concurrent names unique and identical everywhere.
-        self._calls += 1
-        return f"hookdet.{what}.{self._calls}"
-
-    def allgather(self, obj: Any) -> List[Any]:
-        """Every rank's ``obj``, in rank order, on every rank."""
-        return list(self._hvd.allgather_object(obj, name=self._name("allgather")))
-
-    def gather(self, obj: Any) -> Optional[List[Any]]:
-        """Every rank's ``obj`` on the chief (gathered everywhere: Horovod has no gather); None
-        elsewhere."""
-        gathered = self.allgather(obj)
-        return gathered if self.is_chief else None
-
-    def broadcast(self, obj: Any) -> Any:
-        """The chief's ``obj`` on every rank."""
-        return self._hvd.broadcast_object(obj, root_rank=0, name=self._name("broadcast"))
-
-    def barrier(self) -> None:
-        """Wait until every rank gets here."""
-        self._hvd.barrier()
-
-    def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank."""
-        reduced = self._hvd.allreduce(
-            torch.tensor([int(flag)], dtype=torch.int32), op=self._hvd.Max, name="hookdet.stop"
-        )
-        return bool(reduced.item())
-
-    def close(self) -> None:
-        """Shut Horovod down."""
-        if self._hvd.is_initialized():
-            self._hvd.shutdown()
 
 
 class HorovodPlugin:

@@ -22,6 +22,8 @@ from torch import nn
 from hookdet import checkpoint_format as fmt
 from hookdet import pytorch
 from hookdet.builtin_plugins.checkpoint import checkpoints_to_delete
+from hookdet.cluster_info import activated, local_cluster_info
+from hookdet.config import parse_experiment_config
 from hookdet.markers import hookimpl
 from tests.resume_trials import RegressionTrial, run_spec
 
@@ -288,7 +290,9 @@ def run_scripted(
         "checkpoint_storage": {"type": "directory", "container_path": str(tmp_path / "ckpt"), **retention},
         "plugins": ["checkpoint"],
     }
-    with pytorch.init(exp_conf=exp_conf, run_dir=tmp_path / "run") as context:
+    # Under hookdet run's cluster info: policy "best" is honoured (run bare, it falls back to "all").
+    info = local_cluster_info(parse_experiment_config(exp_conf), slots=1)
+    with activated(info), pytorch.init(exp_conf=exp_conf, run_dir=tmp_path / "run") as context:
         trial = ScriptedMetricTrial(context)
         if stop_at is not None:
             original = trial.train_batch

@@ -1,0 +1,18 @@
+"""Exceptions a Determined script raises on purpose, under the names ``determined`` gives them."""
+from __future__ import annotations
+
+
+class InvalidHP(Exception):
+    """Raised by a trial (or script) whose hyperparameters cannot train, e.g. a model too large
+    for them. Determined's searchers treat the trial as invalid and carry on with the search
+    instead of failing the experiment; ``det.InvalidHP`` under ``import hookdet as det``.
+    """
+
+    def __init__(self, msg: str = "...") -> None:
+        if not isinstance(msg, str):
+            raise TypeError(
+                "InvalidHP exceptions can be initialized with a custom message, but it must be a "
+                f"string, not {type(msg).__name__}"
+            )
+        super().__init__(msg)
+        self.msg = msg

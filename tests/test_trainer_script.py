@@ -1,0 +1,185 @@
+"""A Trainer-API script in the shape of Determined's mnist tutorial (tests/fixtures/trainer_script)
+runs unchanged but for its import: bare, under torchrun, and through ``hookdet run`` with its own
+const and distributed YAML; resume reaches ``info.latest_checkpoint``; and the real Determined runs
+the same script bare.
+
+Bare and "on cluster" runs of the same hyperparameters and seed train to the same bytes, and so
+do the two 2-rank runs, so each pair checks the other.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from hookdet import checkpoint_format as fmt
+from hookdet.config import load_experiment_config
+
+FIXTURE = Path(__file__).parent / "fixtures" / "trainer_script"
+VENV_BIN = Path(sys.executable).parent
+#: The real Determined's interpreter (its own virtual environment); the Determined test skips without it.
+DETERMINED_PYTHON = os.environ.get("HOOKDET_DETERMINED_PYTHON", "/work/detvenv/det/bin/python")
+
+pytestmark = pytest.mark.slow
+
+
+def environment(tmp_path: Path, **extra: str) -> Dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in ("HOOKDET_CLUSTER_INFO", "HOOKDET_RUN_DIR")}
+    env.update(OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "cache"), **extra)
+    env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
+    return env
+
+
+def model_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "model"
+    if not directory.exists():
+        shutil.copytree(FIXTURE, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    return directory
+
+
+def run(command: List[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        command, cwd=model_dir(tmp_path), env=environment(tmp_path, **extra),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def results(output: str) -> List[Dict[str, Any]]:
+    """The RESULT lines the script printed, by rank."""
+    found = [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+    return sorted(found, key=lambda result: result["rank"])
+
+
+@pytest.fixture(scope="module")
+def const_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
+    """``hookdet run const.yaml`` (entrypoint ``python3 train.py --epochs 1``): its RESULT line."""
+    tmp_path = tmp_path_factory.mktemp("const")
+    result = run([str(VENV_BIN / "hookdet"), "run", "const.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
+    (seen,) = results(result.stdout)
+    return {"result": seen, "run_dir": tmp_path / "run", "stderr": result.stderr}
+
+
+def test_bare_and_under_hookdet_run_train_the_same(tmp_path: Path, const_run: Dict[str, Any]) -> None:
+    bare = run([sys.executable, "train.py", "--epochs", "1"], tmp_path, HOOKDET_RUN_DIR=str(tmp_path / "bare"))
+    (local,) = results(bare.stdout)
+    on_cluster = const_run["result"]
+
+    assert local["local"] is True and local["trial_id"] is None  # get_cluster_info() is None
+    config = load_experiment_config(FIXTURE / "const.yaml")
+    assert on_cluster["local"] is False
+    assert on_cluster["trial_id"] == 1 and on_cluster["trial_seed"] == config.trial_seed(1)
+    assert on_cluster["latest_checkpoint"] is None
+    assert local["weights"] == on_cluster["weights"]
+    # Each wrote its checkpoint where its run directory is: the bare one where HOOKDET_RUN_DIR says,
+    # the script under hookdet run where hookdet run's --run-dir says (told through the cluster info).
+    assert [meta["steps_completed"] for _, meta in fmt.find_checkpoints(tmp_path / "bare" / "checkpoints")] == [8]
+    assert [meta["steps_completed"] for _, meta in fmt.find_checkpoints(const_run["run_dir"] / "checkpoints")] == [8]
+
+
+def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path) -> None:
+    torchrun = run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "train.py", "--epochs", "1"],
+        tmp_path, HOOKDET_RUN_DIR=str(tmp_path / "torchrun"),
+    )
+    launched = run([str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
+    local, on_cluster = results(torchrun.stdout), results(launched.stdout)
+
+    assert [r["rank"] for r in local] == [r["rank"] for r in on_cluster] == [0, 1]
+    assert {r["size"] for r in local + on_cluster} == {2}
+    assert {r["local"] for r in local} == {True} and {r["local"] for r in on_cluster} == {False}
+    # DistributedContext.from_torch_distributed() given to pytorch.init: models are DDP-wrapped, so
+    # gradients are averaged and every rank ends with the same weights; the same as under hookdet run.
+    assert {r["wrapped"] for r in local + on_cluster} == {"DistributedDataParallel"}
+    assert len({r["weights"] for r in local + on_cluster}) == 1
+
+
+def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
+    tmp_path: Path, const_run: Dict[str, Any]
+) -> None:
+    """SIGTERM to ``hookdet run`` reaches the script, which checkpoints and stops: exit 75. ``--resume
+    RUN_DIR`` hands the run directory to the script as ``info.latest_checkpoint``, and it finishes
+    with the weights of the run that was never stopped."""
+    directory = model_dir(tmp_path)
+    slow = (FIXTURE / "const.yaml").read_text().replace(
+        "  dropout: 0.25\n", "  dropout: 0.25\n  seconds_per_batch: 0.25\n"
+    )
+    assert "seconds_per_batch" in slow
+    (directory / "slow.yaml").write_text(slow)
+    run_dir = tmp_path / "run"
+    command = [str(VENV_BIN / "hookdet"), "run", "slow.yaml", "--run-dir", str(run_dir)]
+    process = subprocess.Popen(
+        command, cwd=directory, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "config.json").exists():  # written by the script's pytorch.init()
+            assert process.poll() is None and time.monotonic() < deadline, "the script did not start"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 75, stdout[-2000:] + stderr[-2000:]
+    assert results(stdout) and results(stdout)[0]["weights"] != const_run["result"]["weights"]
+    (stopped_at,) = [meta["steps_completed"] for _, meta in fmt.find_checkpoints(run_dir / "checkpoints")]
+    assert stopped_at < 8
+
+    resumed = run(command + ["--resume", str(run_dir)], tmp_path)
+    (seen,) = results(resumed.stdout)
+    assert seen["latest_checkpoint"] == str(run_dir.resolve())
+    assert seen["weights"] == const_run["result"]["weights"]
+
+
+def determined_copy(tmp_path: Path) -> Path:
+    """The fixture with its two import lines changed to Determined's."""
+    directory = tmp_path / "determined"
+    directory.mkdir()
+    source = (FIXTURE / "train.py").read_text()
+    changed = source.replace("import hookdet as det  # under Determined: import determined as det", "import determined as det")
+    changed = changed.replace("from hookdet import pytorch  # under Determined: from determined import pytorch", "from determined import pytorch")
+    assert "import hookdet" not in changed and "from hookdet" not in changed
+    (directory / "train.py").write_text(changed)
+    shutil.copy(FIXTURE / "const.yaml", directory)
+    return directory
+
+
+def tensorboard_for_determined(tmp_path: Path) -> Path:
+    """A folder with this environment's TensorBoard on it: Determined 0.38.1 needs TensorBoard to
+    report metrics but does not depend on it (DESIGN §7); a user installs it."""
+    import tensorboard
+
+    folder = tmp_path / "tensorboard-path"
+    folder.mkdir()
+    site = Path(tensorboard.__file__).parent.parent
+    for name in ("tensorboard", "tensorboard_data_server", "absl", "markdown", "werkzeug"):
+        if (site / name).exists():
+            (folder / name).symlink_to(site / name)
+    return folder
+
+
+@pytest.mark.skipif(not Path(DETERMINED_PYTHON).exists(), reason="the real Determined is not installed")
+def test_the_fixture_is_a_determined_script(tmp_path: Path) -> None:
+    directory = determined_copy(tmp_path)
+    env = environment(tmp_path, PYTHONPATH=str(tensorboard_for_determined(tmp_path)))
+    result = subprocess.run(
+        [DETERMINED_PYTHON, "train.py", "--epochs", "1"], cwd=directory, env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (seen,) = results(result.stdout)
+    assert seen["local"] is True and seen["size"] == 1 and seen["wrapped"] == "Sequential"
+    assert "report_validation_metrics(steps_completed=8" in result.stderr
+    assert "checkpoint_policy='best' is not supported in local training mode" in result.stderr
