@@ -75,14 +75,15 @@ def _build_adapter(callbacks: Dict[str, PyTorchCallback]) -> Any:
     attributes: Dict[str, Any] = {"callbacks": callbacks}
     for method in LIFECYCLE_METHODS:
         if any(_overrides(callback, method) for callback in callbacks.values()):
-            attributes[method] = hookimpl(_FORWARDERS[method])
+            attributes[_HOOK_FOR.get(method, method)] = hookimpl(_FORWARDERS[_HOOK_FOR.get(method, method)])
     return type("CallbackHooks", (), attributes)()
 
 
-def _call_callbacks(adapter: Any, method: str, **kwargs: Any) -> None:
-    """Call ``method`` on every callback overriding it, in ``build_callbacks`` order."""
+def _call_callbacks(adapter: Any, method: str, only: Any = None, **kwargs: Any) -> None:
+    """Call ``method`` on every callback overriding it (or on callback ``only``), in
+    ``build_callbacks`` order."""
     for name, callback in adapter.callbacks.items():
-        if not _overrides(callback, method):
+        if not _overrides(callback, method) or (only is not None and name != only):
             continue
         try:
             if method == "on_training_epoch_start" and not inspect.signature(callback.on_training_epoch_start).parameters:
@@ -146,7 +147,11 @@ def _on_checkpoint_save_start(self: Any, checkpoint: Any) -> None:
 
 
 def _on_checkpoint_write_end(self: Any, checkpoint_dir: str) -> None:
-    _call_callbacks(self, "on_checkpoint_write_end", checkpoint_dir=checkpoint_dir)
+    # As Determined: once the files are written, each callback in turn gets the deprecated
+    # on_checkpoint_end and then on_checkpoint_write_end, both before on_checkpoint_upload_end.
+    for name, callback in self.callbacks.items():
+        _call_callbacks(self, "on_checkpoint_end", only=name, checkpoint_dir=checkpoint_dir)
+        _call_callbacks(self, "on_checkpoint_write_end", only=name, checkpoint_dir=checkpoint_dir)
 
 
 def _on_checkpoint_upload_end(self: Any, uuid: str) -> None:
@@ -166,3 +171,6 @@ def _on_trial_shutdown(self: Any) -> None:
 
 
 _FORWARDERS: Dict[str, Callable] = {method: globals()["_" + method] for method in LIFECYCLE_METHODS}
+
+#: Callback methods called from another hook than their namesake.
+_HOOK_FOR = {"on_checkpoint_end": "on_checkpoint_write_end"}

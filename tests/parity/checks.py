@@ -1,0 +1,88 @@
+"""Assertions over a parity case's records; counts what it compared for the suite's summary."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from tests.parity import compare
+
+#: Behaviours compared so far in this session, by case (conftest prints the totals).
+COMPARED: Dict[str, int] = {}
+
+#: Events whose numbers are averages (float32 in Determined, float64 in hookdet).
+_AVERAGED = {"on_training_workload_end": "avg_metrics", "on_validation_end": "metrics"}
+
+
+def without_representation(event: Dict[str, Any]) -> Dict[str, Any]:
+    """``event`` with metric containers stripped (expected difference ``metric-representation``)."""
+    event = copy.deepcopy(event)
+    event.pop("types", None)
+    if event.get("method") == "on_training_workload_end":
+        items = event["avg_metrics"]["items"]
+        items.pop("batches", None)  # Determined adds these two to the averages
+        items.pop("epochs", None)
+    return {key: compare.metric_value(value) for key, value in event.items()}
+
+
+def assert_same_records(
+    case: str,
+    determined: Dict[str, Any],
+    hookdet: Dict[str, Any],
+    culprit: Optional[str] = None,
+    weights: bool = True,
+) -> int:
+    """Everything observable equal, but for the registered differences; returns the count."""
+    compared = 0
+    det_error, hd_error = determined["error"], hookdet["error"]
+    if culprit is None:
+        assert det_error is None, f"{case}: Determined raised {det_error}"
+        assert hd_error is None, f"{case}: hookdet raised {hd_error} where Determined did not"
+    else:
+        assert det_error is not None and culprit in det_error["message"], f"{case}: Determined {det_error}"
+        assert hd_error is not None, f"{case}: hookdet raised nothing where Determined raised {det_error}"
+        assert hd_error["type"] == det_error["type"] or issubclass_name(hd_error["type"], det_error["type"]), (
+            f"{case}: hookdet raised {hd_error['type']}, Determined {det_error['type']}")
+        assert culprit in hd_error["message"], f"{case}: hookdet's message does not name {culprit!r}: {hd_error}"
+        compared += 1
+    det_events, hd_events = determined["events"], hookdet["events"]
+    det_calls, hd_calls = compare.sequence(det_events), compare.sequence(hd_events)
+    assert det_calls == hd_calls, f"{case}: call sequences differ at " + compare.first_sequence_difference(det_calls, hd_calls)
+    for det_event, hd_event in zip(det_events, hd_events):
+        rtol = compare.AVERAGE_RTOL if det_event.get("method") in _AVERAGED else 0.0
+        problems = compare.values_differ(without_representation(det_event), without_representation(hd_event), rtol)
+        assert not problems, f"{case}: {compare.sequence([det_event])[0]} differs: {problems[:5]}"
+        compared += 1
+    if weights:
+        compared += assert_same_weights(case, determined["weights"], hookdet["weights"])
+    COMPARED[case] = COMPARED.get(case, 0) + compared
+    return compared
+
+
+def issubclass_name(child: str, parent: str) -> bool:
+    """Whether builtin exception ``child`` is a subclass of builtin ``parent`` (by name)."""
+    import builtins
+
+    child_type, parent_type = getattr(builtins, child, None), getattr(builtins, parent, None)
+    return isinstance(child_type, type) and isinstance(parent_type, type) and issubclass(child_type, parent_type)
+
+
+def tensors(weights: List[Dict[str, Any]]) -> List[Dict[str, torch.Tensor]]:
+    """The recorded weights as tensors of their recorded dtype."""
+    return [
+        {name: torch.tensor(value["values"], dtype=getattr(torch, value["tensor"].split(".")[1]))
+         for name, value in model.items()}
+        for model in weights
+    ]
+
+
+def assert_same_weights(case: str, determined: Any, hookdet: Any) -> int:
+    det_models, hd_models = tensors(determined), tensors(hookdet)
+    assert [sorted(m) for m in det_models] == [sorted(m) for m in hd_models], f"{case}: models differ"
+    compared = 0
+    for index, (det_model, hd_model) in enumerate(zip(det_models, hd_models)):
+        for name, det_tensor in det_model.items():
+            assert torch.equal(det_tensor, hd_model[name]), f"{case}: model {index} {name} differs"
+            compared += 1
+    return compared

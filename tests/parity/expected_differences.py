@@ -1,0 +1,85 @@
+"""Every difference between Determined 0.38.1 and hookdet that the parity suite expects, with why.
+
+The suite compares everything else exactly; for each entry here it asserts hookdet's documented
+behaviour instead (the test named in ``checked_by``). ``docs/migrating-from-determined.md`` lists
+the same ids in its table of intended differences, and ``test_docs_table.py`` holds the two
+together both ways.
+
+Kinds:
+
+- ``determined-bug``: Determined, run locally, does something wrong; hookdet does it right.
+- ``intended``: a deliberate choice of hookdet's, for the reason given.
+- ``PENDING_OTHER_BRANCH``: a hookdet difference that another branch of issue 14 fixes
+  (public surface, samplers, scripts, Trainer retention); the suite records it until then.
+"""
+from __future__ import annotations
+
+from typing import Dict, NamedTuple
+
+
+class Difference(NamedTuple):
+    kind: str
+    determined: str
+    hookdet: str
+    reason: str
+    checked_by: str
+
+
+EXPECTED_DIFFERENCES: Dict[str, Difference] = {
+    "local-resume-restarts-data": Difference(
+        "determined-bug",
+        "a local resume trains on the data from batch 0 again and reports first_batch_idx 0",
+        "resumes the data exactly where the checkpoint stopped (first_batch_idx = batches trained)",
+        "a resumed run must see the data an uninterrupted run sees, or resume is not resume",
+        "test_parity.py::test_resume",
+    ),
+    "weights-only-load": Difference(
+        "determined-bug",
+        "its checkpoints pickle Python objects and fail to load on torch >= 2.6 unless "
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1",
+        "checkpoints hold only tensors and plain values and load with weights_only=True",
+        "resume must work on current PyTorch without disabling its safety check",
+        "test_parity.py::test_resume",
+    ),
+    "tensorboard-not-a-dependency": Difference(
+        "determined-bug",
+        "enables TensorBoard logging by default without depending on tensorboard: the first "
+        "report raises ModuleNotFoundError",
+        "depends on tensorboard; the default run trains and logs",
+        "a default run must not crash at its first report",
+        "test_parity.py::test_tensorboard_default",
+    ),
+    "tensorboard-path-none": Difference(
+        "determined-bug",
+        "context.get_tensorboard_path() returns None locally",
+        "returns the run's tensorboard directory",
+        "a trial writing its own TensorBoard files needs a directory",
+        "test_parity.py::test_basic",
+    ),
+    "trial-seed-unset": Difference(
+        "determined-bug",
+        "context.get_trial_seed() is None locally",
+        "the trial seed derived from reproducibility.experiment_seed as Determined's master derives it",
+        "a local run must be reproducible and seed the same in every rank and on every resume",
+        "test_parity.py::test_basic",
+    ),
+    "step-every-optimizer-step-counts-batches": Difference(
+        "determined-bug",
+        "an LRScheduler with STEP_EVERY_OPTIMIZER_STEP steps every batch, even between "
+        "optimizer steps under aggregation_frequency > 1",
+        "steps once per real optimizer step, as its name says",
+        "the scheduler must follow the optimizer, not the batch count",
+        "test_parity.py::test_aggregation",
+    ),
+    "metric-representation": Difference(
+        "intended",
+        "callbacks get per-batch training metrics and validation outputs as numpy arrays, "
+        "validation metrics as numpy.float32, averages computed in float32, and 'batches' and "
+        "'epochs' keys added to on_training_workload_end's avg_metrics",
+        "callbacks get the metrics as plain Python numbers (validation outputs as returned), "
+        "averaged in float64; the values are the same within float32 rounding",
+        "metrics are JSON-ready as every metrics sink writes them, and a float64 average is the "
+        "more exact one",
+        "test_parity.py (every case compares the values)",
+    ),
+}

@@ -1,0 +1,102 @@
+"""Run one phase of one parity case in this process, under ``$PARITY_FRAMEWORK``, and write its record.
+
+``python runner.py SPEC.json OUT.json`` with ``PARITY_FRAMEWORK`` = ``determined`` or ``hookdet``.
+The same user code runs under both: ``pytorch.init(hparams=..., exp_conf=...)``, the trial built
+inside it, ``Trainer(trial, context).fit(**fit)``. Under ``WORLD_SIZE`` > 1 the process is one
+rank of a gloo job; Determined then gets its documented local recipe (``USE_TORCH_DISTRIBUTED``,
+``init_process_group("gloo")``, ``DistributedContext.from_torch_distributed()``), hookdet its own
+(the same environment variables, nothing else). The record: the trial's events, the error ``fit``
+raised (type and message), and every model's final weights.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any, Dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from tests.parity import record  # noqa: E402
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def unit(pytorch: Any, value: Any) -> Any:
+    """``{"Batch": 4}`` -> ``pytorch.Batch(4)``; anything else unchanged."""
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("Batch", "Epoch"):
+        kind, length = next(iter(value.items()))
+        return getattr(pytorch, kind)(length)
+    return value
+
+
+def distributed_context(name: str) -> Any:
+    """Determined's local multi-process recipe; hookdet needs none (its ddp plugin reads the env)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or name != "determined":
+        return None
+    import determined as det
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return det.core.DistributedContext.from_torch_distributed()
+
+
+def main(spec_path: str, out_path: str) -> int:
+    name = record.framework()
+    pytorch = importlib.import_module(name + ".pytorch")
+    spec: Dict[str, Any] = json.loads(Path(spec_path).read_text())
+    trials = importlib.import_module("tests.parity.trials")
+    trial_class = getattr(trials, spec["trial"])
+    fit = {key: unit(pytorch, value) for key, value in spec.get("fit", {}).items()}
+    if spec.get("resume_from"):
+        fit["latest_checkpoint"] = Path(spec["resume_from"]).read_text().strip()
+    init_kwargs = dict(hparams=spec["hparams"], exp_conf=spec.get("exp_conf"))
+    init_kwargs.update(spec.get("init", {}))
+    distributed = distributed_context(name)
+    if distributed is not None:
+        init_kwargs["distributed"] = distributed
+    out: Dict[str, Any] = {"framework": name, "error": None, "weights": None}
+    context = None
+    try:
+        with pytorch.init(**init_kwargs) as context:
+            seed_all(spec["seed"])  # the same generator state for both, whatever init seeded
+            trial = trial_class(context)
+            try:
+                pytorch.Trainer(trial, context).fit(**fit)
+            finally:
+                out["weights"] = weights(context)
+    except Exception as error:  # a misuse case records what the user would see
+        out["error"] = {"type": type(error).__name__, "message": str(error)}
+        record.event("fit_raised", type=type(error).__name__)
+    out["events"] = record.EVENTS
+    if record.LATEST_CHECKPOINT and (context is None or _is_chief(context)):
+        Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])
+    Path(out_path).write_text(json.dumps(out))
+    return 0
+
+
+def _is_chief(context: Any) -> bool:
+    return context.distributed.get_rank() == 0
+
+
+def weights(context: Any) -> Any:
+    """Every wrapped model's parameters and buffers, unwrapped from DDP, as exact values."""
+    result = []
+    for model in getattr(context, "models", []):
+        model = getattr(model, "module", model)
+        result.append({key: record.plain(value) for key, value in model.state_dict().items()})
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
