@@ -169,7 +169,10 @@ class BackgroundWriter:
         succeeded, value = self._outcome or (False, RuntimeError("the writer thread ended without an outcome"))
         self._outcome = None
         if not succeeded:
-            raise CheckpointError(
-                f"checkpoint {self._name} could not be written: {type(value).__name__}: {value}"
-            ) from value
+            raise write_failed(self._name, value) from value
         return value
+
+
+def write_failed(name: str, cause: BaseException) -> CheckpointError:
+    """The error that fails a run whose checkpoint ``name`` could not be written."""
+    return CheckpointError(f"checkpoint {name} could not be written: {type(cause).__name__}: {cause}")

@@ -79,5 +79,14 @@ class DistributedContext:
         """
         return bool(flag)
 
+    def any_rank_soon(self, flag: bool) -> bool:
+        """Like :meth:`any_rank`, but an agreement that may lag one call behind, for the loop's
+        per-batch stop check: a backend may start agreeing on ``flag`` and return, without
+        waiting, what the previous call's agreement found. Every rank still gets the same answer
+        at the same call, so every rank stops at the same batch, one batch after the request.
+        A blocking :meth:`any_rank` afterwards includes whatever was still being agreed on.
+        This default waits (no lag)."""
+        return self.any_rank(flag)
+
     def close(self) -> None:
         """Tear down the process group, if any."""

@@ -54,7 +54,7 @@ import torch
 
 from hookdet import checkpoint_format as fmt
 from hookdet.builtin_plugins.callbacks import ADAPTER_NAME
-from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot
+from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
@@ -132,7 +132,10 @@ class CheckpointPlugin:
             if in_background:
                 self._writer.submit(storage_id, write)
             else:
-                location = write()
+                try:
+                    location = write()
+                except Exception as error:
+                    raise write_failed(storage_id, error) from error
         storage_id = run.distributed.broadcast(storage_id)
         self._pending = {
             "uuid": storage_id,

@@ -15,11 +15,16 @@ process group from them (gloo on CPU, nccl on CUDA) and then:
 - with ``optimizations.aggregation_frequency > 1``, runs the batches that only accumulate
   gradients under ``no_sync()``. DDP decides whether to all-reduce during the *forward* pass, so
   the whole ``train_batch`` is wrapped (a ``hookdet_train_batch`` wrapper), not just the backward;
-- makes every rank stop at the same batch: the loop reads stop requests through
-  :meth:`TorchDistributedContext.any_rank`, an all-reduce (max) of one integer after every batch
-  (and again at a reporting boundary), so a stop request or a signal on any rank stops all of
-  them. It runs on a CPU (gloo) group: a host-side message exchange that never waits for the
-  GPU; its cost is measured by ``benchmarks/ddp_step_time.py``;
+- makes every rank stop at the same batch without a blocking collective per batch: after every
+  batch the loop calls :meth:`TorchDistributedContext.any_rank_soon`, which *starts* an
+  asynchronous all-reduce (max) of one integer, the stop flag, and returns the result of the one
+  started after the previous batch, which has had a whole batch to complete. So a stop request
+  or a signal on any rank stops every rank at the same batch, one batch after the batch during
+  which it arrived (the latency: one batch; a request during the last batch before a reporting,
+  validation, checkpoint or epoch boundary is honoured at that boundary, which agrees with a
+  blocking all-reduce that also collects the flag still in flight). It runs on a CPU (gloo)
+  group: a host-side message exchange that never waits for the GPU; its cost is measured by
+  ``benchmarks/ddp_step_time.py``;
 - keeps validation free of collectives inside the model: before validation the chief's buffers
   are broadcast once (what DDP's next forward would have done), then the DDP wrappers stop
   syncing buffers until training resumes. Ranks may therefore evaluate different numbers of
@@ -122,6 +127,10 @@ class TorchDistributedContext(DistributedContext):
         self._owns_group = owns_group
         self._cpu_group = None if backend == "gloo" else dist.new_group(backend="gloo")
         self._flag = torch.zeros(1, dtype=torch.int32)
+        # any_rank_soon's two flags, used in turn: one may be in flight while the other is set.
+        self._soon_flags = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+        self._soon_calls = 0
+        self._in_flight: Optional[Any] = None
 
     def allgather(self, obj: Any) -> List[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
@@ -146,10 +155,32 @@ class TorchDistributedContext(DistributedContext):
         dist.barrier(group=self._cpu_group)
 
     def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank (an all-reduce of one CPU integer)."""
+        """Whether ``flag`` is true on any rank (an all-reduce of one CPU integer), or was at
+        the last :meth:`any_rank_soon` call, whose agreement this collects."""
+        earlier = self._collect_in_flight()
         self._flag.fill_(int(flag))
         dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._cpu_group)
-        return bool(self._flag.item())
+        return earlier or bool(self._flag.item())
+
+    def any_rank_soon(self, flag: bool) -> bool:
+        """Start agreeing on ``flag`` (an asynchronous all-reduce, max) and return whether any
+        rank's flag was true at the previous call (False at the first): no wait on the peers
+        unless the previous agreement has not arrived after a whole batch."""
+        tensor = self._soon_flags[self._soon_calls % 2]
+        self._soon_calls += 1
+        earlier = self._collect_in_flight()
+        tensor.fill_(int(flag))
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._cpu_group, async_op=True)
+        self._in_flight = (work, tensor)
+        return earlier
+
+    def _collect_in_flight(self) -> bool:
+        if self._in_flight is None:
+            return False
+        work, tensor = self._in_flight
+        self._in_flight = None
+        work.wait()
+        return bool(tensor.item())
 
     def close(self) -> None:
         """Leave the process group (destroying it when this plugin created it).
