@@ -146,6 +146,11 @@ class CheckpointPlugin:
             self._complete(run, run.distributed.broadcast(location))
         return storage_id
 
+    @property
+    def last_write_seconds(self) -> Optional[float]:
+        """How long the last background write took, from the snapshot to its publication."""
+        return self._writer.last_duration
+
     def finish_write(self, run: Any, wait: bool, before: str = "") -> None:
         """Complete the checkpoint written in the background, if it is done (or ``wait``).
 
