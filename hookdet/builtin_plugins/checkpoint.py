@@ -28,8 +28,10 @@ first. ``on_checkpoint_write_end`` gets the published checkpoint directory (it e
 existing, as in Determined); files it adds are sealed into the manifest by an atomic rewrite of
 ``metadata.json``. ``plugin_config: {checkpoint: {async: false}}`` writes synchronously instead.
 With remote storage (S3) and an ``on_checkpoint_write_end`` implementation, writes are
-synchronous and the hook gets the local staging directory before upload (as Determined's). A corrupt, foreign or mismatched checkpoint
-is refused before anything is applied, with a message saying what does not match.
+synchronous and the hook gets the local staging directory before upload (as Determined's).
+
+A corrupt, foreign or mismatched checkpoint is refused before anything is applied, with a
+message saying what does not match.
 
 Retention follows Determined's checkpoint garbage collection: a checkpoint is kept when it is
 among the ``save_trial_latest`` newest (by batches trained), or among the
