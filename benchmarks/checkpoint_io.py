@@ -2,33 +2,32 @@
 
 One command::
 
-    .venv/bin/python benchmarks/checkpoint_io.py [--repeats 5] [--dir DIR] [--json OUT]
+    .venv/bin/python benchmarks/checkpoint_io.py [--sizes 300MB,1GB] [--repeats 5] [--dir DIR] [--json OUT]
 
-builds a real run (``pytorch.init`` with the ``checkpoint`` plugin) whose trial wraps a 25 M
-parameter MLP (four 2500x2500 linear layers) and an Adam optimizer, trains one batch so Adam's
-two moment buffers exist, and times, ``--repeats`` times each, with the page cache warm:
+builds, per size, a real run (``pytorch.init`` with the ``checkpoint`` plugin) whose trial wraps
+an MLP of four square linear layers and an Adam optimizer (300MB: width 2500, 25.0 M parameters;
+1GB: width 4560, 83.2 M), trains one batch so Adam's two moment buffers exist, and times,
+``--repeats`` rounds each, interleaved so a shared machine's drift spreads over all of them, with
+the page cache warm:
 
-* ``save``: ``hookdet_save_checkpoint`` end to end — collecting the state dicts and RNG states,
-  the weights-only check, serialising with the sha256 digests computed while writing, the manifest and
-  ``metadata.json``, fsync of every file and the directory, and the atomic rename into place —
-  against ``torch.save`` of ``{"models_state_dict": [...], "optimizers_state_dict": [...]}`` to
-  a path (which neither checksums nor fsyncs), and against that plus an fsync;
-* ``load``: ``hookdet_load_checkpoint`` from the checkpoint directory end to end — metadata
-  digest, sha256 of every file, ``torch.load(weights_only=True)``, applying the model and
-  optimizer state, the RNG state —
-  against ``torch.load(weights_only=True)`` plus ``load_state_dict`` on the model and optimizer.
+* ``bare_save``: ``torch.save`` of ``{"models_state_dict": [...], "optimizers_state_dict":
+  [...]}`` to a fresh path (no checksum, no fsync); ``bare_save_fsync``: the same plus an fsync;
+* ``async_blocked``: how long ``hookdet_save_checkpoint`` blocks training in the default
+  (asynchronous) mode — gathering the state and RNG, the weights-only check, and the copy of
+  every tensor into host buffers (kept from the previous checkpoint); the background write is
+  then waited for, untimed, and its duration from submission to publication gives
+  ``async_write`` and the background throughput;
+* ``sync_save``: ``hookdet_save_checkpoint`` end to end in the synchronous mode — the same plus
+  serialising with the XXH3-128 checksum computed while writing, the manifest and
+  ``metadata.json``, fsync of every file and the directory, and the atomic rename;
+* ``bare_load``: ``torch.load(weights_only=True)``; ``bare_load_apply``: the same plus
+  ``load_state_dict`` on model and optimizer; ``hookdet_load``: ``hookdet_load_checkpoint`` end to
+  end — metadata digest, XXH3-128 of every file over a memory map, ``torch.load(weights_only=True,
+  mmap=True)``, applying model, optimizer, RNG and counters.
 
-Both sides store the same ~300 MB: 25 M float32 weights and Adam's ``exp_avg`` and
-``exp_avg_sq`` (hookdet's file adds the RNG state, trial counters and scheduler/callback
-lists, a few kB). The report gives each timing's median (and fastest) and the ratios of the
-medians. Timings interleave (bare, bare+fsync, hookdet, and again) so a shared machine's drift
-spreads over all of them; still, compare numbers from one invocation only.
-
-Measured on the 2-core development VM (torch 2.13 CPU, warm page cache, median of 9), see the
-issue note for the exact figures: saving costs about 1.1x a bare ``torch.save`` plus fsync (the
-durability the bare save lacks is most of the difference to a bare ``torch.save``, the sha256
-pass the rest); loading about 2x a bare ``torch.load``, because verification reads and
-checksums all 300 MB before the state is trusted.
+The report gives each timing's median (and fastest), the ratios of the medians, the
+checkpoint's size and the 1-minute load average before and after (``os.getloadavg``), since on a
+shared machine a ratio means little without it. Compare numbers from one invocation only.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -52,7 +51,9 @@ sys.path.insert(0, str(REPO))
 from hookdet import checkpoint_format as fmt  # noqa: E402
 from hookdet import pytorch  # noqa: E402
 
-WIDTH, LAYERS = 2500, 4
+LAYERS = 4
+#: Square layer width per state size: weights + Adam's two moments, 12 bytes per parameter.
+WIDTHS = {"300MB": 2500, "1GB": 4560}
 
 
 class BigTrial(pytorch.PyTorchTrial):
@@ -60,14 +61,17 @@ class BigTrial(pytorch.PyTorchTrial):
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
-        self.model = context.wrap_model(nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)]))
+        width = context.get_hparam("width")
+        self.model = context.wrap_model(nn.Sequential(*[nn.Linear(width, width) for _ in range(LAYERS)]))
         self.optimizer = context.wrap_optimizer(torch.optim.Adam(self.model.parameters(), lr=1e-4))
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
-        return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, WIDTH)), batch_size=2)
+        width = self.context.get_hparam("width")
+        return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, width)), batch_size=2)
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
-        return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.randn(2, WIDTH)), batch_size=2)
+        width = self.context.get_hparam("width")
+        return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.randn(2, width)), batch_size=2)
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
         loss = self.model(batch[0]).pow(2).mean()
@@ -79,9 +83,14 @@ class BigTrial(pytorch.PyTorchTrial):
         return {"validation_loss": self.model(batch[0]).pow(2).mean()}
 
 
-def interleaved(actions: Dict[str, Callable[[], Any]], repeats: int, before: Dict[str, Callable[[], Any]]) -> Dict[str, List[float]]:
+def interleaved(
+    actions: Dict[str, Callable[[], Any]],
+    repeats: int,
+    before: Dict[str, Callable[[], Any]],
+    after: Optional[Dict[str, Callable[[], Any]]] = None,
+) -> Dict[str, List[float]]:
     """Time each action ``repeats`` times, taking turns, so drift on a shared machine spreads
-    over all of them; ``before[name]`` runs untimed before each timing of ``name``."""
+    over all of them; ``before[name]`` and ``after[name]`` run untimed around each timing."""
     times: Dict[str, List[float]] = {name: [] for name in actions}
     for _ in range(repeats):
         for name, action in actions.items():
@@ -89,6 +98,7 @@ def interleaved(actions: Dict[str, Callable[[], Any]], repeats: int, before: Dic
             start = time.perf_counter()
             action()
             times[name].append(time.perf_counter() - start)
+            (after or {}).get(name, lambda: None)()
     return times
 
 
@@ -99,111 +109,145 @@ def fsync_save(obj: Any, path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
+    """Every timing for one state size, in one run."""
+    width = WIDTHS[size]
+    exp_conf = {
+        "plugins": ["checkpoint"],
+        "hyperparameters": {"width": width},
+        "checkpoint_storage": {"type": "directory", "container_path": str(root / "checkpoints"),
+                               "save_trial_latest": 1000},
+        "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 1}},
+    }
+    results: Dict[str, List[float]] = {}
+    load_before = os.getloadavg()[0]
+    with pytorch.init(exp_conf=exp_conf, run_dir=root / "run") as context:
+        run = context._run
+        plugin = run.plugins.get("checkpoint")
+        trial = BigTrial(context)
+        pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(1))
+        model, optimizer = trial.model, trial.optimizer
+        parameters = sum(p.numel() for p in model.parameters())
+        bare_state = {"models_state_dict": [model.state_dict()], "optimizers_state_dict": [optimizer.state_dict()]}
+        bare_path = root / "bare.pth"
+
+        def apply_bare() -> None:
+            loaded = torch.load(bare_path, weights_only=True)
+            model.load_state_dict(loaded["models_state_dict"][0])
+            optimizer.load_state_dict(loaded["optimizers_state_dict"][0])
+
+        saved: List[str] = []
+        write_seconds: List[float] = []
+        first_blocked: List[float] = []
+
+        def save(asynchronous: bool) -> None:
+            plugin.asynchronous = asynchronous
+            saved.append(run.hook.hookdet_save_checkpoint(run=run))
+
+        def finish_background_write() -> None:
+            plugin.finish_write(run, wait=True, before="the benchmark goes on")
+            write_seconds.append(plugin.last_write_seconds)
+
+        def forget_previous() -> None:
+            for storage_id in saved:
+                run.storage.delete(storage_id)
+            saved.clear()
+
+        # The first background checkpoint allocates its host buffers; later ones reuse them.
+        start = time.perf_counter()
+        save(True)
+        first_blocked.append(time.perf_counter() - start)
+        finish_background_write()
+        forget_previous()
+        results.update(
+            interleaved(
+                {
+                    "bare_save": lambda: torch.save(bare_state, bare_path),
+                    "bare_save_fsync": lambda: fsync_save(bare_state, bare_path),
+                    "async_blocked": lambda: save(True),
+                    "sync_save": lambda: save(False),
+                },
+                repeats,
+                # Every writer gets a fresh file, as a checkpoint is: overwriting one in place
+                # costs the page cache more and would flatter the ratio.
+                before={
+                    "bare_save": lambda: bare_path.unlink(missing_ok=True),
+                    "bare_save_fsync": lambda: bare_path.unlink(missing_ok=True),
+                    "async_blocked": forget_previous,
+                    "sync_save": forget_previous,
+                },
+                after={"async_blocked": finish_background_write},
+            )
+        )
+        plugin.asynchronous = True
+        checkpoint_dir = Path(run.storage.location(saved[-1]))
+        torch.save(bare_state, bare_path)
+        results.update(
+            interleaved(
+                {
+                    "bare_load": lambda: torch.load(bare_path, weights_only=True),
+                    "bare_load_apply": apply_bare,
+                    "hookdet_load": lambda: run.hook.hookdet_load_checkpoint(run=run, checkpoint=str(checkpoint_dir)),
+                },
+                repeats,
+                before={},
+            )
+        )
+        results["async_write"] = write_seconds
+        results["async_blocked_first"] = first_blocked
+        sizes = {"bare_bytes": bare_path.stat().st_size, "hookdet_bytes": (checkpoint_dir / fmt.STATE_FILE).stat().st_size}
+        forget_previous()
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    return {
+        "size": size,
+        "parameters": parameters,
+        **sizes,
+        "repeats": repeats,
+        "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
+        "median_seconds": medians,
+        "min_seconds": {name: min(values) for name, values in results.items()},
+        "background_write_MB_per_s": sizes["hookdet_bytes"] / 1e6 / medians["async_write"],
+        "ratios": {
+            "async_blocked_vs_torch_save": medians["async_blocked"] / medians["bare_save"],
+            "sync_save_vs_torch_save_fsync": medians["sync_save"] / medians["bare_save_fsync"],
+            "load_vs_torch_load": medians["hookdet_load"] / medians["bare_load"],
+            "load_vs_torch_load_apply": medians["hookdet_load"] / medians["bare_load_apply"],
+        },
+    }
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="300MB,1GB", help=f"comma-separated, of {', '.join(WIDTHS)}")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    root = Path(args.dir or tempfile.mkdtemp(prefix="hookdet-ckpt-bench-"))
-    root.mkdir(parents=True, exist_ok=True)
-    exp_conf = {
-        "plugins": ["checkpoint"],
-        "checkpoint_storage": {"type": "directory", "container_path": str(root / "checkpoints"),
-                               "save_trial_latest": 1000},
-        "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 1}},
-    }
-    results: Dict[str, Any] = {}
-    try:
-        with pytorch.init(exp_conf=exp_conf, run_dir=root / "run") as context:
-            run = context._run
-            trial = BigTrial(context)
-            pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(1))
-            model, optimizer = trial.model, trial.optimizer
-            parameters = sum(p.numel() for p in model.parameters())
-            bare_state = {"models_state_dict": [model.state_dict()], "optimizers_state_dict": [optimizer.state_dict()]}
-            bare_path = root / "bare.pth"
-
-            def apply_bare() -> None:
-                loaded = torch.load(bare_path, weights_only=True)
-                model.load_state_dict(loaded["models_state_dict"][0])
-                optimizer.load_state_dict(loaded["optimizers_state_dict"][0])
-
-            saved: List[str] = []
-
-            def save_hookdet() -> None:
-                saved.append(run.hook.hookdet_save_checkpoint(run=run))
-
-            def forget_previous() -> None:
-                for storage_id in saved:
-                    run.storage.delete(storage_id)
-                saved.clear()
-
-            results.update(
-                interleaved(
-                    {
-                        "bare_save": lambda: torch.save(bare_state, bare_path),
-                        "bare_save_fsync": lambda: fsync_save(bare_state, bare_path),
-                        "hookdet_save": save_hookdet,
-                    },
-                    args.repeats,
-                    # Every writer gets a fresh file, as a checkpoint is: overwriting one in
-                    # place costs the page cache more and would flatter the ratio.
-                    before={
-                        "bare_save": lambda: bare_path.unlink(missing_ok=True),
-                        "bare_save_fsync": lambda: bare_path.unlink(missing_ok=True),
-                        "hookdet_save": forget_previous,
-                    },
-                )
-            )
-            checkpoint_dir = Path(run.storage.location(saved[-1]))
-            torch.save(bare_state, bare_path)
-            results.update(
-                interleaved(
-                    {
-                        "bare_load": lambda: torch.load(bare_path, weights_only=True),
-                        "bare_load_apply": apply_bare,
-                        "hookdet_load": lambda: run.hook.hookdet_load_checkpoint(
-                            run=run, checkpoint=str(checkpoint_dir)
-                        ),
-                    },
-                    args.repeats,
-                    before={},
-                )
-            )
-            sizes = {
-                "bare_bytes": bare_path.stat().st_size,
-                "hookdet_bytes": (checkpoint_dir / fmt.STATE_FILE).stat().st_size,
-            }
-    finally:
-        if not args.dir:
-            shutil.rmtree(root, ignore_errors=True)
-
-    medians = {name: statistics.median(values) for name, values in results.items()}
-    fastest = {name: min(values) for name, values in results.items()}
-    report = {
-        "parameters": parameters,
-        "state": "weights + Adam exp_avg/exp_avg_sq (+ RNG, counters for hookdet)",
-        **sizes,
-        "repeats": args.repeats,
-        "median_seconds": medians,
-        "min_seconds": fastest,
-        "ratios": {
-            "save_vs_torch_save": medians["hookdet_save"] / medians["bare_save"],
-            "save_vs_torch_save_fsync": medians["hookdet_save"] / medians["bare_save_fsync"],
-            "load_vs_torch_load": medians["hookdet_load"] / medians["bare_load"],
-            "load_vs_torch_load_apply": medians["hookdet_load"] / medians["bare_load_apply"],
-        },
-    }
-    print(f"{parameters / 1e6:.2f} M parameters + Adam; file {sizes['hookdet_bytes'] / 1e6:.1f} MB "
-          f"(bare {sizes['bare_bytes'] / 1e6:.1f} MB); median of {args.repeats}")
-    for name, value in medians.items():
-        print(f"  {name:<18} {value * 1e3:8.1f} ms   (fastest {fastest[name] * 1e3:.1f} ms)")
-    for name, value in report["ratios"].items():
-        print(f"  {name:<26} {value:5.2f}x")
+    reports = []
+    for size in args.sizes.split(","):
+        if size not in WIDTHS:
+            parser.error(f"unknown size {size!r}; sizes: {', '.join(WIDTHS)}")
+        root = Path(args.dir or tempfile.mkdtemp(prefix="hookdet-ckpt-bench-")) / size
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            report = measure(size, root, args.repeats)
+        finally:
+            if not args.dir:
+                shutil.rmtree(root.parent, ignore_errors=True)
+        reports.append(report)
+        medians, fastest = report["median_seconds"], report["min_seconds"]
+        print(f"{size}: {report['parameters'] / 1e6:.2f} M parameters + Adam; file "
+              f"{report['hookdet_bytes'] / 1e6:.1f} MB (bare {report['bare_bytes'] / 1e6:.1f} MB); median of "
+              f"{args.repeats}; load average {report['loadavg_1min_before_after'][0]:.2f} -> "
+              f"{report['loadavg_1min_before_after'][1]:.2f}")
+        for name, value in medians.items():
+            print(f"  {name:<20} {value * 1e3:8.1f} ms   (fastest {fastest[name] * 1e3:.1f} ms)")
+        print(f"  background write     {report['background_write_MB_per_s']:8.0f} MB/s")
+        for name, value in report["ratios"].items():
+            print(f"  {name:<30} {value:5.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        Path(args.json).write_text(json.dumps(reports, indent=2))
     return 0
 
 

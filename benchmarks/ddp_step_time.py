@@ -17,7 +17,10 @@ steps, so data loading and everything the loop does between steps is inside it. 
 ``--warmup`` steps are dropped; the report gives each mode's median step (wall clock, and rank 0's
 CPU time, which a machine shared with other work disturbs less), their ratio per round and the
 median ratio. It also times, in the raw run, the one-integer gloo all-reduce hookdet uses
-to agree on stop requests after every batch, alone. Rounds alternate the order of the modes so a
+to agree on stop requests, alone: blocking (what hookdet did after every batch before) and as
+hookdet now runs it per batch, started asynchronously and collected one batch later (the time
+shown is what the training thread spends on it: starting one and collecting the previous).
+The report prints the load average (``os.getloadavg``) at the start and the end. Rounds alternate the order of the modes so a
 shared machine's drift does not land on one. A worker is this file run with ``--worker MODE``.
 """
 from __future__ import annotations
@@ -102,8 +105,23 @@ def raw_worker(steps: int, out: Path) -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         flag.item()
         flag_times.append(time.perf_counter() - began)
+    # As the loop does per batch now: start one, collect the one started a batch (here 1 ms) ago.
+    flags = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+    in_flight = None
+    async_times = []
+    for index in range(300):
+        began = time.perf_counter()
+        work = dist.all_reduce(flags[index % 2], op=dist.ReduceOp.MAX, async_op=True)
+        if in_flight is not None:
+            in_flight.wait()
+            flags[(index + 1) % 2].item()
+        in_flight = work
+        async_times.append(time.perf_counter() - began)
+        time.sleep(0.001)
+    in_flight.wait()
     if rank == 0:
-        out.write_text(json.dumps({"starts": starts, "cpu_starts": cpu_starts, "flag_allreduce": flag_times}))
+        out.write_text(json.dumps({"starts": starts, "cpu_starts": cpu_starts, "flag_allreduce": flag_times,
+                                   "flag_allreduce_async": async_times}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -199,6 +217,8 @@ def main() -> int:
     cpu_medians: Dict[str, List[float]] = {"raw": [], "hookdet": []}
     ratios: List[float] = []
     flag_medians: List[float] = []
+    async_flag_medians: List[float] = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
             order = ("raw", "hookdet") if round_index % 2 == 0 else ("hookdet", "raw")
@@ -210,6 +230,7 @@ def main() -> int:
                 cpu_medians[mode].append(statistics.median(step_times(result["cpu_starts"], args.warmup)))
                 if mode == "raw":
                     flag_medians.append(statistics.median(result["flag_allreduce"]))
+                    async_flag_medians.append(statistics.median(result["flag_allreduce_async"]))
             ratios.append(this_round["hookdet"] / this_round["raw"])
             print(
                 f"round {round_index + 1}: raw {this_round['raw'] * 1e3:.3f} ms/step, "
@@ -226,7 +247,9 @@ def main() -> int:
         f"(rank 0 CPU time {cpu['hookdet'] * 1e3:.3f} ms)\n"
         f"  ratio hookdet/raw, wall (median of rounds): {statistics.median(ratios):.3f}; "
         f"CPU time: {cpu['hookdet'] / cpu['raw']:.3f}\n"
-        f"  stop-flag all-reduce alone (gloo, 1 int): median {statistics.median(flag_medians) * 1e6:.0f} us"
+        f"  stop-flag all-reduce alone (gloo, 1 int): blocking median {statistics.median(flag_medians) * 1e6:.0f} us, "
+        f"asynchronous (start + collect the previous) median {statistics.median(async_flag_medians) * 1e6:.0f} us\n"
+        f"  load average (1 min): {load_before:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
     )
     return 0
 

@@ -149,8 +149,10 @@ class TrainingLoop:
         move_batch = self.move_batch if context.experimental._auto_to_device else None
         lr_schedulers = context.lr_schedulers  # the context's own list: later additions show
         epoch_length = state.epoch_length
-        # One process needs no collective to learn whether any rank wants to stop.
+        # One process needs no collective to learn whether any rank wants to stop. Per batch the
+        # ranks agree asynchronously (one batch late, never waiting); at boundaries they wait.
         any_rank = self.distributed.any_rank if self.distributed.size > 1 else bool
+        stop_agreed = self.distributed.any_rank_soon if self.distributed.size > 1 else bool
         periods = (validation_period, checkpoint_period, reporting_period)
         # Batches trained at which the next Batch-period boundary (or the end) falls. The batches
         # before it, within one epoch, run as one stretch with no boundary checks at all.
@@ -193,7 +195,7 @@ class TrainingLoop:
                     context._end_batch(batch_idx, (batch_idx + 1) % epoch_length == 0, epoch_idx)
                 if call_batch_end:
                     hook.hookdet_train_batch_end(context=context, batch_idx=batch_idx, metrics=metrics)
-                if any_rank(context._stop_requested):
+                if stop_agreed(context._stop_requested):
                     stopping = True
                     break
             returned = None  # no graph held through hooks, validation and checkpoints

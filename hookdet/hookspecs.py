@@ -327,8 +327,9 @@ def on_checkpoint_save_start(checkpoint: Dict[str, Any]) -> None:
 
 @hookspec
 def on_checkpoint_write_end(checkpoint_dir: str) -> None:
-    """The checkpoint's files are written to ``checkpoint_dir``; extra files may be added before
-    the manifest is sealed. Chief only."""
+    """The checkpoint is written: ``checkpoint_dir`` is the published checkpoint directory (it
+    exists during the hook and after it); files added here are sealed into its manifest. With a
+    background write this fires when the write has finished. Chief only."""
 
 
 @hookspec

@@ -151,6 +151,7 @@ class LinearTrial(pytorch.PyTorchTrial):
     ``validation_records`` (default ``records``), ``shuffle``, ``noise`` (add N(0, noise) to the
     inputs from the global torch RNG, and draw from Python's and NumPy's, so resume must restore
     them), ``sleep`` (seconds per batch), ``fail_rank``/``fail_batch`` (raise there),
+    ``stop_rank``/``stop_batch`` (that rank alone calls ``set_stop_requested(True)`` there),
     ``with_buffer`` (see :class:`OneWeight`), ``ddp_options`` (passed to ``wrap_model``),
     ``lr_gamma`` (a StepLR stepped every optimizer step).
     """
@@ -199,6 +200,8 @@ class LinearTrial(pytorch.PyTorchTrial):
         rank = self.context.distributed.get_rank()
         if self.hparams.get("fail_rank") == rank and self.hparams.get("fail_batch") == batch_idx:
             raise RuntimeError(f"rank {rank} fails on purpose at batch {batch_idx}")
+        if self.hparams.get("stop_rank") == rank and self.hparams.get("stop_batch") == batch_idx:
+            self.context.set_stop_requested(True)
         noise = float(self.hparams.get("noise", 0.0))
         if noise:
             x = x + noise * torch.randn_like(x)

@@ -156,4 +156,4 @@ def test_export_refuses_a_corrupt_checkpoint(trained: Dict[str, Any], tmp_path: 
     data[len(data) // 2] ^= 0xFF
     state_file.write_bytes(bytes(data))
     assert cli.main(["export", str(copy), str(tmp_path / "x.pt")]) == 2
-    assert "fails its sha256 check" in capsys.readouterr().err
+    assert "fails its xxh3_128 check" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from typing import Any, Dict
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 from hookdet import checkpoint_format as fmt
 
@@ -52,37 +53,51 @@ def slice_digests(content: bytes, chunk_bytes: int) -> list:
     return [hashlib.sha256(piece).hexdigest() for piece in slices]
 
 
-def test_checksum_computed_while_writing_is_the_files_sha256(tmp_path: Path) -> None:
+def test_checksum_computed_while_writing_is_the_files_xxh3_128(tmp_path: Path) -> None:
     """Large records and small ones (the pickle, the version records) all count."""
     state = {
-        "big": torch.arange(2_000_000, dtype=torch.float32),  # 8 MB: one slice of 64 MiB
+        "big": torch.arange(2_000_000, dtype=torch.float32),
         "small": [torch.ones(3), 1, "x", None, 2.5],
     }
     entry = fmt.write_state(tmp_path, state)
     content = (tmp_path / fmt.STATE_FILE).read_bytes()
-    assert entry == {"size": len(content), "sha256": [hashlib.sha256(content).hexdigest()]}
-    assert fmt.checksums_of(tmp_path / fmt.STATE_FILE) == entry["sha256"]
+    assert entry == {"size": len(content), "xxh3_128": xxhash.xxh3_128(content).hexdigest()}
+    assert fmt.xxh3_of(tmp_path / fmt.STATE_FILE) == entry["xxh3_128"]
 
 
-@pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20, 3_000_001])
-def test_slices_are_checksummed_across_record_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
-    """With small slices, records straddle slice boundaries; the writer's checksums and the
-    reader's (computed in parallel) agree slice by slice, and damage in one slice is found."""
-    monkeypatch.setattr(fmt, "CHUNK_BYTES", chunk_bytes)
-    directory = make_checkpoint(tmp_path / "c", 1, state={"w": torch.randn(1_500_000), "v": torch.arange(10)})
+def test_an_empty_file_has_the_empty_checksum(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    assert fmt.manifest_entry(tmp_path / "empty") == {"size": 0, "xxh3_128": xxhash.xxh3_128(b"").hexdigest()}
+
+
+def write_format_3_checkpoint(directory: Path, state: Any, chunk_bytes: int) -> Path:
+    """A checkpoint exactly as format 3 wrote it: a sha256 per slice, metadata_sha256."""
+    directory.mkdir(parents=True)
+    torch.save(state, directory / fmt.STATE_FILE)
     content = (directory / fmt.STATE_FILE).read_bytes()
-    entry = fmt.read_metadata(directory)["files"][fmt.STATE_FILE]
-    assert entry["sha256"] == slice_digests(content, chunk_bytes) and len(entry["sha256"]) > 1
-    assert fmt.checksums_of(directory / fmt.STATE_FILE) == entry["sha256"]
-    assert torch.equal(fmt.load_state(directory)["v"], torch.arange(10))
-    flip_byte(directory / fmt.STATE_FILE, len(content) - chunk_bytes // 2 - 1)  # in the last slice(s)
+    metadata = {
+        "uuid": directory.name, "steps_completed": 3, "format_version": 3, "created": 1.0,
+        "files": {fmt.STATE_FILE: {"size": len(content), "sha256": slice_digests(content, chunk_bytes)}},
+    }
+    canonical = json.dumps(metadata, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    metadata["metadata_sha256"] = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    (directory / fmt.METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True))
+    return directory
+
+
+def test_a_format_3_sha256_checkpoint_still_verifies_loads_and_refuses_damage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints written before XXH3 (sha256 per 64 MiB slice; small slices here so records
+    straddle them) load exactly, and a flipped byte is still found."""
+    monkeypatch.setattr(fmt, "CHUNK_BYTES", 1 << 20)
+    state = {"w": torch.randn(1_500_000), "v": torch.arange(10)}
+    directory = write_format_3_checkpoint(tmp_path / "old", state, 1 << 20)
+    assert len(fmt.read_metadata(directory)["files"][fmt.STATE_FILE]["sha256"]) > 1
+    assert fmt.verify(directory)["format_version"] == 3
+    loaded = fmt.load_state(directory)
+    assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["v"], torch.arange(10))
+    flip_byte(directory / fmt.STATE_FILE, (directory / fmt.STATE_FILE).stat().st_size - 1000)
     with pytest.raises(fmt.CheckpointError, match="fails its sha256 check"):
         fmt.load_state(directory)
-
-
-def test_an_empty_file_has_one_empty_slice(tmp_path: Path) -> None:
-    (tmp_path / "empty").write_bytes(b"")
-    assert fmt.checksums_of(tmp_path / "empty") == [hashlib.sha256(b"").hexdigest()]
 
 
 def test_state_file_is_a_valid_zip_that_torch_loads(tmp_path: Path) -> None:
@@ -100,7 +115,7 @@ def test_manifest_covers_every_file_and_reuses_the_known_hash(tmp_path: Path) ->
     metadata = json.loads((directory / fmt.METADATA_FILE).read_text())
     assert set(metadata["files"]) == {fmt.STATE_FILE, "code/model.py"}
     for relative, entry in metadata["files"].items():
-        assert entry["sha256"] == fmt.checksums_of(directory / relative)
+        assert entry == fmt.manifest_entry(directory / relative)
     assert metadata["format_version"] == fmt.FORMAT_VERSION
     assert metadata["steps_completed"] == 7 and metadata["versions"]["torch"] == torch.__version__
     assert fmt.verify(directory)["uuid"] == "c"
@@ -112,7 +127,7 @@ def test_a_known_entry_whose_size_changed_is_rehashed(tmp_path: Path) -> None:
     entry = fmt.write_state(tmp_path, {"x": torch.zeros(4)})
     torch.save({"x": torch.ones(400)}, tmp_path / fmt.STATE_FILE)
     metadata = fmt.write_metadata(tmp_path, {"steps_completed": 1}, {fmt.STATE_FILE: entry})
-    assert metadata["files"][fmt.STATE_FILE]["sha256"] == fmt.checksums_of(tmp_path / fmt.STATE_FILE)
+    assert metadata["files"][fmt.STATE_FILE] == fmt.manifest_entry(tmp_path / fmt.STATE_FILE)
     assert torch.equal(fmt.load_state(tmp_path)["x"], torch.ones(400))
 
 
@@ -183,9 +198,9 @@ def test_a_flipped_byte_in_the_state_file_is_refused(tmp_path: Path, offset: int
     directory = make_checkpoint(tmp_path / "c", 3)
     path = directory / fmt.STATE_FILE
     flip_byte(path, offset if offset >= 0 else path.stat().st_size + offset)
-    with pytest.raises(fmt.CheckpointError, match="state_dict.pth fails its sha256 check"):
+    with pytest.raises(fmt.CheckpointError, match="state_dict.pth fails its xxh3_128 check"):
         fmt.load_state(directory)
-    with pytest.raises(fmt.CheckpointError, match="fails its sha256 check"):
+    with pytest.raises(fmt.CheckpointError, match="fails its xxh3_128 check"):
         fmt.verify(directory)
 
 
@@ -216,7 +231,7 @@ def test_an_edited_metadata_value_is_refused(tmp_path: Path) -> None:
 def test_a_corrupt_extra_file_is_refused(tmp_path: Path) -> None:
     directory = make_checkpoint(tmp_path / "c", 3, extra={"notes/plugin.json": b'{"a": 1}'})
     (directory / "notes/plugin.json").write_bytes(b'{"a": 2}')
-    with pytest.raises(fmt.CheckpointError, match="notes/plugin.json fails its sha256 check"):
+    with pytest.raises(fmt.CheckpointError, match="notes/plugin.json fails its xxh3_128 check"):
         fmt.load_state(directory)
 
 

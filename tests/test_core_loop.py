@@ -151,7 +151,10 @@ class StopAt(pytorch.PyTorchCallback):
 def record_fit(tmp_path: Path, records: int = 4, resume: Any = None, stop_at: Any = None, **fit_kwargs: Any) -> HookRecorder:
     hp = hparams(records=records)
     recorder = HookRecorder(RECORDED)
-    with pytorch.init(hparams=hp, exp_conf={"plugins": ["checkpoint"]}, run_dir=tmp_path) as context:
+    # Synchronous checkpoints: each one's hooks fire together, at the boundary (the sequence
+    # with background writes is tested in tests/builtin_plugins/test_async_checkpoint.py).
+    exp_conf = {"plugins": ["checkpoint"], "plugin_config": {"checkpoint": {"async": False}}}
+    with pytorch.init(hparams=hp, exp_conf=exp_conf, run_dir=tmp_path) as context:
         context._run.plugins.register("recorder", recorder)
         trial = OneWeightTrial(context)
         if stop_at is not None:

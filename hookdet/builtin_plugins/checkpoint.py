@@ -16,8 +16,22 @@ Saved (in ``state_dict.pth``, Determined's keys where Determined has one):
   a stop inside the window would lose the batches already accumulated.
 
 The files go through the run's storage (a local directory or S3), ``metadata.json`` last; see
-:mod:`hookdet.checkpoint_format` for verification. A corrupt, foreign or mismatched checkpoint
-is refused before anything is applied, with a message saying what does not match.
+:mod:`hookdet.checkpoint_format` for verification.
+
+Writes are asynchronous by default (:mod:`hookdet.checkpoint_writer`): at the boundary the state
+is copied to host memory and training goes on while a background thread writes it; at most one
+write is in flight, and the next checkpoint, a resume and the end of the run wait for it.
+``on_checkpoint_write_end`` (chief), ``on_checkpoint_upload_end``, ``on_checkpoint_end`` and
+retention fire on the training thread once the write has really finished: at the next epoch end
+or validation that finds it done, the next checkpoint, or the end of the run, whichever comes
+first. ``on_checkpoint_write_end`` gets the published checkpoint directory (it exists, and keeps
+existing, as in Determined); files it adds are sealed into the manifest by an atomic rewrite of
+``metadata.json``. ``plugin_config: {checkpoint: {async: false}}`` writes synchronously instead.
+With remote storage (S3) and an ``on_checkpoint_write_end`` implementation, writes are
+synchronous and the hook gets the local staging directory before upload (as Determined's).
+
+A corrupt, foreign or mismatched checkpoint is refused before anything is applied, with a
+message saying what does not match.
 
 Retention follows Determined's checkpoint garbage collection: a checkpoint is kept when it is
 among the ``save_trial_latest`` newest (by batches trained), or among the
@@ -36,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import uuid as uuid_module
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -44,8 +59,10 @@ import torch
 
 from hookdet import checkpoint_format as fmt
 from hookdet.builtin_plugins.callbacks import ADAPTER_NAME
+from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.cluster_info import get_cluster_info
 from hookdet.markers import hookimpl
+from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
 
 logger = logging.getLogger("hookdet")
@@ -58,7 +75,17 @@ class CheckpointPlugin:
     resumed run keeps collecting the checkpoints written before it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        options = dict(options or {})
+        check_known_options("checkpoint", options, ("async",))
+        if not isinstance(options.get("async", True), bool):
+            raise option_error("checkpoint", "async", "true or false", options["async"])
+        #: Whether checkpoints are written in the background (``plugin_config.checkpoint.async``).
+        self.asynchronous: bool = options.get("async", True)
+        self._writer = BackgroundWriter()
+        self._snapshot = HostSnapshot()
+        #: The checkpoint being written in the background: uuid, batches trained, metric.
+        self._pending: Optional[Dict[str, Any]] = None
         self._run: Any = None
         #: Checkpoints of this trial that retention tracks: uuid, batches trained, metric.
         self._saved: List[Dict[str, Any]] = []
@@ -96,32 +123,105 @@ class CheckpointPlugin:
 
     @hookimpl
     def hookdet_save_checkpoint(self, run: Any) -> Optional[str]:
-        """Write a checkpoint on the chief (gathering every rank's RNG and gradients first)."""
+        """Write a checkpoint on the chief (gathering every rank's RNG and gradients first):
+        in the background from a host snapshot, or, in synchronous mode, before returning."""
+        self.finish_write(run, wait=True, before="the next checkpoint")
         rank_states = run.distributed.gather(
             {"rng": fmt.rank_rng_state(), "gradients": _gradients(run.context)}
         )
-        storage_id = checkpoint_dir = None
+        in_background = self.asynchronous and (
+            isinstance(run.storage, LocalStorage) or not run.plugins.implemented("on_checkpoint_write_end")
+        )
+        storage_id = location = None
         if run.is_chief:
-            storage_id, checkpoint_dir = self._write(run, rank_states)
-        storage_id, checkpoint_dir = run.distributed.broadcast((storage_id, checkpoint_dir))
+            storage_id, write = self._prepare(run, rank_states, snapshot=in_background)
+            if in_background:
+                self._writer.submit(storage_id, write)
+            else:
+                try:
+                    location = write()
+                except Exception as error:
+                    raise write_failed(storage_id, error) from error
+        storage_id = run.distributed.broadcast(storage_id)
+        self._pending = {
+            "uuid": storage_id,
+            "steps": run.state.batches_trained,
+            "metric": _validation_at(run.state, run.state.batches_trained),
+        }
+        if not in_background:
+            self._complete(run, run.distributed.broadcast(location))
+        return storage_id
+
+    @property
+    def last_write_seconds(self) -> Optional[float]:
+        """How long the last background write took, from the snapshot to its publication."""
+        return self._writer.last_duration
+
+    def finish_write(self, run: Any, wait: bool, before: str = "") -> None:
+        """Complete the checkpoint written in the background, if it is done (or ``wait``).
+
+        Every rank calls this at the same points (the chief's progress is broadcast), and each
+        fires the completion hooks; a failed write raises on every rank, naming the checkpoint.
+        """
+        if self._pending is None:
+            return
+        distributed = run.distributed
+        if not wait:
+            ready = self._writer.done() if run.is_chief else None
+            if distributed.size > 1:
+                ready = distributed.broadcast(ready)
+            if not ready:
+                return
+        outcome: Any = None
+        failure: Optional[fmt.CheckpointError] = None
+        if run.is_chief:
+            try:
+                outcome = (self._writer.wait(before), None)
+            except fmt.CheckpointError as error:
+                failure, outcome = error, (None, str(error))
+        if distributed.size > 1:
+            outcome = distributed.broadcast(outcome)
+        location, message = outcome
+        if message is not None:
+            self._pending = None
+            raise failure if failure is not None else fmt.CheckpointError(message)
+        self._complete(run, location)
+
+    def _complete(self, run: Any, location: str) -> None:
+        """The write of ``self._pending`` finished: fire the completion hooks, apply retention."""
+        pending, self._pending = self._pending, None
+        storage_id = pending["uuid"]
+        if run.is_chief:
+            logger.info("checkpoint %s saved at batch %d: %s", storage_id, pending["steps"], location)
+            if isinstance(run.storage, LocalStorage):
+                directory = Path(location)
+                before = fmt.file_stats(directory)
+                run.hook.on_checkpoint_write_end(checkpoint_dir=str(directory))
+                fmt.reseal(directory, before)
         run.state.latest_checkpoint = storage_id
         run.hook.on_checkpoint_upload_end(uuid=storage_id)
-        run.hook.on_checkpoint_end(checkpoint_dir=checkpoint_dir)
+        run.hook.on_checkpoint_end(checkpoint_dir=location)
         if run.is_chief:
-            self._saved.append(
-                {
-                    "uuid": storage_id,
-                    "steps": run.state.batches_trained,
-                    "metric": _validation_at(run.state, run.state.batches_trained),
-                }
-            )
+            self._saved.append(pending)
             self._retain(run, final=False)
-        return storage_id
+
+    @hookimpl
+    def on_training_epoch_end(self, epoch_idx: int) -> None:
+        """Complete a background write that has finished (every rank reaches epoch ends alike)."""
+        if self._pending is not None:
+            self.finish_write(self._run, wait=False)
+
+    @hookimpl
+    def on_validation_end(self, metrics: Dict[str, Any]) -> None:
+        """Complete a background write that has finished."""
+        if self._pending is not None:
+            self.finish_write(self._run, wait=False)
 
     @hookimpl
     def hookdet_load_checkpoint(self, run: Any, checkpoint: str) -> bool:
         """Restore everything from ``checkpoint``: a checkpoint directory, a run directory (its
         newest intact checkpoint) or a storage id."""
+        self.finish_write(run, wait=True, before="a checkpoint is loaded")
         with _located(run, checkpoint) as (directory, hint_root):
             _restore(run, directory, hint_root)
         state = run.state
@@ -134,18 +234,40 @@ class CheckpointPlugin:
         self._saved = [entry for entry in self._saved if entry["uuid"] != resumed["uuid"]] + [resumed]
         return True
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
     def on_trial_shutdown(self) -> None:
-        """Training completed: apply retention exactly (the newest is no longer protected)."""
+        """Wait for a write in flight; once training completed, apply retention exactly (the
+        newest is no longer protected)."""
         run = self._run
-        if run is None or run.distributed is None or not run.is_chief or run.storage is None:
+        if run is None or run.distributed is None:
+            return
+        if self._pending is not None:
+            if sys.exc_info()[0] is None:
+                self.finish_write(run, wait=True, before="the run ends")
+            else:  # failing already: publish what was snapshotted, without collectives or hooks
+                self._abandon_write(run)
+        if not run.is_chief or run.storage is None:
             return
         if run.exit_reason == "completed" and self._saved:
             self._retain(run, final=True)
 
     # ------------------------------------------------------------------ saving
 
-    def _write(self, run: Any, rank_states: List[Dict[str, Any]]) -> Tuple[str, str]:
+    def _abandon_write(self, run: Any) -> None:
+        """The run is failing: let a background write finish (the snapshot is a valid checkpoint)
+        but fire no hooks; a failure of the write is logged, not raised over the first error."""
+        pending, self._pending = self._pending, None
+        if run.is_chief and self._writer.busy:
+            try:
+                location = self._writer.wait("the failing run ends")
+                logger.info("checkpoint %s saved at batch %d: %s", pending["uuid"], pending["steps"], location)
+            except fmt.CheckpointError as error:
+                logger.error("%s", error)
+
+    def _prepare(self, run: Any, rank_states: List[Dict[str, Any]], snapshot: bool) -> Tuple[str, Any]:
+        """Build the checkpoint's state and metadata now; return its id and the function that
+        writes it (returning its location). With ``snapshot`` the state is first copied to host
+        memory, so the write may run while training changes the originals."""
         context, state = run.context, run.state
         storage_id = str(uuid_module.uuid4())
         trial_state = state.state_dict()
@@ -168,28 +290,36 @@ class CheckpointPlugin:
         if any(rank["gradients"] is not None for rank in rank_states):
             checkpoint["gradients"] = [rank["gradients"] for rank in rank_states]
         run.hook.on_checkpoint_save_start(checkpoint=checkpoint)
-        validation = _validation_at(state, state.batches_trained)
-        with run.storage.store_path(storage_id) as directory:
-            directory = Path(directory)
-            state_entry = fmt.write_state(directory, checkpoint)
-            run.hook.on_checkpoint_write_end(checkpoint_dir=str(directory))
-            fmt.write_metadata(
-                directory,
-                fmt.base_metadata(
-                    uuid=storage_id,
-                    steps_completed=state.batches_trained,
-                    trial_class=fmt.trial_spec(type(run.trial)),
-                    hparams=run.hparams,
-                    experiment_config=run.config.to_dict(),
-                    searcher_metric=run.config.searcher.metric,
-                    validation_metric=validation,
-                    num_ranks=len(rank_states),
-                ),
-                known_files={fmt.STATE_FILE: state_entry},
-            )
-        location = run.storage.location(storage_id)
-        logger.info("checkpoint %s saved at batch %d: %s", storage_id, state.batches_trained, location)
-        return storage_id, location
+        fmt.check_weights_only(checkpoint, "checkpoint")  # a bad value fails here, before any write
+        metadata = fmt.base_metadata(
+            uuid=storage_id,
+            steps_completed=state.batches_trained,
+            trial_class=fmt.trial_spec(type(run.trial)),
+            hparams=run.hparams,
+            experiment_config=run.config.to_dict(),
+            searcher_metric=run.config.searcher.metric,
+            validation_metric=_validation_at(state, state.batches_trained),
+            num_ranks=len(rank_states),
+        )
+        copy_done = None
+        if snapshot:
+            checkpoint, copy_done = self._snapshot.take(checkpoint)
+        # Remote storage publishes on upload: the hook adds its files to the staging directory.
+        hook_in_staging = not snapshot and not isinstance(run.storage, LocalStorage)
+        storage = run.storage
+
+        def write() -> str:
+            if copy_done is not None:
+                copy_done.synchronize()  # the device-to-host copies, ordered on the training stream
+            with storage.store_path(storage_id) as directory:
+                directory = Path(directory)
+                state_entry = fmt.write_state(directory, checkpoint)
+                if hook_in_staging:
+                    run.hook.on_checkpoint_write_end(checkpoint_dir=str(directory))
+                fmt.write_metadata(directory, metadata, known_files={fmt.STATE_FILE: state_entry})
+            return storage.location(storage_id)
+
+        return storage_id, write
 
     # ------------------------------------------------------------------ retention
 

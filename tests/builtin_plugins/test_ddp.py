@@ -273,6 +273,26 @@ def test_uneven_shards_sigterm_and_exact_resume(tmp_path: Path) -> None:
     assert combined == _reports(tmp_path / "full")
 
 
+@pytest.mark.slow
+def test_a_stop_requested_on_one_rank_stops_every_rank_one_batch_later(tmp_path: Path) -> None:
+    """Ranks agree on stopping without a blocking collective per batch: the flag set during
+    batch 2 on rank 1 alone is all-reduced while batch 3 trains, so both ranks stop after batch
+    3 (a reporting boundary would have caught it at once; there is none here)."""
+    config = write_config(
+        tmp_path / "experiment.yaml",
+        dict(HPARAMS, records=64, stop_rank=1, stop_batch=2),
+        searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
+                  "max_length": {"batches": 12}},
+        scheduling_unit=100,
+        min_validation_period={"batches": 100},
+        resources={"slots_per_trial": 2},
+    )
+    _check_launch(run_command(hookdet_command(config, tmp_path / "run"), timeout=LAUNCH_TIMEOUT))
+    ranks = [read_rank(tmp_path / "run", rank) for rank in (0, 1)]
+    assert ranks[0]["batches"] == ranks[1]["batches"] == [0, 1, 2, 3]
+    assert torch.equal(read_weight(tmp_path / "run", 0), read_weight(tmp_path / "run", 1))
+
+
 # ---------------------------------------------------------------------------------------------
 # Failures
 # ---------------------------------------------------------------------------------------------

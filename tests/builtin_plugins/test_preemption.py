@@ -3,7 +3,9 @@
 - ``hookdet run`` sent SIGTERM mid-epoch finishes its batch, checkpoints, exits 75; ``hookdet
   run --resume RUN_DIR`` then ends bit-identical to a run that was never interrupted.
 - ``hookdet run`` writing a large checkpoint after every batch is SIGKILLed ten times at
-  different moments. After every kill each visible checkpoint directory verifies (a write that
+  different moments. The writes run in the background (the default) while training goes on, so
+  kills land in a background write, in training beside it, or in the wait of the next
+  checkpoint for it. After every kill each visible checkpoint directory verifies (a write that
   was cut short is a hidden ``.tmp-*`` directory, never a checkpoint), and the next ``hookdet
   run --resume RUN_DIR`` starts from the newest intact checkpoint. The final weights equal those
   of an uninterrupted run.
@@ -185,6 +187,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
 
     seen: set = set()
     killed_mid_write = 0
+    trained_beside_a_write = 0
     expected_start: Optional[Dict[str, Any]] = None
     for kill, delay in enumerate(KILL_DELAYS):
         process = hookdet_run(config, run_dir, resume=run_dir if kill else None)
@@ -201,8 +204,10 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
         wait_for(writing_a_new_checkpoint, process, f"process {kill} to write a second checkpoint")
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
-        finish(process)
+        output = finish(process)
         assert process.returncode == -signal.SIGKILL, "it was still training when killed"
+        # A checkpoint that had to wait for the previous one's write: training went on beside it.
+        trained_beside_a_write += "to finish writing before the next checkpoint" in output
 
         if expected_start is not None:  # this process started where the previous kill left off
             started = json.loads(startup_log.read_text().splitlines()[-1])
@@ -233,6 +238,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
     assert straight.returncode == 0, straight_output[-3000:]
     assert_states_equal(final_state(tmp_path / "straight"), final_state(run_dir))
     assert killed_mid_write >= 2, "kills did not land during checkpoint writes; the test proved less than it should"
+    assert trained_beside_a_write >= 2, "the writes did not run in the background"
     resumed_at = [json.loads(line)["first_batch_idx"] for line in startup_log.read_text().splitlines()]
     assert resumed_at == sorted(resumed_at) and len(resumed_at) == len(KILL_DELAYS) + 1
     print(f"{killed_mid_write} of {len(KILL_DELAYS)} kills interrupted a checkpoint write; resumed at {resumed_at}")
