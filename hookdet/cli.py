@@ -77,6 +77,7 @@ def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
     from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
     from hookdet.config import load_experiment_config
+    from hookdet.run_identity import write_identity
     from hookdet.trainer import Trainer, fit_arguments, init
 
     config_path = Path(args.config)
@@ -88,6 +89,7 @@ def command_run(args: argparse.Namespace) -> int:
             "%s: cluster-only fields ignored when running locally: %s",
             config_path, ", ".join(config.ignored_fields),
         )
+    fork_parent = resume_run_dir(args)
     slots = config.resources.slots_per_trial
     if slots > 1 and launched_rank() is None:
         return _launch(args, config, slots)
@@ -96,6 +98,8 @@ def command_run(args: argparse.Namespace) -> int:
     with init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
         run = context._run
         run.resume_from = args.resume  # so get_initial_batch() is right in the trial's __init__
+        if fork_parent is not None and run.is_chief:
+            write_identity(run, parent=fork_parent)
         trial = trial_class(context)
         fit = fit_arguments(config, context)
         if fit["max_length"] is None:
@@ -108,6 +112,24 @@ def command_run(args: argparse.Namespace) -> int:
     if run.exit_reason == "preempted":
         return PREEMPTED_EXIT_CODE
     return 0
+
+
+def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
+    ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
+    returns the parent to record in it."""
+    from hookdet.run_identity import read_identity
+
+    if not args.resume or not (Path(args.resume) / "config.json").is_file():
+        if args.fork:
+            raise UsageError(f"--fork needs --resume RUN_DIR (a run directory), got {args.resume!r}")
+        return None
+    if args.fork:
+        identity = read_identity(args.resume) or {}
+        return {"run_dir": str(Path(args.resume).resolve()), "run_id": identity.get("run_id")}
+    if args.run_dir is None:
+        args.run_dir = args.resume
+    return None
 
 
 def launched_rank() -> Optional[int]:
@@ -306,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="train the trial an experiment file describes")
     run.add_argument("config", help="the experiment file (Determined's YAML)")
     run.add_argument("--resume", metavar="CHECKPOINT", help="a checkpoint or run directory to continue from")
+    run.add_argument("--fork", action="store_true", help="with --resume RUN_DIR: continue in a new run directory that records its parent")
     run.add_argument("--model-dir", help="where the entrypoint module lives (default: the config's folder)")
     run.add_argument("--run-dir", help="where metrics, checkpoints and TensorBoard files go")
     run.add_argument("--slots", type=int, help="processes to train with (overrides resources.slots_per_trial)")
@@ -332,6 +355,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from hookdet.data import DatasetReproducibilityError
     from hookdet.plugin_manager import PluginError
     from hookdet.reducers import MetricError
+    from hookdet.run_lock import RunDirLockedError
     from hookdet.trial import TrialError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -343,7 +367,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, "torchrun_" + option[2:].replace("-", "_"), None) is not None
     ] if args.command == "run" else []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
-    known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError, DatasetReproducibilityError)
+    known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError,
+             DatasetReproducibilityError, RunDirLockedError)
     try:
         status = args.handler(args)
     except known as error:

@@ -42,6 +42,7 @@ import torch
 from hookdet import checkpoint_format as fmt
 from hookdet.builtin_plugins.callbacks import ADAPTER_NAME
 from hookdet.markers import hookimpl
+from hookdet.run_identity import locate_for_resume
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
 
 logger = logging.getLogger("hookdet")
@@ -109,6 +110,7 @@ class CheckpointPlugin:
                     "uuid": storage_id,
                     "steps": run.state.batches_trained,
                     "metric": _validation_at(run.state, run.state.batches_trained),
+                    "run_id": run.run_id,
                 }
             )
             self._retain(run, final=False)
@@ -119,15 +121,21 @@ class CheckpointPlugin:
         """Restore everything from ``checkpoint``: a checkpoint directory, a run directory (its
         newest intact checkpoint) or a storage id."""
         with _located(run, checkpoint) as (directory, hint_root):
-            _restore(run, directory, hint_root)
+            written_by = _restore(run, directory, hint_root)
         state = run.state
         self._resume_points[checkpoint] = state.batches_trained
         resumed = {
             "uuid": state.latest_checkpoint,
             "steps": state.batches_trained,
             "metric": _validation_at(state, state.batches_trained),
+            "run_id": written_by,
         }
-        self._saved = [entry for entry in self._saved if entry["uuid"] != resumed["uuid"]] + [resumed]
+        # Retention tracks only this run's checkpoints: a fork never deletes its parent's.
+        self._saved = [
+            entry for entry in self._saved + [resumed]
+            if entry["uuid"] != resumed["uuid"] or entry is resumed
+        ]
+        self._saved = [entry for entry in self._saved if entry.get("run_id") == run.run_id]
         return True
 
     @hookimpl
@@ -180,6 +188,7 @@ class CheckpointPlugin:
                     searcher_metric=run.config.searcher.metric,
                     validation_metric=validation,
                     num_ranks=len(rank_states),
+                    run_id=run.run_id,
                 ),
                 known_files={fmt.STATE_FILE: state_entry},
             )
@@ -206,8 +215,10 @@ class CheckpointPlugin:
             try:
                 run.storage.delete(storage_id)
             except CheckpointNotFoundError:
-                # Already gone, or written to another storage by an earlier run of this trial.
-                pass
+                # Already gone, or written to another storage by an earlier run of this trial:
+                # nothing was deleted, so nothing is reported; it is no longer tracked.
+                gone.add(storage_id)
+                continue
             except Exception as error:  # a failed delete must not stop training; retried later
                 logger.warning("could not delete checkpoint %s: %s", storage_id, error)
                 continue
@@ -231,8 +242,17 @@ def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]
     """
     path = Path(checkpoint)
     if path.exists():
-        directory = fmt.resolve_checkpoint_dir(path)
-        yield directory, directory.parent
+        found = locate_for_resume(path, run.storage)
+        if isinstance(found, Path):
+            directory = fmt.resolve_checkpoint_dir(found)
+            yield directory, directory.parent
+            return
+        storage, checkpoint = found
+        try:
+            with storage.restore_path(checkpoint) as restored:
+                yield Path(restored), None
+        except StorageError as error:
+            raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
         return
     if "/" in checkpoint or "\\" in checkpoint or checkpoint.startswith("."):
         raise fmt.CheckpointError(f"cannot resume: {checkpoint} does not exist")
@@ -244,8 +264,9 @@ def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]
         raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
 
 
-def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> None:
-    """Verify ``directory``, check it fits the trial, then apply every piece of state."""
+def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Optional[str]:
+    """Verify ``directory``, check it fits the trial, then apply every piece of state; return
+    the run id of the run that wrote it (None for checkpoints older than run ids)."""
     context, trial = run.context, run.trial
 
     def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
@@ -318,6 +339,7 @@ def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> None:
         )
     fmt.restore_rng_state(rng_states[rank % len(rng_states)])
     logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
+    return metadata.get("run_id")
 
 
 def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:
