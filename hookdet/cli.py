@@ -93,6 +93,10 @@ def command_run(args: argparse.Namespace) -> int:
     slots = config.resources.slots_per_trial
     if slots > 1 and launched_rank() is None:
         return _launch(args, config, slots)
+    if os.environ.get(RANK_STATUS_DIR_ENV) and launched_rank() is not None:
+        from hookdet.launcher import set_parent_death_signal
+
+        set_parent_death_signal()  # a rank ends when its launcher does, by any signal
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
     with init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
@@ -151,6 +155,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
+    from hookdet.launcher import failure_lines
     from hookdet.trainer import default_run_dir
 
     if "horovod" in (config.plugins or []):
@@ -171,6 +176,8 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_status = _run_passing_signals(command, env)
         statuses = _read_rank_statuses(Path(status_dir))
+        for line in failure_lines(Path(status_dir), statuses, local_ranks):
+            print(line, file=sys.stderr, flush=True)
     return combined_exit_status(launcher_status, statuses, local_ranks)
 
 
@@ -213,7 +220,13 @@ def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
 
 def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status."""
-    process = subprocess.Popen(list(command), env=env, start_new_session=True)
+    from hookdet.launcher import child_setup_for, pump_filtered
+
+    process = subprocess.Popen(
+        list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
+        preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
+    )
+    pump = pump_filtered(process.stderr, sys.stderr)
 
     def pass_on(signum: int, frame: Any) -> None:
         logger.warning("received %s: passing it on to the ranks", signal.Signals(signum).name)
@@ -225,7 +238,9 @@ def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             previous[signum] = signal.signal(signum, pass_on)
     try:
-        return process.wait()
+        status = process.wait()
+        pump.join(timeout=5)
+        return status
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -356,6 +371,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from hookdet.plugin_manager import PluginError
     from hookdet.reducers import MetricError
     from hookdet.run_lock import RunDirLockedError
+    from hookdet.storage_backends import StorageError
     from hookdet.trial import TrialError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -368,10 +384,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ] if args.command == "run" else []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
     known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError,
-             DatasetReproducibilityError, RunDirLockedError)
+             DatasetReproducibilityError, RunDirLockedError, StorageError)
     try:
         status = args.handler(args)
     except known as error:
-        print(f"hookdet: error: {error}", file=sys.stderr)
+        status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
+        if status_dir and rank is not None:  # the launcher prints it, once for all ranks
+            from hookdet.launcher import record_rank_message
+
+            record_rank_message(status_dir, rank, str(error))
+        else:
+            print(f"hookdet: error: {error}", file=sys.stderr)
         status = 2
     return report_status_to_launcher(status)

@@ -6,9 +6,11 @@ chief never joins), then :func:`record` once the storage exists, and :func:`give
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from hookdet.run_identity import run_id_for, write_identity
+from hookdet.storage_backends import StorageError
+from hookdet.storage_check import storage_problem
 from hookdet.run_lock import RunDirLock, RunDirLockedError, sweep_stale_writes
 
 #: Locks held by this process, by ``id(run)``.
@@ -35,10 +37,20 @@ def accept(claim: Dict[str, str]) -> str:
     return claim["run_id"]
 
 
-def record(run: Any, parent: Any = None) -> None:
-    """Write the run's identity (id, storage, fork parent) and sweep stale writes (chief, locked)."""
-    write_identity(run, parent=parent)
-    sweep_stale_writes(run)
+def record(run: Any) -> Optional[str]:
+    """Check the storage takes checkpoints, write the run's identity (id, storage) and sweep
+    stale writes (chief, locked); the storage's problem in one line, or None."""
+    problem = storage_problem(run.storage)
+    if problem is None:
+        write_identity(run)
+        sweep_stale_writes(run)
+    return problem
+
+
+def raise_problem(problem: Optional[str]) -> None:
+    """Raise :func:`record`'s problem on every rank (a :class:`StorageError`)."""
+    if problem is not None:
+        raise StorageError(problem)
 
 
 def give_up(run: Any) -> None:

@@ -116,9 +116,8 @@ def init(
         if run.is_chief:
             _write_run_dir(run)
         run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
-        if run.is_chief:
-            ownership.record(run)
-        run.distributed.barrier()
+        problem = ownership.record(run) if run.is_chief else None
+        ownership.raise_problem(run.distributed.broadcast(problem))
         run.context = PyTorchTrialContext(run)
         yield run.context
     finally:

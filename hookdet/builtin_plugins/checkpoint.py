@@ -43,6 +43,7 @@ from hookdet import checkpoint_format as fmt
 from hookdet.builtin_plugins.callbacks import ADAPTER_NAME
 from hookdet.markers import hookimpl
 from hookdet.run_identity import locate_for_resume
+from hookdet.storage_check import write_failure
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
 
 logger = logging.getLogger("hookdet")
@@ -97,10 +98,15 @@ class CheckpointPlugin:
         rank_states = run.distributed.gather(
             {"rng": fmt.rank_rng_state(), "gradients": _gradients(run.context)}
         )
-        storage_id = checkpoint_dir = None
+        storage_id = checkpoint_dir = failure = None
         if run.is_chief:
-            storage_id, checkpoint_dir = self._write(run, rank_states)
-        storage_id, checkpoint_dir = run.distributed.broadcast((storage_id, checkpoint_dir))
+            try:
+                storage_id, checkpoint_dir = self._write(run, rank_states)
+            except (OSError, RuntimeError) as error:  # every rank fails alike, none waits
+                failure = write_failure(run.storage, run.state.batches_trained, error)
+        storage_id, checkpoint_dir, failure = run.distributed.broadcast((storage_id, checkpoint_dir, failure))
+        if failure is not None:
+            raise StorageError(failure)
         run.state.latest_checkpoint = storage_id
         run.hook.on_checkpoint_upload_end(uuid=storage_id)
         run.hook.on_checkpoint_end(checkpoint_dir=checkpoint_dir)
