@@ -122,6 +122,7 @@ class BackgroundWriter:
         self._thread: Optional[threading.Thread] = None
         self._outcome: Optional[Tuple[bool, Any]] = None
         self._name = ""
+        self._storage: Any = None
         self._started = 0.0
         #: Seconds the last finished write took, from submission to its end (for the log).
         self.last_duration: Optional[float] = None
@@ -135,8 +136,9 @@ class BackgroundWriter:
         """Whether the write in flight has finished (successfully or not)."""
         return self._thread is not None and not self._thread.is_alive()
 
-    def submit(self, name: str, write: Callable[[], Any]) -> None:
-        """Start ``write()`` in the background; ``name`` identifies the checkpoint in messages."""
+    def submit(self, name: str, write: Callable[[], Any], storage: Any = None) -> None:
+        """Start ``write()`` in the background; ``name`` identifies the checkpoint in messages,
+        ``storage`` (where it goes) explains a failure."""
         if self._thread is not None:
             raise RuntimeError(f"checkpoint {self._name} is still being written")
 
@@ -147,6 +149,7 @@ class BackgroundWriter:
                 self._outcome = (False, error)
 
         self._name, self._outcome, self._started = name, None, time.perf_counter()
+        self._storage = storage
         self._thread = threading.Thread(target=run, name=f"hookdet-checkpoint-{name[:8]}", daemon=True)
         self._thread.start()
 
@@ -169,10 +172,18 @@ class BackgroundWriter:
         succeeded, value = self._outcome or (False, RuntimeError("the writer thread ended without an outcome"))
         self._outcome = None
         if not succeeded:
-            raise write_failed(self._name, value) from value
+            raise write_failed(self._name, value, self._storage) from value
         return value
 
 
-def write_failed(name: str, cause: BaseException) -> CheckpointError:
-    """The error that fails a run whose checkpoint ``name`` could not be written."""
-    return CheckpointError(f"checkpoint {name} could not be written: {type(cause).__name__}: {cause}")
+def write_failed(name: str, cause: BaseException, storage: Any = None) -> CheckpointError:
+    """The error that fails a run whose checkpoint ``name`` could not be written to ``storage``:
+    the checkpoint, the error, and the cause in words (disk full, permission denied...)."""
+    from hookdet.storage_check import failure_cause
+
+    message = f"checkpoint {name} could not be written: {type(cause).__name__}: {cause}"
+    explained = failure_cause(storage, cause)
+    if explained is not None:
+        where = storage.describe() if storage is not None else "the checkpoint storage"
+        message += f" ({explained}, {where})"
+    return CheckpointError(message + "; earlier checkpoints are intact")

@@ -78,6 +78,7 @@ def command_run(args: argparse.Namespace) -> int:
     from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
     from hookdet.cluster_info import activated, local_cluster_info
     from hookdet.config import load_experiment_config, names_trial_class
+    from hookdet.run_identity import write_identity
     from hookdet.trainer import Trainer, fit_arguments, init
 
     config_path = Path(args.config)
@@ -89,6 +90,7 @@ def command_run(args: argparse.Namespace) -> int:
             "%s: cluster-only fields ignored when running locally: %s",
             config_path, ", ".join(config.ignored_fields),
         )
+    fork_parent = resume_run_dir(args)
     if config.entrypoint is not None and not names_trial_class(config.entrypoint):
         from hookdet.script_entrypoint import run_script  # a script or launch-layer command
 
@@ -96,12 +98,18 @@ def command_run(args: argparse.Namespace) -> int:
     slots = config.resources.slots_per_trial
     if slots > 1 and launched_rank() is None:
         return _launch(args, config, slots)
+    if os.environ.get(RANK_STATUS_DIR_ENV) and launched_rank() is not None:
+        from hookdet.launcher import set_parent_death_signal
+
+        set_parent_death_signal()  # a rank ends when its launcher does, by any signal
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
     info = local_cluster_info(config, slots=slots, latest_checkpoint=args.resume, run_dir=args.run_dir)
     with activated(info), init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
         run = context._run
         run.resume_from = args.resume  # so get_initial_batch() is right in the trial's __init__
+        if fork_parent is not None and run.is_chief:
+            write_identity(run, parent=fork_parent)
         trial = trial_class(context)
         fit = fit_arguments(config, context)
         if fit["max_length"] is None:
@@ -114,6 +122,24 @@ def command_run(args: argparse.Namespace) -> int:
     if run.exit_reason == "preempted":
         return PREEMPTED_EXIT_CODE
     return 0
+
+
+def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
+    ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
+    returns the parent to record in it."""
+    from hookdet.run_identity import read_identity
+
+    if not args.resume or not (Path(args.resume) / "config.json").is_file():
+        if args.fork:
+            raise UsageError(f"--fork needs --resume RUN_DIR (a run directory), got {args.resume!r}")
+        return None
+    if args.fork:
+        identity = read_identity(args.resume) or {}
+        return {"run_dir": str(Path(args.resume).resolve()), "run_id": identity.get("run_id")}
+    if args.run_dir is None:
+        args.run_dir = args.resume
+    return None
 
 
 def launched_rank() -> Optional[int]:
@@ -135,6 +161,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
+    from hookdet.launcher import failure_lines
     from hookdet.trainer import default_run_dir
 
     if "horovod" in (config.plugins or []):
@@ -155,6 +182,8 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_status = _run_passing_signals(command, env)
         statuses = _read_rank_statuses(Path(status_dir))
+        for line in failure_lines(Path(status_dir), statuses, local_ranks):
+            print(line, file=sys.stderr, flush=True)
     return combined_exit_status(launcher_status, statuses, local_ranks)
 
 
@@ -197,7 +226,13 @@ def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
 
 def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status."""
-    process = subprocess.Popen(list(command), env=env, start_new_session=True)
+    from hookdet.launcher import child_setup_for, pump_filtered
+
+    process = subprocess.Popen(
+        list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
+        preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
+    )
+    pump = pump_filtered(process.stderr, sys.stderr)
 
     def pass_on(signum: int, frame: Any) -> None:
         logger.warning("received %s: passing it on to the ranks", signal.Signals(signum).name)
@@ -209,7 +244,9 @@ def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             previous[signum] = signal.signal(signum, pass_on)
     try:
-        return process.wait()
+        status = process.wait()
+        pump.join(timeout=5)
+        return status
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -312,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="train the trial an experiment file describes")
     run.add_argument("config", help="the experiment file (Determined's YAML)")
     run.add_argument("--resume", metavar="CHECKPOINT", help="a checkpoint or run directory to continue from")
+    run.add_argument("--fork", action="store_true", help="with --resume RUN_DIR: continue in a new run directory that records its parent")
     run.add_argument("--model-dir", help="where the entrypoint module lives (default: the config's folder)")
     run.add_argument("--run-dir", help="where metrics, checkpoints and TensorBoard files go")
     run.add_argument("--slots", type=int, help="processes to train with (overrides resources.slots_per_trial)")
@@ -338,6 +376,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from hookdet.data import DatasetReproducibilityError
     from hookdet.plugin_manager import PluginError
     from hookdet.reducers import MetricError
+    from hookdet.run_lock import RunDirLockedError
+    from hookdet.storage_backends import StorageError
     from hookdet.trial import TrialError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -349,10 +389,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, "torchrun_" + option[2:].replace("-", "_"), None) is not None
     ] if args.command == "run" else []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
-    known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError, DatasetReproducibilityError)
+    known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError,
+             DatasetReproducibilityError, RunDirLockedError, StorageError)
     try:
         status = args.handler(args)
     except known as error:
-        print(f"hookdet: error: {error}", file=sys.stderr)
+        status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
+        if status_dir and rank is not None:  # the launcher prints it, once for all ranks
+            from hookdet.launcher import record_rank_message
+
+            record_rank_message(status_dir, rank, str(error))
+        else:
+            print(f"hookdet: error: {error}", file=sys.stderr)
         status = 2
     return report_status_to_launcher(status)

@@ -58,6 +58,8 @@ from pydantic import (
     model_validator,
 )
 
+from hookdet.yaml_limits import BoundedComposer, check_expanded_size, check_flow_depth
+
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
     "STORAGE_PLUGIN_FOR_TYPE",
@@ -1081,7 +1083,7 @@ def _build(
 # ---------------------------------------------------------------------------------------------
 
 
-class _Yaml12Loader(yaml.SafeLoader):
+class _Yaml12Loader(BoundedComposer, yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2 core-schema scalars, as Determined's ruamel loader
     reads them: floats like ``1e-3``, only true/false as booleans, no sexagesimal or
     leading-zero octal ints, no implicit timestamps."""
@@ -1133,7 +1135,10 @@ def _read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:
     line:column."""
     loader = _Yaml12Loader(text)
     try:
+        check_flow_depth(text)
         root = loader.get_single_node()
+        if root is not None:
+            check_expanded_size(root)
         data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark

@@ -67,6 +67,8 @@ class Run:
     #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set before training starts.
     max_batches: Optional[int] = None
     exit_reason: Optional[str] = None
+    #: Which run this is: made when the run directory is first used, kept across resumes into it.
+    run_id: Optional[str] = None
 
     @property
     def hook(self) -> Any:

@@ -283,6 +283,15 @@ def _normalize_s3_prefix(prefix: str) -> str:
     return "/".join(parts)
 
 
+S3_TIMEOUTS = {
+    "connect_timeout": float(os.environ.get("HOOKDET_S3_CONNECT_TIMEOUT", "5")),
+    "read_timeout": float(os.environ.get("HOOKDET_S3_READ_TIMEOUT", "30")),
+    "max_attempts": int(os.environ.get("HOOKDET_S3_MAX_ATTEMPTS", "3")),
+}
+"""Seconds to connect, seconds to wait for an answer, and attempts per S3 request (botocore's
+standard retry mode backs off between them); environment variables override each."""
+
+
 def _import_boto3() -> Any:
     """Import boto3, or explain how to install it: S3 support is an optional extra."""
     try:
@@ -332,17 +341,29 @@ class S3Storage(CheckpointStorage):
 
     @property
     def client(self) -> Any:
-        """The boto3 S3 client, created on first use."""
+        """The boto3 S3 client, created on first use, with :data:`S3_TIMEOUTS`."""
         if self._client is None:
-            session = self._boto3.session.Session()
-            self._client = session.client(
-                "s3",
-                endpoint_url=self.endpoint_url,
-                aws_access_key_id=self._access_key,
-                aws_secret_access_key=self._secret_key,
-                region_name=self.region,
-            )
+            self._client = self.new_client(**S3_TIMEOUTS)
         return self._client
+
+    def new_client(self, connect_timeout: float, read_timeout: float, max_attempts: int) -> Any:
+        """A boto3 client for this storage whose timeouts and retries (with backoff) are
+        botocore's own: an endpoint that never answers fails the request instead of hanging."""
+        from botocore.config import Config
+
+        session = self._boto3.session.Session()
+        return session.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self._access_key,
+            aws_secret_access_key=self._secret_key,
+            region_name=self.region,
+            config=Config(
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                retries={"max_attempts": max_attempts, "mode": "standard"},
+            ),
+        )
 
     def _checkpoint_key_prefix(self, storage_id: str) -> str:
         """The key prefix, ending in '/', under which one checkpoint's objects live."""

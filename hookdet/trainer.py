@@ -30,6 +30,7 @@ from hookdet.context import PyTorchTrialContext
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
 from hookdet.plugin_manager import PluginManager, resolve_plugin_names
+from hookdet import run_ownership as ownership
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 
@@ -122,10 +123,13 @@ def init(
         run.distributed = distributed or made
         run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
         run.device = _device_for(run.distributed)
+        claim = ownership.take(run) if run.is_chief else None
+        run.run_id = ownership.accept(run.distributed.broadcast(claim))
         if run.is_chief:
             _write_run_dir(run)
-        run.distributed.barrier()
         run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
+        problem = ownership.record(run) if run.is_chief else None
+        ownership.raise_problem(run.distributed.broadcast(problem))
         run.context = PyTorchTrialContext(run)
         yield run.context
     finally:
@@ -134,6 +138,7 @@ def init(
         finally:
             if run.distributed is not None and distributed is None:
                 run.distributed.close()
+            ownership.give_up(run)
 
 
 def _device_for(distributed: DistributedContext) -> torch.device:

@@ -63,6 +63,7 @@ from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_fail
 from hookdet.cluster_info import get_cluster_info
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
+from hookdet.run_identity import locate_for_resume
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
 
 logger = logging.getLogger("hookdet")
@@ -136,17 +137,18 @@ class CheckpointPlugin:
         if run.is_chief:
             storage_id, write = self._prepare(run, rank_states, snapshot=in_background)
             if in_background:
-                self._writer.submit(storage_id, write)
+                self._writer.submit(storage_id, write, run.storage)
             else:
                 try:
                     location = write()
                 except Exception as error:
-                    raise write_failed(storage_id, error) from error
+                    raise write_failed(storage_id, error, run.storage) from error
         storage_id = run.distributed.broadcast(storage_id)
         self._pending = {
             "uuid": storage_id,
             "steps": run.state.batches_trained,
             "metric": _validation_at(run.state, run.state.batches_trained),
+            "run_id": run.run_id,
         }
         if not in_background:
             self._complete(run, run.distributed.broadcast(location))
@@ -223,15 +225,21 @@ class CheckpointPlugin:
         newest intact checkpoint) or a storage id."""
         self.finish_write(run, wait=True, before="a checkpoint is loaded")
         with _located(run, checkpoint) as (directory, hint_root):
-            _restore(run, directory, hint_root)
+            written_by = _restore(run, directory, hint_root)
         state = run.state
         self._resume_points[checkpoint] = state.batches_trained
         resumed = {
             "uuid": state.latest_checkpoint,
             "steps": state.batches_trained,
             "metric": _validation_at(state, state.batches_trained),
+            "run_id": written_by,
         }
-        self._saved = [entry for entry in self._saved if entry["uuid"] != resumed["uuid"]] + [resumed]
+        # Retention tracks only this run's checkpoints: a fork never deletes its parent's.
+        self._saved = [
+            entry for entry in self._saved + [resumed]
+            if entry["uuid"] != resumed["uuid"] or entry is resumed
+        ]
+        self._saved = [entry for entry in self._saved if entry.get("run_id") == run.run_id]
         return True
 
     @hookimpl(tryfirst=True)
@@ -300,6 +308,7 @@ class CheckpointPlugin:
             searcher_metric=run.config.searcher.metric,
             validation_metric=_validation_at(state, state.batches_trained),
             num_ranks=len(rank_states),
+            run_id=run.run_id,
         )
         copy_done = None
         if snapshot:
@@ -342,8 +351,10 @@ class CheckpointPlugin:
             try:
                 run.storage.delete(storage_id)
             except CheckpointNotFoundError:
-                # Already gone, or written to another storage by an earlier run of this trial.
-                pass
+                # Already gone, or written to another storage by an earlier run of this trial:
+                # nothing was deleted, so nothing is reported; it is no longer tracked.
+                gone.add(storage_id)
+                continue
             except Exception as error:  # a failed delete must not stop training; retried later
                 logger.warning("could not delete checkpoint %s: %s", storage_id, error)
                 continue
@@ -367,8 +378,17 @@ def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]
     """
     path = Path(checkpoint)
     if path.exists():
-        directory = fmt.resolve_checkpoint_dir(path)
-        yield directory, directory.parent
+        found = locate_for_resume(path, run.storage)
+        if isinstance(found, Path):
+            directory = fmt.resolve_checkpoint_dir(found)
+            yield directory, directory.parent
+            return
+        storage, checkpoint = found
+        try:
+            with storage.restore_path(checkpoint) as restored:
+                yield Path(restored), None
+        except StorageError as error:
+            raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
         return
     if "/" in checkpoint or "\\" in checkpoint or checkpoint.startswith("."):
         raise fmt.CheckpointError(f"cannot resume: {checkpoint} does not exist")
@@ -380,8 +400,9 @@ def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]
         raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
 
 
-def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> None:
-    """Verify ``directory``, check it fits the trial, then apply every piece of state."""
+def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Optional[str]:
+    """Verify ``directory``, check it fits the trial, then apply every piece of state; return
+    the run id of the run that wrote it (None for checkpoints older than run ids)."""
     context, trial = run.context, run.trial
 
     def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
@@ -454,6 +475,7 @@ def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> None:
         )
     fmt.restore_rng_state(rng_states[rank % len(rng_states)])
     logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
+    return metadata.get("run_id")
 
 
 def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:

@@ -2,11 +2,16 @@
 
 One JSON object per line (``group``, ``steps_completed``, ``metrics``, ``time``), flushed as it is
 written, so the file is complete up to the last report even after a crash.
+
+A resume continues the same file: reports a killed run made after the checkpoint it resumes
+from are dropped first, so the file holds each step once, as if the run had never stopped.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 from typing import IO, Any, Dict, Optional
 
 from hookdet.markers import hookimpl
@@ -19,6 +24,19 @@ class MetricsLogPlugin:
 
     def __init__(self) -> None:
         self._file: Optional[IO[str]] = None
+        self._run: Any = None
+
+    @hookimpl
+    def hookdet_configure(self, run: Any) -> None:
+        """Remember the run (a resume trims its file at startup)."""
+        self._run = run
+
+    @hookimpl
+    def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
+        """On resume, drop the reports made after the checkpoint the run continues from."""
+        run = self._run
+        if run is not None and checkpoint_uuid is not None and run.is_chief:
+            drop_reports_after(run.run_dir / FILENAME, first_batch_idx)
 
     @hookimpl
     def hookdet_report_metrics(
@@ -44,3 +62,27 @@ def read_metrics(path: Any) -> list:
     """The records of a ``metrics.jsonl`` file, in order."""
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def drop_reports_after(path: Path, steps: int) -> int:
+    """Rewrite ``path`` without the records whose ``steps_completed`` exceeds ``steps`` (and
+    without a torn last line); atomic. Returns how many records were dropped."""
+    if not Path(path).is_file():
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut short by a kill
+                dropped += 1
+                continue
+            if isinstance(record, dict) and record.get("steps_completed", 0) > steps:
+                dropped += 1
+                continue
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        partial = Path(path).with_name(f".{Path(path).name}.partial")
+        partial.write_text("".join(kept), encoding="utf-8")
+        os.replace(partial, path)
+    return dropped

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT stop training gracefully: finish the batch, checkpoint, exit.
+"""SIGTERM, SIGINT and SIGHUP stop training gracefully: finish the batch, checkpoint, exit.
 
 The first signal asks the trial to stop (``context.set_stop_requested(True)``) and marks the run
 preempted, so ``hookdet run`` exits with :data:`PREEMPTED_EXIT_CODE` after the checkpoint is
@@ -22,7 +22,8 @@ logger = logging.getLogger("hookdet")
 #: ``hookdet run``'s exit status after a signal stopped training with a checkpoint (EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: SIGHUP (the terminal closed, ``ssh`` dropped) stops like SIGTERM, as it does under the launcher.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 
 
 class PreemptionPlugin:

@@ -1,0 +1,96 @@
+"""Bounds on an experiment file's YAML, checked before anything is built from it.
+
+A few hundred bytes of YAML can describe a billion items through aliases (each ``*a`` repeating
+an anchored list that itself repeats another), and thousands of nested brackets exhaust Python's
+recursion. Experiment files are small: :class:`BoundedComposer` refuses nesting deeper than
+:data:`MAX_DEPTH` while composing, and :func:`check_expanded_size` refuses a document whose
+aliases would expand beyond :data:`MAX_EXPANDED_NODES` nodes, counted on the node graph without
+expanding it. Both raise ``yaml.MarkedYAMLError`` at the offending line, so the config loader
+reports them as it reports any malformed YAML: one line naming the file and the line.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import yaml
+
+#: Deepest nesting of mappings and sequences accepted (Determined's files nest under 10).
+MAX_DEPTH = 100
+#: Most nodes a document may hold once every alias is expanded.
+MAX_EXPANDED_NODES = 100_000
+
+
+class YamlLimitError(yaml.MarkedYAMLError):
+    """The document exceeds a bound; the message says which and where."""
+
+
+class BoundedComposer:
+    """A mix-in for a PyYAML loader: refuse nesting deeper than :data:`MAX_DEPTH`."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise YamlLimitError(
+                    problem=f"nested more than {MAX_DEPTH} levels deep; an experiment file never is",
+                    problem_mark=self.peek_event().start_mark,  # type: ignore[attr-defined]
+                )
+            return super().compose_node(parent, index)  # type: ignore[misc]
+        finally:
+            self._depth -= 1
+
+
+def check_flow_depth(text: str) -> None:
+    """Refuse text whose brackets nest deeper than :data:`MAX_DEPTH`, before parsing it: PyYAML's
+    scanner slows quadratically with flow nesting, so thousands of ``[`` take seconds to reach
+    the composer's check. Quoted brackets are counted too; a real file never has a hundred open.
+    """
+    depth = line = 0
+    line_start = 0
+    for index, char in enumerate(text):
+        if char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = yaml.Mark("<file>", index, line, index - line_start, None, None)
+                raise YamlLimitError(
+                    problem=f"nested more than {MAX_DEPTH} levels deep; an experiment file never is",
+                    problem_mark=mark,
+                )
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        elif char == "\n":
+            line += 1
+            line_start = index + 1
+
+
+def check_expanded_size(root: yaml.Node) -> None:
+    """Refuse ``root`` if expanding its aliases gives more than :data:`MAX_EXPANDED_NODES` nodes."""
+    sizes: Dict[int, int] = {}
+    # Children before parents, without recursion: the graph is acyclic (PyYAML refuses
+    # recursive aliases) but may share a node many times.
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        size = 1 + sum(sizes[id(child)] for child in children)
+        if size > MAX_EXPANDED_NODES:
+            raise YamlLimitError(
+                problem=(
+                    f"expands to more than {MAX_EXPANDED_NODES:,} items through its aliases "
+                    "(an alias bomb?); an experiment file never does"
+                ),
+                problem_mark=node.start_mark,
+            )
+        sizes[id(node)] = size
