@@ -76,11 +76,11 @@ def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) ->
 def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
     from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
-    from hookdet.config import load_experiment_config
+    from hookdet.config_overrides import load_with_overrides
     from hookdet.trainer import Trainer, fit_arguments, init
 
     config_path = Path(args.config)
-    config = load_experiment_config(config_path)
+    config = load_with_overrides(config_path, args.config_overrides or [])
     if args.slots is not None:
         config.resources.slots_per_trial = args.slots
     if config.ignored_fields:
@@ -269,15 +269,18 @@ def command_plugins(args: argparse.Namespace) -> int:
     """List installed plugins, where each comes from, and the hooks each implements."""
     from hookdet.plugin_manager import DEFAULT_PLUGINS, PluginManager, installed_plugins
 
-    manager = PluginManager()
     for name, target in sorted(installed_plugins().items()):
-        try:
+        conflicts = ""
+        try:  # each plugin alone: a conflict is only real between plugins enabled together
+            manager = PluginManager()
             plugin = manager.register(name, _load_entry_point(target))
             hooks = ", ".join(manager.hooks_of(plugin)) or "(none)"
+            if getattr(plugin, "conflicts_with", ()):
+                conflicts = f"\n  cannot run with: {', '.join(plugin.conflicts_with)}"
         except Exception as error:  # an unloadable plugin is listed, not fatal
             hooks = f"cannot load: {error}"
         default = " (default)" if name in DEFAULT_PLUGINS else ""
-        print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}")
+        print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}{conflicts}")
     return 0
 
 
@@ -301,6 +304,7 @@ def command_export(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``hookdet`` argument parser."""
     parser = argparse.ArgumentParser(prog="hookdet", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hookdet {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="train the trial an experiment file describes")
@@ -310,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", help="where metrics, checkpoints and TensorBoard files go")
     run.add_argument("--slots", type=int, help="processes to train with (overrides resources.slots_per_trial)")
     run.add_argument("--test-mode", action="store_true", help="train one batch, validate one, checkpoint")
+    run.add_argument(
+        "--config", dest="config_overrides", action="append", metavar="KEY=VALUE",
+        help="set one field of the experiment file (dotted path, YAML value; repeatable), "
+        "e.g. --config hyperparameters.lr=0.01",
+    )
     for option in TORCHRUN_OPTIONS:
         run.add_argument(option, dest=f"torchrun_{option[2:].replace('-', '_')}", help=argparse.SUPPRESS)
     run.set_defaults(handler=command_run)
@@ -323,6 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--model-index", type=int, default=0, help="which wrapped model (default 0)")
     export.set_defaults(handler=command_export)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hookdet")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
