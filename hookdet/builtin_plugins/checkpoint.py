@@ -184,7 +184,7 @@ class CheckpointPlugin:
                 known_files={fmt.STATE_FILE: state_entry},
             )
         location = run.storage.location(storage_id)
-        logger.info("checkpoint %s saved at batch %d: %s", storage_id, state.batches_trained, location)
+        logger.info("checkpoint saved at batch %d: %s", state.batches_trained, _shown(location, run.run_dir))
         return storage_id, location
 
     # ------------------------------------------------------------------ retention
@@ -214,6 +214,15 @@ class CheckpointPlugin:
             gone.add(storage_id)
             logger.info("retention deleted checkpoint %s", storage_id)
         self._saved = [entry for entry in self._saved if entry["uuid"] not in gone]
+
+
+def _shown(location: str, run_dir: Path) -> str:
+    """A checkpoint's location as a log line shows it: relative to the run directory when inside
+    it (one short line), else as it is (another directory, a URL)."""
+    try:
+        return str(Path(location).resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        return location
 
 
 # ---------------------------------------------------------------------------------------------
