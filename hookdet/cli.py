@@ -301,6 +301,30 @@ def command_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_runs(args: argparse.Namespace) -> int:
+    """``runs``, ``show``, ``compare`` and ``plot``: see :mod:`hookdet.run_index`."""
+    from hookdet import run_index
+
+    try:
+        if args.command == "runs":
+            print(run_index.list_runs(Path(args.directory)))
+        elif args.command == "show":
+            print(run_index.show_run(run_index.resolve_run(args.run)))
+        elif args.command == "compare":
+            print(run_index.compare_runs([run_index.resolve_run(run) for run in args.runs]))
+        else:
+            from hookdet.run_plot import PlotUnavailableError, plot_runs
+
+            try:
+                plot_runs([run_index.resolve_run(run) for run in args.runs], Path(args.output))
+            except PlotUnavailableError as error:
+                raise UsageError(str(error)) from None
+            print(f"wrote {args.output}")
+    except run_index.RunNotFoundError as error:
+        raise UsageError(str(error)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hookdet`` argument parser."""
     parser = argparse.ArgumentParser(prog="hookdet", description=__doc__.splitlines()[0])
@@ -331,6 +355,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("output", help="the .pt file to write")
     export.add_argument("--model-index", type=int, default=0, help="which wrapped model (default 0)")
     export.set_defaults(handler=command_export)
+
+    runs = commands.add_parser("runs", help="list the runs in a folder: state, batches, best metric")
+    runs.add_argument("directory", nargs="?", default="runs", help="where to look (default: ./runs)")
+    show = commands.add_parser("show", help="one run: state, config changes, metrics, checkpoints")
+    show.add_argument("run", help="a run directory (or its name under ./runs)")
+    compare = commands.add_parser("compare", help="two or more runs' metrics side by side")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    plot = commands.add_parser("plot", help="a PNG of the metrics of one or more runs (hookdet[plot])")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    plot.add_argument("-o", "--output", required=True, help="the PNG file to write")
+    for command in (runs, show, compare, plot):
+        command.set_defaults(handler=command_runs)
     return parser
 
 

@@ -29,6 +29,7 @@ from hookdet.context import PyTorchTrialContext
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
 from hookdet.plugin_manager import PluginManager, resolve_plugin_names
+from hookdet import run_record
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 
@@ -112,10 +113,18 @@ def init(
         run.device = _device_for(run.distributed)
         if run.is_chief:
             _write_run_dir(run)
+            run_record.record_start(run)
         run.distributed.barrier()
         run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
         run.context = PyTorchTrialContext(run)
-        yield run.context
+        try:
+            yield run.context
+        except BaseException as error:
+            if run.is_chief:
+                run_record.record_end(run, error)
+            raise
+        if run.is_chief:
+            run_record.record_end(run, None)
     finally:
         try:
             run.hook.hookdet_unconfigure(run=run)
