@@ -77,12 +77,13 @@ def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
     from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
     from hookdet.cluster_info import activated, local_cluster_info
-    from hookdet.config import load_experiment_config, names_trial_class
+    from hookdet.config import names_trial_class
+    from hookdet.config_overrides import load_with_overrides
     from hookdet.run_identity import write_identity
     from hookdet.trainer import Trainer, fit_arguments, init
 
     config_path = Path(args.config)
-    config = load_experiment_config(config_path)
+    config = load_with_overrides(config_path, args.config_overrides or [])
     if args.slots is not None:
         config.resources.slots_per_trial = args.slots
     if config.ignored_fields:
@@ -312,15 +313,18 @@ def command_plugins(args: argparse.Namespace) -> int:
     """List installed plugins, where each comes from, and the hooks each implements."""
     from hookdet.plugin_manager import DEFAULT_PLUGINS, PluginManager, installed_plugins
 
-    manager = PluginManager()
     for name, target in sorted(installed_plugins().items()):
-        try:
+        conflicts = ""
+        try:  # each plugin alone: a conflict is only real between plugins enabled together
+            manager = PluginManager()
             plugin = manager.register(name, _load_entry_point(target))
             hooks = ", ".join(manager.hooks_of(plugin)) or "(none)"
+            if getattr(plugin, "conflicts_with", ()):
+                conflicts = f"\n  cannot run with: {', '.join(plugin.conflicts_with)}"
         except Exception as error:  # an unloadable plugin is listed, not fatal
             hooks = f"cannot load: {error}"
         default = " (default)" if name in DEFAULT_PLUGINS else ""
-        print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}")
+        print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}{conflicts}")
     return 0
 
 
@@ -341,9 +345,34 @@ def command_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_runs(args: argparse.Namespace) -> int:
+    """``runs``, ``show``, ``compare`` and ``plot``: see :mod:`hookdet.run_index`."""
+    from hookdet import run_index
+
+    try:
+        if args.command == "runs":
+            print(run_index.list_runs(Path(args.directory)))
+        elif args.command == "show":
+            print(run_index.show_run(run_index.resolve_run(args.run)))
+        elif args.command == "compare":
+            print(run_index.compare_runs([run_index.resolve_run(run) for run in args.runs]))
+        else:
+            from hookdet.run_plot import PlotUnavailableError, plot_runs
+
+            try:
+                plot_runs([run_index.resolve_run(run) for run in args.runs], Path(args.output))
+            except PlotUnavailableError as error:
+                raise UsageError(str(error)) from None
+            print(f"wrote {args.output}")
+    except run_index.RunNotFoundError as error:
+        raise UsageError(str(error)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hookdet`` argument parser."""
     parser = argparse.ArgumentParser(prog="hookdet", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hookdet {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="train the trial an experiment file describes")
@@ -354,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", help="where metrics, checkpoints and TensorBoard files go")
     run.add_argument("--slots", type=int, help="processes to train with (overrides resources.slots_per_trial)")
     run.add_argument("--test-mode", action="store_true", help="train one batch, validate one, checkpoint")
+    run.add_argument(
+        "--config", dest="config_overrides", action="append", metavar="KEY=VALUE",
+        help="set one field of the experiment file (dotted path, YAML value; repeatable), "
+        "e.g. --config hyperparameters.lr=0.01",
+    )
     for option in TORCHRUN_OPTIONS:
         run.add_argument(option, dest=f"torchrun_{option[2:].replace('-', '_')}", help=argparse.SUPPRESS)
     run.set_defaults(handler=command_run)
@@ -366,7 +400,28 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("output", help="the .pt file to write")
     export.add_argument("--model-index", type=int, default=0, help="which wrapped model (default 0)")
     export.set_defaults(handler=command_export)
+
+    runs = commands.add_parser("runs", help="list the runs in a folder: state, batches, best metric")
+    runs.add_argument("directory", nargs="?", default="runs", help="where to look (default: ./runs)")
+    show = commands.add_parser("show", help="one run: state, config changes, metrics, checkpoints")
+    show.add_argument("run", help="a run directory (or its name under ./runs)")
+    compare = commands.add_parser("compare", help="two or more runs' metrics side by side")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    plot = commands.add_parser("plot", help="a PNG of the metrics of one or more runs (hookdet[plot])")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    plot.add_argument("-o", "--output", required=True, help="the PNG file to write")
+    for command in (runs, show, compare, plot):
+        command.set_defaults(handler=command_runs)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hookdet")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1159,6 +1159,11 @@ def _read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:
     return data, root
 
 
+def read_yaml_value(text: str, source: str) -> Any:
+    """``text`` read as the experiment file is read (YAML 1.2); malformed YAML is a ConfigError."""
+    return _read_yaml(text, source)[0]
+
+
 def _index_lines(
     node: yaml.Node, path: FieldPath, lines: Dict[FieldPath, int], source: str
 ) -> None:

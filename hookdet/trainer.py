@@ -31,6 +31,7 @@ from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
 from hookdet.plugin_manager import PluginManager, resolve_plugin_names
 from hookdet import run_ownership as ownership
+from hookdet import run_record
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 
@@ -127,11 +128,20 @@ def init(
         run.run_id = ownership.accept(run.distributed.broadcast(claim))
         if run.is_chief:
             _write_run_dir(run)
+            run_record.record_start(run)
+        run.distributed.barrier()
         run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
         problem = ownership.record(run) if run.is_chief else None
         ownership.raise_problem(run.distributed.broadcast(problem))
         run.context = PyTorchTrialContext(run)
-        yield run.context
+        try:
+            yield run.context
+        except BaseException as error:
+            if run.is_chief:
+                run_record.record_end(run, error)
+            raise
+        if run.is_chief:
+            run_record.record_end(run, None)
     finally:
         try:
             run.hook.hookdet_unconfigure(run=run)

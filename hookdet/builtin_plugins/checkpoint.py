@@ -194,7 +194,7 @@ class CheckpointPlugin:
         pending, self._pending = self._pending, None
         storage_id = pending["uuid"]
         if run.is_chief:
-            logger.info("checkpoint %s saved at batch %d: %s", storage_id, pending["steps"], location)
+            logger.info("checkpoint saved at batch %d: %s", pending["steps"], _shown(location, run.run_dir))
             if isinstance(run.storage, LocalStorage):
                 directory = Path(location)
                 before = fmt.file_stats(directory)
@@ -361,6 +361,15 @@ class CheckpointPlugin:
             gone.add(storage_id)
             logger.info("retention deleted checkpoint %s", storage_id)
         self._saved = [entry for entry in self._saved if entry["uuid"] not in gone]
+
+
+def _shown(location: str, run_dir: Path) -> str:
+    """A checkpoint's location as a log line shows it: relative to the run directory when inside
+    it (one short line), else as it is (another directory, a URL)."""
+    try:
+        return str(Path(location).resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        return location
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,60 +1,59 @@
-"""Progress of training and validation, on the chief: tqdm bars in a terminal, log lines elsewhere.
+"""Progress of training and validation, on the chief: a live view in a terminal, log lines elsewhere.
 
-In a terminal (the chief's stderr is a tty) one bar counts training batches towards the fit's
-``max_length`` and a second, transient one counts each validation's batches (its total is the
-previous validation's count: the validation set does not change). The training bar shows the
-latest reported training and validation metrics; console log messages are routed around the bars
-so they do not tear them.
+In a terminal (the chief's stderr is a tty) :class:`hookdet.live_view.LiveView` draws the epoch,
+the batch of the total, rate and ETA, a validation bar while one runs, and the latest training
+and validation metrics, each group on its own labelled row (the searcher metric first). It is
+redrawn a few times a second by its own thread from counters already on the host, so the
+training loop calls no per-batch hook for it and no metric is read from the device early.
 
-Anywhere else (a pipe, a file, a CI log) bars would be noise, so reports become plain log lines
-instead::
+Anywhere else (a pipe, a file, a CI log) every report becomes one plain log line::
 
     training: batch 45/450 (10%) loss=0.2345
     validation: batch 45/450 (10%) validation_loss=0.1234 accuracy=0.9722
 
-Every validation is logged. A training report is logged when ``log_every_s`` seconds
-(``plugin_config.progress.log_every_s``, default 5; 0 logs every report) have passed since the
-last training line, and the one at the end of training always is, so a fast loop does not flood
-the log (``metrics.jsonl`` holds every report).
+and, so that a log never goes silent (a long validation, slow batches), a progress line is
+written whenever nothing was for ``log_every_s`` seconds (``plugin_config.progress.log_every_s``,
+default 30; 0 turns these lines off)::
 
-Bars advance on ``hookdet_train_batch_end`` / ``hookdet_validation_batch_end`` without looking at
-the batch's metric tensors (no device sync); metrics are shown only at reports. Those two
-per-batch hooks belong to a helper (``progress:bars``) registered only while bars are shown, so
-off a terminal, and on every rank but the chief, the loop calls no per-batch hook for progress.
+    training: batch 120/450 (26%), epoch 2/5, 3.9 batch/s, ETA 0:01:25
+    validation: batch 12/50 (24%), 0.8 batch/s
+
+Validation counts its batches with ``hookdet_validation_batch_end``, implemented by a helper
+(``progress:validation``) registered on the chief only; training batches need no hook at all.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import numbers
+import math
 import sys
+import threading
 import time
 from typing import IO, Any, Dict, Optional
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
+from hookdet.live_view import LiveView, ordered_metrics
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, read_seconds_option
 
 logger = logging.getLogger("hookdet")
 
 NAME = "progress"
-#: Default least seconds between two plain training lines.
-LOG_EVERY_S = 5.0
-#: The name the per-batch helper is registered under while bars are shown.
-BARS_NAME = "progress:bars"
+#: Default longest silence, in seconds, of a log off a terminal.
+LOG_EVERY_S = 30.0
+#: The name the validation batch counter is registered under (chief only).
+COUNTER_NAME = "progress:validation"
 
 
-def format_metrics(metrics: Dict[str, Any]) -> str:
-    """``name=value`` pairs, numbers to 4 significant digits, non-numbers left out."""
-    parts = []
-    for name, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            continue
-        shown = str(value) if isinstance(value, numbers.Integral) else f"{value:.4g}"
-        parts.append(f"{name}={shown}")
-    return " ".join(parts)
+def format_metrics(metrics: Dict[str, Any], first: Optional[str] = None) -> str:
+    """``name=value`` pairs, numbers to 4 significant digits, non-numbers left out, ``first``
+    (the searcher metric) first."""
+    return " ".join(ordered_metrics(metrics, first))
+
+
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS``."""
+    minutes, seconds = divmod(int(math.ceil(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}"
 
 
 class ProgressPlugin:
@@ -64,15 +63,15 @@ class ProgressPlugin:
         options = dict(options or {})
         check_known_options(NAME, options, ("log_every_s",))
         self.log_every_s = read_seconds_option(NAME, options, "log_every_s", LOG_EVERY_S)
-        self._next_training_line = 0.0
         self._run: Any = None
         self._stream: Optional[IO[str]] = None
-        self._interactive = False
-        self._training_bar: Optional[tqdm] = None
-        self._validation_bar: Optional[tqdm] = None
-        self._validation_batches: Optional[int] = None
-        self._latest: Dict[str, str] = {}
-        self._log_redirect: Optional[contextlib.ExitStack] = None
+        self._view: Optional[LiveView] = None
+        self._heartbeat: Optional[_Heartbeat] = None
+        self.validation_batches = 0
+        self.validation_total: Optional[int] = None
+        self.validating = False
+        #: (monotonic time, batches) when training and the current validation started.
+        self.phase_started: Dict[str, tuple] = {}
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
@@ -81,82 +80,76 @@ class ProgressPlugin:
 
     @hookimpl
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
-        """Decide bars or lines (chief only) and route console logging around the bars."""
+        """Chief only: open the live view in a terminal, else start the heartbeat lines."""
         if not self._run.is_chief:
             return
+        self._run.plugins.register(COUNTER_NAME, _ValidationCounter(self))
         self._stream = sys.stderr
-        self._interactive = _is_terminal(self._stream)
-        if self._interactive:
-            self._log_redirect = contextlib.ExitStack()
-            self._log_redirect.enter_context(logging_redirect_tqdm())
-            self._run.plugins.register(BARS_NAME, _BarAdvancer(self))
+        if _is_terminal(self._stream):
+            self._view = LiveView(
+                self._stream,
+                batches_trained=lambda: self._run.state.batches_trained,
+                validation_batches=lambda: self.validation_batches,
+                searcher_metric=self._run.config.searcher.metric,
+            )
+            self._view.open()
+        elif self.log_every_s > 0:
+            self._heartbeat = _Heartbeat(self, self.log_every_s)
+            self._heartbeat.start()
 
     @hookimpl
     def on_training_start(self) -> None:
-        """Open the training bar at the batch training starts from (the resume point)."""
-        if not self._interactive:
-            return
-        self._training_bar = tqdm(
-            total=self._run.max_batches,
-            initial=self._run.state.batches_trained,
-            desc="training",
-            unit="batch",
-            file=self._stream,
-            dynamic_ncols=True,
-        )
-        self._show_latest()
+        """Show the training bar from the batch training starts at (the resume point)."""
+        self.phase_started["training"] = (time.monotonic(), self._run.state.batches_trained)
+        if self._view is not None:
+            self._view.training_started(self._run.max_batches, self._run.state.epoch_length)
 
     @hookimpl
     def on_validation_start(self) -> None:
-        """Open a transient validation bar."""
-        if not self._interactive:
-            return
-        self._validation_bar = tqdm(
-            total=self._validation_batches,
-            desc="validation",
-            unit="batch",
-            file=self._stream,
-            dynamic_ncols=True,
-            leave=False,
-        )
+        """Count this validation's batches; its total is the previous validation's count."""
+        self.validation_batches = 0
+        self.validating = True
+        self.phase_started["validation"] = (time.monotonic(), 0)
+        if self._view is not None:
+            self._view.validation_started(self.validation_total)
 
     @hookimpl
     def on_validation_end(self, metrics: Dict[str, Any]) -> None:
-        """Close the validation bar; its count is the next validation's total."""
-        if self._validation_bar is not None:
-            if self._validation_bar.n:
-                self._validation_batches = self._validation_bar.n
-            self._validation_bar.close()
-            self._validation_bar = None
+        """Remember how many batches a validation has (the set does not change)."""
+        self.validating = False
+        if self.validation_batches:
+            self.validation_total = self.validation_batches
+        if self._view is not None:
+            self._view.validation_ended()
 
     @hookimpl
     def hookdet_report_metrics(
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
-        """Show the report: on the training bar, or as one log line (fires on the chief)."""
-        if self._interactive:
-            self._latest[group] = format_metrics(metrics)
-            self._show_latest()
+        """Show the report: in the view's metric rows, or as one log line (fires on the chief)."""
+        if self._view is not None:
+            self._view.show_metrics(group, steps_completed, metrics)
             return
-        total = run.max_batches
-        if group == "training" and steps_completed != total:
-            now = time.monotonic()
-            if now < self._next_training_line:
-                return
-            self._next_training_line = now + self.log_every_s
-        where = f"batch {steps_completed}"
-        if total:
-            where += f"/{total} ({100 * steps_completed // total}%)"
-        logger.info("%s: %s %s", group, where, format_metrics(metrics))
+        first = run.config.searcher.metric if group == "validation" else None
+        self.say("%s: %s %s", group, self.where(steps_completed), format_metrics(metrics, first))
 
-    def _show_latest(self) -> None:
-        if self._training_bar is not None:
-            shown = " ".join(text for text in self._latest.values() if text)
-            self._training_bar.set_postfix_str(shown, refresh=True)
+    def where(self, batches: int, total: Optional[int] = None) -> str:
+        """``batch 45/450 (10%)`` (training, by default) or of ``total``."""
+        total = self._run.max_batches if total is None else total
+        text = f"batch {batches}"
+        if total:
+            text += f"/{total} ({100 * batches // total}%)"
+        return text
+
+    def say(self, message: str, *args: Any) -> None:
+        """Log one progress line, and note when, for the heartbeat."""
+        if self._heartbeat is not None:
+            self._heartbeat.spoke()
+        logger.info(message, *args)
 
     @hookimpl
     def on_trial_shutdown(self) -> None:
-        """Close the bars and give console logging back."""
+        """Close the view (its last frame stays) or stop the heartbeat."""
         self._close()
 
     @hookimpl
@@ -165,36 +158,81 @@ class ProgressPlugin:
         self._close()
 
     def _close(self) -> None:
-        for bar in (self._validation_bar, self._training_bar):
-            if bar is not None:
-                bar.close()
-        self._validation_bar = self._training_bar = None
-        if self._log_redirect is not None:
-            self._log_redirect.close()
-            self._log_redirect = None
-        if self._run is not None and self._run.plugins.get(BARS_NAME) is not None:
-            self._run.plugins.pluggy_manager.unregister(name=BARS_NAME)
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+        if self._run is not None and self._run.plugins.get(COUNTER_NAME) is not None:
+            self._run.plugins.pluggy_manager.unregister(name=COUNTER_NAME)
 
 
-class _BarAdvancer:
-    """The per-batch half of the progress plugin, registered only while bars are shown."""
+class _ValidationCounter:
+    """Counts validation batches on the host (validation only: training batches need no hook)."""
 
     def __init__(self, progress: ProgressPlugin) -> None:
         self._progress = progress
 
     @hookimpl
-    def hookdet_train_batch_end(self, context: Any, batch_idx: int, metrics: Dict[str, Any]) -> None:
-        """Advance the training bar by one batch."""
-        bar = self._progress._training_bar
-        if bar is not None:
-            bar.update(1)
-
-    @hookimpl
     def hookdet_validation_batch_end(self, context: Any, batch_idx: int) -> None:
-        """Advance the validation bar by one batch."""
-        bar = self._progress._validation_bar
-        if bar is not None:
-            bar.update(1)
+        """One more validation batch done."""
+        self._progress.validation_batches = batch_idx + 1
+
+
+class _Heartbeat(threading.Thread):
+    """Writes a progress line whenever the log was silent for ``every_s`` seconds."""
+
+    def __init__(self, progress: ProgressPlugin, every_s: float) -> None:
+        super().__init__(name="hookdet-progress", daemon=True)
+        self._progress = progress
+        self._every_s = every_s
+        self._stopped = threading.Event()
+        self._last_line = time.monotonic()
+
+    def spoke(self) -> None:
+        """A line was just written."""
+        self._last_line = time.monotonic()
+
+    def stop(self) -> None:
+        """End the thread (at once)."""
+        self._stopped.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        while not self._stopped.wait(max(0.05, self._last_line + self._every_s - time.monotonic())):
+            if time.monotonic() - self._last_line >= self._every_s:
+                self._progress.say("%s", self._line())
+
+    def _line(self) -> str:
+        progress, run = self._progress, self._progress._run
+        if progress.validating:
+            done = progress.validation_batches
+            line = "validation: " + progress.where(done, progress.validation_total or 0)
+            rate, remaining = self._rate("validation", done, progress.validation_total)
+        else:
+            done = run.state.batches_trained
+            line = "training: " + progress.where(done)
+            if run.state.epoch_length and run.max_batches:
+                epochs = math.ceil(run.max_batches / run.state.epoch_length)
+                line += f", epoch {min(done, run.max_batches - 1) // run.state.epoch_length + 1}/{epochs}"
+            rate, remaining = self._rate("training", done, run.max_batches)
+        if rate:
+            line += f", {rate:.3g} batch/s" if rate >= 1 else f", {1 / rate:.3g} s/batch"
+        if remaining is not None:
+            line += f", ETA {format_duration(remaining)}"
+        return line
+
+    def _rate(self, what: str, done: int, total: Optional[int]) -> tuple:
+        """(batches per second since this phase started, seconds left or None)."""
+        started = self._progress.phase_started.get(what)
+        if started is None:
+            return None, None
+        seconds, batches = time.monotonic() - started[0], done - started[1]
+        if seconds <= 0 or batches <= 0:
+            return None, None
+        rate = batches / seconds
+        return rate, ((total - done) / rate if total else None)
 
 
 def _is_terminal(stream: Any) -> bool:

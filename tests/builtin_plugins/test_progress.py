@@ -1,7 +1,8 @@
-"""The progress plugin: tqdm bars in a real terminal (a pseudo-terminal), plain lines elsewhere."""
+"""The progress plugin: a live view in a real terminal (a pseudo-terminal), plain lines elsewhere."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import io
 import os
@@ -23,6 +24,7 @@ import pytest
 from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
 from hookdet.builtin_plugins.progress import ProgressPlugin, format_metrics
+from hookdet.live_view import format_number
 from hookdet.plugin_manager import PluginError
 from hookdet.distributed import DistributedContext
 from tests.trials import OneWeightTrial, fit
@@ -66,9 +68,9 @@ def read_until_closed(controller: int, timeout: float = 120.0) -> str:
     return b"".join(chunks).decode()
 
 
-def write_experiment(directory: Path) -> Path:
+def write_experiment(directory: Path, entrypoint: str = "tests.trials:OneWeightTrial") -> Path:
     path = directory / "experiment.yaml"
-    path.write_text(textwrap.dedent(EXPERIMENT))
+    path.write_text(textwrap.dedent(EXPERIMENT).replace("tests.trials:OneWeightTrial", entrypoint))
     return path
 
 
@@ -76,44 +78,63 @@ def hookdet_run(experiment: Path, run_dir: Path) -> List[str]:
     return [str(HOOKDET), "run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir)]
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def screen_lines(screen: str) -> List[str]:
+    """What the terminal showed, line by line and redraw by redraw, without colours."""
+    text = ANSI.sub("", screen)
+    return [part.rstrip() for line in text.split("\n") for part in line.split("\r") if part.strip()]
+
+
 @pytest.mark.slow
-def test_bars_in_a_terminal(tmp_path: Path) -> None:
-    controller, terminal = open_terminal()
+def test_live_view_in_a_terminal(tmp_path: Path) -> None:
+    experiment = write_experiment(tmp_path, "tests.progress_trials:ManyMetricsTrial")
+    controller, terminal = open_terminal(columns=120)
     process = subprocess.Popen(
-        hookdet_run(write_experiment(tmp_path), tmp_path / "run"),
+        hookdet_run(experiment, tmp_path / "run"),
         stdin=terminal, stdout=terminal, stderr=terminal, cwd=tmp_path, close_fds=True,
+        env={**os.environ, "COLUMNS": "120"},
     )
     os.close(terminal)
     screen = read_until_closed(controller)
     assert process.wait(timeout=60) == 0, screen
+    lines = screen_lines(screen)
+    lines = lines[: next(i for i, line in enumerate(lines) if line.startswith("hookdet: completed"))]
+    assert all(len(line) <= 120 for line in lines), max(lines, key=len)
 
-    redraws = screen.split("\r")
-    training = [text for text in redraws if text.startswith("training:")]
-    assert re.match(r"training: +0%\| +\| 0/40 ", training[0]), training[0]
-    final = training[-1]
-    assert re.match(r"training: 100%\|█+\| 40/40 ", final), final
-    latest = {record["group"]: record["metrics"] for record in read_metrics(tmp_path / "run" / "metrics.jsonl")}
-    shown = f"{format_metrics(latest['training'])} {format_metrics(latest['validation'])}]"
-    assert final.rstrip().endswith(shown), final
-    # The first validation has no known length; the next ones know it has 4 batches.
-    validation = [text for text in redraws if text.startswith("validation:")]
-    assert validation[0].startswith("validation: 0batch") and "/4 " in validation[-1]
-    # A log message clears the bar (a carriage return, blanks, a carriage return), takes the whole
-    # line, and the bar is redrawn below it: bars are never torn.
-    saved = [line for line in screen.split("\n") if "hookdet INFO checkpoint" in line]
-    assert len(saved) == 4
+    # Epoch (4 batches each) and batch of the total, rate and ETA on the training bar.
+    bars = [line for line in lines if re.match(r"epoch \d+/10 ", line)]
+    assert re.search(r" 0/40 batches$", bars[0]), bars[0]
+    assert re.search(r" 40/40 batches [\d.]+ batch/s  ETA 0:00:00$", bars[-1]), bars[-1]
+    assert any(re.search(r"epoch [2-9]/10 .* \d+/40 batches [\d.]+ batch/s  ETA \d:\d\d:\d\d$", line) for line in bars)
+    # A validation bar while one runs; after the first, it knows the 4 batches a validation has.
+    validation_bars = [line for line in lines if re.match(r"validation +\S+ +\d+/(\?|\d+) +batches", line)]
+    assert validation_bars and any("/4 " in line for line in validation_bars), validation_bars
+
+    # The latest metrics, each group on its own labelled row: every training metric readable
+    # (the row wraps instead of squeezing the bar), the searcher metric first in validation.
+    latest = {record["group"]: record for record in read_metrics(tmp_path / "run" / "metrics.jsonl")}
+    final_frame = lines[lines.index(bars[-1]):]
+    training_rows = [line for line in final_frame if re.match(r" *training  @ batch 40  ", line)]
+    assert training_rows, final_frame
+    shown_training = " ".join(final_frame[final_frame.index(training_rows[0]):])
+    for name, value in latest["training"]["metrics"].items():
+        assert f"{name}={format_number(value)}" in shown_training, (name, shown_training)
+    validation_row = next(line for line in final_frame if line.startswith("validation  @ batch 40"))
+    expected = format_metrics(latest["validation"]["metrics"], first="validation_loss").replace(" ", "  ")
+    assert validation_row.endswith(expected) and expected.startswith("validation_loss="), validation_row
+
+    # One short line per checkpoint, its path relative to the run directory.
+    saved = [line for line in lines if "checkpoint saved at batch" in line]
+    assert len(saved) == 4, saved
     for line in saved:
-        assert re.search(r"\r +\r\d{4}-\d\d-\d\d [\d:,]+ hookdet INFO checkpoint [^\r]+\r$", line), line
-    assert "training: batch" not in screen
+        assert re.search(r"hookdet INFO checkpoint saved at batch \d+: checkpoints/[0-9a-f-]{36}$", line), line
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("log_every_s", [0, None])
-def test_plain_lines_without_a_terminal(tmp_path: Path, log_every_s: Any) -> None:
-    experiment = write_experiment(tmp_path)
-    if log_every_s is not None:
-        with experiment.open("a") as handle:
-            handle.write(f"plugin_config: {{progress: {{log_every_s: {log_every_s}}}}}\n")
+def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
+    experiment = write_experiment(tmp_path, "tests.progress_trials:ManyMetricsTrial")
     result = subprocess.run(
         hookdet_run(experiment, tmp_path / "run"),
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
@@ -123,27 +144,50 @@ def test_plain_lines_without_a_terminal(tmp_path: Path, log_every_s: Any) -> Non
     reports = [line for line in messages if line.startswith(("training:", "validation:"))]
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(records) == 8
-    if log_every_s is None:
-        # The default (5 s) in a run of about a second: the first and the last training report,
-        # and every validation.
-        records = [
-            record for record in records
-            if record["group"] == "validation" or record["steps_completed"] in (10, 40)
-        ]
+    # One line per report, the searcher metric first in validation.
     expected = [
         f"{record['group']}: batch {record['steps_completed']}/40 "
-        f"({100 * record['steps_completed'] // 40}%) {format_metrics(record['metrics'])}"
+        f"({100 * record['steps_completed'] // 40}%) "
+        f"{format_metrics(record['metrics'], 'validation_loss' if record['group'] == 'validation' else None)}"
         for record in records
     ]
     assert reports == expected
-    assert "\r" not in result.stderr and "%|" not in result.stderr
+    assert all(line.startswith("validation: batch 10/40 (25%) validation_loss=") for line in reports[1:2])
+    assert "\r" not in result.stderr and "\x1b[" not in result.stderr
 
 
-def test_a_bad_log_every_s_is_refused_naming_the_field() -> None:
-    with pytest.raises(PluginError, match=r"plugin_config\.progress\.log_every_s must be a number of seconds"):
-        ProgressPlugin(options={"log_every_s": -2})
-    with pytest.raises(PluginError, match="unknown option 'every'; known options: log_every_s"):
-        ProgressPlugin(options={"every": 1})
+@pytest.mark.slow
+def test_a_long_validation_off_a_terminal_never_goes_silent(tmp_path: Path) -> None:
+    """Validation takes about 3 s (10 batches of 0.3 s); with ``log_every_s: 0.5`` the log gets a
+    line at least every half second or so all the way through, saying where validation is."""
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(textwrap.dedent("""
+        entrypoint: tests.progress_trials:SlowValidationTrial
+        hyperparameters: {lr: 0.1, records: 10, global_batch_size: 1, eval_sleep_s: 0.3}
+        searcher: {name: single, metric: validation_loss, max_length: {batches: 2}}
+        scheduling_unit: 1
+        plugin_config: {progress: {log_every_s: 0.5}}
+    """))
+    started = time.monotonic()
+    result = subprocess.run(
+        hookdet_run(experiment, tmp_path / "run"), capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if " hookdet " in line]
+    stamps = [
+        datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() for line in lines
+    ]
+    heartbeats = [line.split(" hookdet INFO ", 1)[1] for line in lines if " hookdet INFO validation: batch " in line
+                  and "validation_loss" not in line]
+    assert len(heartbeats) >= 3, result.stderr
+    heartbeat = r"validation: batch \d+(/10 \(\d+%\))?(, [\d.]+ (batch/s|s/batch))?(, ETA \d:\d\d:\d\d)?"
+    assert all(re.fullmatch(heartbeat, line) for line in heartbeats), heartbeats
+    assert any(", batch/s" not in line and "batch/s" in line for line in heartbeats), heartbeats
+    validation_start = next(i for i, line in enumerate(lines) if "training: batch 2/2" in line)
+    validation_end = next(i for i, line in enumerate(lines) if "validation: batch 2/2" in line)
+    gaps = [later - earlier for earlier, later in zip(stamps[validation_start:validation_end + 1], stamps[validation_start + 1:validation_end + 1])]
+    assert gaps and max(gaps) < 1.0, (gaps, result.stderr)
+    assert time.monotonic() - started < 60
 
 
 class TerminalStderr:
@@ -183,10 +227,10 @@ def test_resumed_training_bar_starts_at_the_resume_point(tmp_path: Path) -> None
     with terminal_as_stderr() as terminal:
         fit(OneWeightTrial, HP, tmp_path / "resumed", config={"plugins": ["callbacks", "checkpoint", "progress"]},
             max_length=pytorch.Batch(8), latest_checkpoint=str(tmp_path / "first"))
-    bars = [text for text in terminal.screen.split("\r") if text.startswith("training:")]
-    assert bars and re.match(r"training: +50%\|.*\| 4/8 ", bars[0]), bars
-    assert all("| 0/8 " not in bar for bar in bars)
-    assert re.match(r"training: 100%\|.*\| 8/8 ", bars[-1]), bars[-1]
+    bars = [line for line in screen_lines(terminal.screen) if line.startswith("epoch ")]
+    assert bars and re.match(r"epoch 2/2 .* 4/8 batches", bars[0]), bars
+    assert all(" 0/8 " not in bar for bar in bars)
+    assert re.match(r"epoch 2/2 .* 8/8 batches", bars[-1]), bars[-1]
 
 
 def test_other_ranks_show_nothing(tmp_path: Path) -> None:
@@ -210,12 +254,13 @@ def test_the_chief_in_the_same_setting_shows_bars(tmp_path: Path) -> None:
             pytorch.Trainer(OneWeightTrial(context), context).fit(
                 max_length=pytorch.Batch(4), validation_period=pytorch.Batch(2)
             )
-    assert "| 4/4 " in terminal.screen
+    assert " 4/4 batches" in screen_lines(terminal.screen)[-3]
 
 
 def test_format_metrics_shows_numbers_only() -> None:
     metrics = {"loss": 0.123456, "step": 7, "flag": True, "name": "x", "tiny": 1.5e-9}
     assert format_metrics(metrics) == "loss=0.1235 step=7 tiny=1.5e-09"
+    assert format_metrics(metrics, first="tiny") == "tiny=1.5e-09 loss=0.1235 step=7"
 
 
 class PerBatchProbe(pytorch.PyTorchCallback):
@@ -235,11 +280,22 @@ class ProbedTrial(OneWeightTrial):
         return {"probe": self.probe}
 
 
-def test_no_per_batch_hook_unless_bars_are_shown(tmp_path: Path) -> None:
+def test_the_live_view_calls_no_per_batch_hook_in_training(tmp_path: Path) -> None:
+    """Its thread reads the loop's counter: training batches call no hook, in a terminal or not."""
     config = {"plugins": ["callbacks", "progress"]}
     plain = fit(ProbedTrial, HP, tmp_path / "plain", config=config, max_length=pytorch.Batch(2))
     with terminal_as_stderr() as terminal:
-        barred = fit(ProbedTrial, HP, tmp_path / "bars", config=config, max_length=pytorch.Batch(2))
-    assert (plain.probe.per_batch_hook, barred.probe.per_batch_hook) == (False, True)
-    assert "| 2/2 " in terminal.screen
-    assert barred.context._run.plugins.get("progress:bars") is None  # gone when the run ended
+        viewed = fit(ProbedTrial, HP, tmp_path / "view", config=config, max_length=pytorch.Batch(2))
+    assert (plain.probe.per_batch_hook, viewed.probe.per_batch_hook) == (False, False)
+    assert any(line.endswith(" 2/2 batches") or " 2/2 batches " in line for line in screen_lines(terminal.screen))
+    assert viewed.context._run.plugins.get("progress:validation") is None  # gone when the run ended
+
+
+def test_the_bytecode_budget_holds_with_the_live_view_on(tmp_path: Path) -> None:
+    """The per-batch bytecode budget of ``tests/test_core_loop.py``, run again with stderr a
+    terminal, so the live view (and its refresh thread) is on."""
+    from tests.test_core_loop import test_the_loop_runs_few_python_bytecodes_of_its_own_per_batch as budget
+
+    with terminal_as_stderr() as terminal:
+        budget(tmp_path)
+    assert any(" 60/60 batches" in line for line in screen_lines(terminal.screen))

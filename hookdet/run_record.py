@@ -1,0 +1,121 @@
+"""``run.json``: what a run directory says about the run that wrote it, so it can be found again.
+
+The chief writes it when the run starts (state ``running``, its pid and host, the start time,
+what it resumed from) and again when the run ends (``completed``, ``preempted``, ``stopped`` or
+``failed`` with the error, the batches trained, the best searcher metric, the latest checkpoint).
+Each write replaces the file atomically. A run killed outright (SIGKILL, power cut) cannot write
+its end, so :func:`read_record` checks the pid of a run still marked ``running`` on this host: if
+that process is gone, the run reads as ``killed``.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+FILENAME = "run.json"
+
+#: How ``Run.exit_reason`` reads as a run's final state.
+_STATE_FOR_EXIT_REASON = {
+    "completed": "completed",
+    "preempted": "preempted",
+    "stopped": "stopped",
+    "exited": "stopped",
+}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def _write(run_dir: Path, record: Dict[str, Any]) -> None:
+    path = Path(run_dir) / FILENAME
+    partial = path.with_name(f".{FILENAME}.partial")
+    partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    partial.replace(path)
+
+
+def record_start(run: Any) -> None:
+    """Mark ``run`` (its directory exists) as running in this process."""
+    previous = read_record(run.run_dir) or {}
+    _write(run.run_dir, {
+        "state": "running",
+        "pid": os.getpid(),
+        "pid_started": _process_start(os.getpid()),
+        "host": socket.gethostname(),
+        "created": previous.get("created") or _now(),
+        "started": _now(),
+        "resumed_from": None if run.resume_from is None else str(run.resume_from),
+        "searcher_metric": run.config.searcher.metric,
+        "smaller_is_better": run.config.searcher.smaller_is_better,
+    })
+
+
+def record_end(run: Any, error: Optional[BaseException]) -> None:
+    """Record how ``run`` ended: its exit reason, or ``failed`` with ``error``."""
+    record = read_record(run.run_dir, check_alive=False) or {}
+    state = run.state
+    if error is not None:
+        record["state"] = "failed"
+        record["error"] = f"{type(error).__name__}: {error}"
+    else:
+        record["state"] = _STATE_FOR_EXIT_REASON.get(run.exit_reason or "", "completed")
+    record.update({
+        "ended": _now(),
+        "resumed_from": None if run.resume_from is None else str(run.resume_from),
+        "batches_trained": state.batches_trained,
+        "max_batches": run.max_batches,
+        "best_validation": state.best_validation,
+        "latest_checkpoint": state.latest_checkpoint,
+    })
+    _write(run.run_dir, record)
+
+
+def read_record(run_dir: Any, check_alive: bool = True) -> Optional[Dict[str, Any]]:
+    """The run's record, None if it has none (or an unreadable one). A ``running`` run whose
+    process no longer exists on this host reads as ``killed``."""
+    try:
+        record = json.loads((Path(run_dir) / FILENAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    if check_alive and record.get("state") == "running" and record.get("host") == socket.gethostname():
+        pid = record.get("pid")
+        if not _process_exists(pid) or _process_start(pid) != record.get("pid_started"):
+            record["state"] = "killed"
+    return record
+
+
+def _process_exists(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return _is_not_a_zombie(pid)
+
+
+def _is_not_a_zombie(pid: int) -> bool:
+    """A killed child not yet reaped by its parent still has a pid; on Linux its state is Z."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return status.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _process_start(pid: Any) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot, Linux), so a reused pid is told
+    apart from the run's own; None where unknown."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+        return int(status.rsplit(")", 1)[-1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
