@@ -8,5 +8,6 @@ from hookdet.markers import HOOK_NAMESPACE, hookimpl, hookspec
 __version__ = "0.1.0"
 
 from hookdet import pytorch  # noqa: E402  (the public face needs the markers above)
+from hookdet.errors import InvalidHP  # noqa: E402
 
-__all__ = ["HOOK_NAMESPACE", "__version__", "hookimpl", "hookspec", "pytorch"]
+__all__ = ["HOOK_NAMESPACE", "InvalidHP", "__version__", "hookimpl", "hookspec", "pytorch"]

@@ -1173,6 +1173,13 @@ def _construct_core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 _Yaml12Loader.add_constructor(_INT_TAG, _construct_core_int)
 
 
+def read_experiment_file(path: Union[str, Path]) -> Any:
+    """An experiment file's content as plain data, read as :func:`load_experiment_config` reads
+    it (YAML 1.2); for tools that need fields the loader drops (a search's ``searcher`` block)."""
+    data, _ = _read_yaml(Path(path).read_text(encoding="utf-8"), str(path))
+    return data
+
+
 def _read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:
     """(content, node tree) of one YAML document; malformed YAML is a ConfigError at
     line:column."""
