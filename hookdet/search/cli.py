@@ -116,7 +116,7 @@ def finish(search_dir: Path, state: Dict[str, Any], metric: str, smaller_is_bett
     """Write summary.csv and the plot; print the table."""
     from hookdet.search import summary
 
-    table = summary.rows(state, smaller_is_better)
+    table = summary.rows(state, smaller_is_better, metric)
     summary.write_csv(table, search_dir / "summary.csv")
     summary.plot(state, metric, search_dir / "searcher-metric.png")
     print(summary.format_table(table, metric), flush=True)

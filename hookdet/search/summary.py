@@ -23,12 +23,16 @@ def flatten(hparams: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return flat
 
 
-def rows(state: Dict[str, Any], smaller_is_better: bool = True) -> List[Dict[str, Any]]:
-    """One row per trial, in creation order."""
+def rows(state: Dict[str, Any], smaller_is_better: bool = True,
+         metric: Optional[str] = None) -> List[Dict[str, Any]]:
+    """One row per trial, in creation order (best/last over every validation in its log)."""
     table = []
     for rid in state["order"]:
         trial = state["trials"][rid]
-        values = [value for _, value in trial["validations"]]
+        from hookdet.search.worker import validations
+
+        logged = validations(Path(trial["dir"]), metric) if metric else []
+        values = [value for _, value in (logged or trial["validations"])]
         pick = min if smaller_is_better else max
         row = {
             "trial": trial["number"], "request_id": rid, "seed": trial["seed"],
