@@ -84,6 +84,10 @@ def command_run(args: argparse.Namespace) -> int:
 
     config_path = Path(args.config)
     config = load_with_overrides(config_path, args.config_overrides or [])
+    from hookdet.search import cli as search_cli
+
+    if search_cli.is_search(config, args) and launched_rank() is None:
+        return search_cli.run_search(args)
     if args.slots is not None:
         config.resources.slots_per_trial = args.slots
     if config.ignored_fields:
@@ -391,6 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
     for option in TORCHRUN_OPTIONS:
         run.add_argument(option, dest=f"torchrun_{option[2:].replace('-', '_')}", help=argparse.SUPPRESS)
     run.set_defaults(handler=command_run)
+    from hookdet.search.cli import add_run_options, add_search_command
+
+    add_run_options(run)
+    add_search_command(commands)
 
     plugins = commands.add_parser("plugins", help="list installed plugins and their hooks")
     plugins.set_defaults(handler=command_plugins)
@@ -446,8 +454,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
     known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError,
              DatasetReproducibilityError, RunDirLockedError, StorageError)
+    from hookdet.errors import INVALID_HP_EXIT_CODE, InvalidHP
+
     try:
         status = args.handler(args)
+    except InvalidHP as error:
+        print(f"hookdet: the trial raised InvalidHP: {error}", file=sys.stderr)
+        status = INVALID_HP_EXIT_CODE
     except known as error:
         status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
         if status_dir and rank is not None:  # the launcher prints it, once for all ranks

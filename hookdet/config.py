@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import random
 import re
 import shlex
@@ -59,6 +60,7 @@ from pydantic import (
 )
 
 from hookdet.yaml_limits import BoundedComposer, check_expanded_size, check_flow_depth
+from hookdet.search.space import searched_names
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
@@ -573,12 +575,7 @@ def _reduce_spec(spec: Mapping, path: FieldPath) -> Any:
             raise _FieldProblem(path, "a const hyperparameter needs 'val' (the value)")
         return _plain_value(spec["val"], path + ("val",))
     if kind in HYPERPARAMETER_SEARCH_TYPES:
-        raise _FieldProblem(
-            path,
-            f"a '{kind}' search space needs a hyperparameter search, but hookdet runs one trial "
-            f"with fixed hyperparameters; replace the mapping with the value to use "
-            f"(e.g. '{path[-1]}: <value>')",
-        )
+        return _searched_spec(spec, path)
     choices = ("const",) + HYPERPARAMETER_SEARCH_TYPES
     raise _FieldProblem(
         path + ("type",),
@@ -587,6 +584,18 @@ def _reduce_spec(spec: Mapping, path: FieldPath) -> Any:
         f"{', '.join(choices)}); to pass such a mapping as a value, write "
         "{type: const, val: {...}}",
     )
+
+
+def _searched_spec(spec: Mapping, path: FieldPath) -> Dict[str, Any]:
+    """A search space entry (int, double, log, categorical), checked as Determined's schema
+    checks it and kept as written; :mod:`hookdet.search` samples it."""
+    from hookdet.search.space import SpaceError, check_spec
+
+    try:
+        check_spec(spec, path)
+    except SpaceError as problem:
+        raise _FieldProblem(problem.path, str(problem)) from None
+    return _plain_value(spec, path)
 
 
 def _check_global_batch_size(hyperparameters: Mapping[str, Any]) -> None:
@@ -680,6 +689,7 @@ class ExperimentConfig(_Section):
 
     _ignored_fields: List[str] = PrivateAttr(default_factory=list)
     _source: str = PrivateAttr(default="<dict>")
+    _hyperparameter_space: Optional[Dict[str, Any]] = PrivateAttr(default=None)
 
     @field_validator("entrypoint", mode="before")
     @classmethod
@@ -692,8 +702,28 @@ class ExperimentConfig(_Section):
         if not isinstance(raw, Mapping):
             return raw
         reduced = _reduce_hyperparameters(raw, ())
+        if searched_names(reduced):
+            return _plain_value(raw, ())  # the space; sampled in _sample_hyperparameters
         _check_global_batch_size(reduced)
         return reduced
+
+    @model_validator(mode="after")
+    def _sample_hyperparameters(self) -> "ExperimentConfig":
+        """A file with a search space trains, as one run, trial 1 of its search: the values
+        and seed Determined's master draws first from ``experiment_seed`` (what its ``single``
+        searcher trains). The space stays in :attr:`hyperparameter_space` for a search."""
+        if not searched_names(self.hyperparameters):
+            return self
+        from hookdet.search.space import first_trial
+
+        draw = first_trial(self.hyperparameters, self.reproducibility.experiment_seed)
+        self._hyperparameter_space = self.hyperparameters
+        try:
+            _check_global_batch_size(draw.hparams)
+        except _FieldProblem as problem:
+            raise ValueError(f"hyperparameters.{_dotted(problem.subpath)}: {problem}") from None
+        self.hyperparameters = draw.hparams
+        return self
 
     @field_validator("min_validation_period", "min_checkpoint_period", mode="before")
     @classmethod
@@ -754,6 +784,12 @@ class ExperimentConfig(_Section):
         return self._source
 
     @property
+    def hyperparameter_space(self) -> Optional[Dict[str, Any]]:
+        """The ``hyperparameters`` block as written when it has a search space (int, double,
+        log, categorical entries), else None; ``hyperparameters`` then holds trial 1's draw."""
+        return copy.deepcopy(self._hyperparameter_space)
+
+    @property
     def global_batch_size(self) -> Optional[int]:
         """``hyperparameters.global_batch_size``, if set (checked to be an int >= 1)."""
         return self.hyperparameters.get("global_batch_size")
@@ -780,6 +816,14 @@ class ExperimentConfig(_Section):
         """
         if trial_id < 1:
             raise ValueError(f"trial_id counts from 1; got {trial_id}")
+        if os.environ.get(TRIAL_SEED_ENV):  # a search's trial: the seed its searcher drew
+            return int(os.environ[TRIAL_SEED_ENV])
+        if self._hyperparameter_space is not None:
+            from hookdet.search.space import MasterRandom, draw_trial
+
+            rand = MasterRandom(self.reproducibility.experiment_seed)
+            draws = [draw_trial(self._hyperparameter_space, rand) for _ in range(trial_id)]
+            return draws[-1].seed
         words = _mersenne_twister_words(self.reproducibility.experiment_seed, 5 * trial_id)
         return words[-1] & MAX_EXPERIMENT_SEED
 
@@ -789,6 +833,10 @@ class ExperimentConfig(_Section):
         ``source`` and ``ignored_fields`` are not part of the snapshot). Lengths are in
         Determined's ``{unit: n}`` form; cluster-only fields are not included."""
         return self.model_dump(mode="json")
+
+
+#: Set by a hyperparameter search for each trial it runs: the seed Determined's master drew.
+TRIAL_SEED_ENV = "HOOKDET_TRIAL_SEED"
 
 
 def _mersenne_twister_words(seed: int, count: int) -> List[int]:
@@ -1128,6 +1176,13 @@ def _construct_core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 
 
 _Yaml12Loader.add_constructor(_INT_TAG, _construct_core_int)
+
+
+def read_experiment_file(path: Union[str, Path]) -> Any:
+    """An experiment file's content as plain data, read as :func:`load_experiment_config` reads
+    it (YAML 1.2); for tools that need fields the loader drops (a search's ``searcher`` block)."""
+    data, _ = _read_yaml(Path(path).read_text(encoding="utf-8"), str(path))
+    return data
 
 
 def _read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:

@@ -6,6 +6,10 @@ class InvalidHP(Exception):
     """Raised by a trial (or script) whose hyperparameters cannot train, e.g. a model too large
     for them. Determined's searchers treat the trial as invalid and carry on with the search
     instead of failing the experiment; ``det.InvalidHP`` under ``import hookdet as det``.
+
+    ``hookdet run`` exits with :data:`INVALID_HP_EXIT_CODE`; a random or ASHA search discards the
+    trial and samples a replacement, a grid search does not (its point is simply skipped), as
+    Determined does.
     """
 
     def __init__(self, msg: str = "...") -> None:
@@ -16,3 +20,7 @@ class InvalidHP(Exception):
             )
         super().__init__(msg)
         self.msg = msg
+
+
+#: ``hookdet run``'s exit status when the trial raised :class:`InvalidHP`.
+INVALID_HP_EXIT_CODE = 76

@@ -1,0 +1,191 @@
+"""``hookdet run CONFIG`` for a search, and ``hookdet search preview|worker|summary``.
+
+``hookdet run`` hands a config whose ``searcher.name`` is not ``single`` (or ``--resume`` of a
+search directory) to :func:`run_search`. The search directory (``--run-dir``, default
+``runs/<name>-search-<time>``) holds ``search.json`` (config, store), ``search-state.json``
+(the driver's state), ``trial-NNN/`` (one ordinary run directory per trial), ``summary.csv``
+and ``searcher-metric.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+META_FILE = "search.json"
+
+
+def add_run_options(run_parser: argparse.ArgumentParser) -> None:
+    """``hookdet run``'s search options."""
+    run_parser.add_argument("--workers", type=int, help="trials trained at once by a search "
+                            "(default: visible GPUs / slots_per_trial, 1 on CPU)")
+    run_parser.add_argument("--storage", help="a search's Optuna store: an RDB URL or "
+                            "journal:PATH (default: sqlite in the search directory)")
+
+
+def is_search(config: Any, args: argparse.Namespace) -> bool:
+    """Whether ``hookdet run`` should run a search rather than one trial."""
+    if args.resume and (Path(args.resume) / META_FILE).exists():
+        return True
+    return config.searcher.name != "single"
+
+
+def _usage_error(message: str) -> Exception:
+    from hookdet.cli import UsageError
+
+    return UsageError(message)
+
+
+def _load(config_path: Path) -> tuple:
+    from hookdet.config import load_experiment_config, read_experiment_file
+    from hookdet.search.settings import SearchConfigError, read_settings
+
+    config = load_experiment_config(config_path)
+    raw = read_experiment_file(config_path)
+    try:
+        settings = read_settings(raw, str(config_path))
+    except SearchConfigError as error:
+        raise _usage_error(str(error)) from None
+    if settings.promote:
+        raise _usage_error(
+            f"{config_path}: searcher.stop_once: false (ASHA that promotes paused trials) is not "
+            "supported yet; hookdet's ASHA stops trials as Determined 0.38 does (stop_once)")
+    space = config.hyperparameter_space or dict(config.hyperparameters)
+    return config, raw, settings, space
+
+
+def _default_workers(slots_per_trial: int) -> int:
+    from hookdet.search.worker import _visible_gpus
+
+    gpus = len(_visible_gpus())
+    return max(gpus // max(slots_per_trial, 1), 1)
+
+
+def run_search(args: argparse.Namespace) -> int:
+    """Run (or, with ``--resume SEARCH_DIR``, continue) the search ``args.config`` describes."""
+    from hookdet.search import summary
+    from hookdet.search.driver import Driver
+    from hookdet.search.store import Queue, default_storage
+
+    config_path = Path(args.config).resolve()
+    config, raw, settings, space = _load(config_path)
+    if args.resume:
+        search_dir = Path(args.resume)
+        if not (search_dir / META_FILE).exists():
+            raise _usage_error(f"{search_dir} is not a search directory (no {META_FILE} in it)")
+        meta = json.loads((search_dir / META_FILE).read_text())
+    else:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "experiment").strip("-") or "search"
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        search_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{name}-search-{stamp}"
+        if (search_dir / META_FILE).exists():
+            raise _usage_error(f"{search_dir} already holds a search; continue it with "
+                               f"--resume {search_dir}")
+        search_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"config": str(config_path), "storage": args.storage or default_storage(search_dir)}
+    search_dir = search_dir.resolve()
+    storage = args.storage or meta["storage"]
+    (search_dir / META_FILE).write_text(json.dumps(dict(meta, storage=storage), indent=1))
+    model_dir = Path(args.model_dir).resolve() if args.model_dir else config_path.parent
+    slots = config.resources.slots_per_trial
+    queue = Queue(storage, create=True)
+    driver = Driver(search_dir, settings, space, raw, model_dir, queue,
+                    config.reproducibility.experiment_seed)
+    if args.resume:
+        driver.load()
+        driver.flush()
+    else:
+        queue.set_info({"search_dir": str(search_dir), "slots_per_trial": slots, "finished": False})
+        driver.start()
+    workers = args.workers if args.workers is not None else _default_workers(slots)
+    if settings.max_concurrent_trials > 0:
+        workers = min(workers, settings.max_concurrent_trials)
+    print(f"hookdet: {settings.name} search in {search_dir} ({max(workers, 0)} local workers; "
+          f"store {storage})", flush=True)
+    status = driver.run(max(workers, 0), slots)
+    finish(search_dir, driver.state, settings.metric, settings.smaller_is_better)
+    if status == 0 and all(t["state"] == "errored" for t in driver.state["trials"].values()):
+        return 1
+    return status
+
+
+def finish(search_dir: Path, state: Dict[str, Any], metric: str, smaller_is_better: bool) -> None:
+    """Write summary.csv and the plot; print the table."""
+    from hookdet.search import summary
+
+    table = summary.rows(state, smaller_is_better, metric)
+    summary.write_csv(table, search_dir / "summary.csv")
+    summary.plot(state, metric, search_dir / "searcher-metric.png")
+    print(summary.format_table(table, metric), flush=True)
+    print(f"summary: {search_dir / 'summary.csv'}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# hookdet search ...
+# ---------------------------------------------------------------------------------------------
+
+
+def preview(config_path: Path, count: Optional[int] = None) -> str:
+    """What the search would run: brackets and rungs, and the initial trials' draws."""
+    from hookdet.search import methods
+    from hookdet.search.space import MasterRandom
+
+    config, _, settings, space = _load(config_path)
+    method = settings.build()
+    ctx = methods.Context(MasterRandom(config.reproducibility.experiment_seed), space)
+    creates = method.initial_trials(ctx)
+    lines = [f"{settings.name} search of {config_path.name}: metric {settings.metric} "
+             f"({'smaller' if settings.smaller_is_better else 'larger'} is better), "
+             f"max length {settings.max_length} {settings.unit}"]
+    if isinstance(method, methods.AdaptiveASHASearch):
+        for index, bracket in enumerate(method.brackets):
+            units = [r["units"] for r in bracket.state["rungs"]]
+            lines.append(f"  bracket {index}: {bracket.max_trials} trials, at most "
+                         f"{bracket.max_concurrent} at once, rungs at {units} {settings.unit}")
+    elif isinstance(method, methods.AsyncHalvingSearch):
+        units = [r["units"] for r in method.state["rungs"]]
+        lines.append(f"  {method.max_trials} trials, rungs at {units} {settings.unit}")
+    elif isinstance(method, methods.GridSearch):
+        lines.append(f"  {len(creates) + len(method.state['remaining'])} grid points, "
+                     f"each trained {settings.max_length} {settings.unit}")
+    else:
+        lines.append(f"  {method.max_trials} trials, each trained {settings.max_length} "
+                     f"{settings.unit}")
+    lines.append(f"  first {len(creates[:count])} trials created:")
+    for number, create in enumerate(creates[:count], 1):
+        lines.append(f"    trial {number}: seed {create.seed} hparams {json.dumps(create.hparams)}")
+    return "\n".join(lines)
+
+
+def add_search_command(commands: Any) -> None:
+    """``hookdet search``'s subcommands."""
+    search = commands.add_parser("search", help="preview a search, or join one as a worker")
+    actions = search.add_subparsers(dest="search_command", required=True)
+    show = actions.add_parser("preview", help="the trials and rungs a search would run")
+    show.add_argument("config")
+    show.set_defaults(handler=lambda args: _print(preview(Path(args.config))))
+    worker = actions.add_parser("worker", help="train a search's trials from its store")
+    worker.add_argument("search_dir", nargs="?", help="the search directory (reads its store)")
+    worker.add_argument("--storage", help="the store's URL (instead of a search directory)")
+    worker.add_argument("--index", type=int, default=0, help="this worker's slot on the machine")
+    worker.add_argument("--of", type=int, default=1, help="workers on this machine")
+    worker.set_defaults(handler=command_worker)
+
+
+def _print(text: str) -> int:
+    print(text)
+    return 0
+
+
+def command_worker(args: argparse.Namespace) -> int:
+    from hookdet.search.worker import main_worker
+
+    storage = args.storage
+    if storage is None:
+        if not args.search_dir or not (Path(args.search_dir) / META_FILE).exists():
+            raise _usage_error("hookdet search worker needs a search directory or --storage URL")
+        storage = json.loads((Path(args.search_dir) / META_FILE).read_text())["storage"]
+    return main_worker(storage, args.index, args.of)

@@ -1,0 +1,273 @@
+"""The search driver: the one process that takes the searcher's decisions.
+
+It owns Determined's search method (:mod:`hookdet.search.methods`) and the master's random
+stream, turns their actions into segments on the queue (:mod:`hookdet.search.store`), and feeds
+each finished segment back as Determined's experiment would (validation, early exit, exit).
+
+Its state (method state, generator state, trials, which segments it has taken decisions on, and
+segments decided but not yet queued) is saved atomically to ``search-state.json`` after every
+decision and before the segments it decided are queued (each has a key, so queueing twice is a
+no-op). So a driver killed at any moment resumes (``hookdet run CONFIG --resume SEARCH_DIR``)
+without taking a decision twice or losing one.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hookdet.search import methods
+from hookdet.search.settings import SearchSettings
+from hookdet.search.space import MasterRandom
+from hookdet.search.store import Queue
+from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
+
+STATE_FILE = "search-state.json"
+#: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
+STALE_SECONDS = 60.0
+
+
+def _pid_alive(pid: Optional[int]) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Driver:
+    def __init__(self, search_dir: Path, settings: SearchSettings, space: Dict[str, Any],
+                 raw_config: Dict[str, Any], model_dir: Path, queue: Queue,
+                 experiment_seed: int) -> None:
+        self.search_dir, self.settings, self.space = Path(search_dir), settings, space
+        self.raw_config, self.model_dir, self.queue = raw_config, Path(model_dir), queue
+        self.method = settings.build()
+        self.rand = MasterRandom(experiment_seed)
+        self.ctx = methods.Context(self.rand, space)
+        self.state: Dict[str, Any] = {"trials": {}, "order": [], "processed": [], "pending": [],
+                                      "finished": False}
+        self.stopping = False
+        self.runners: List[SegmentRunner] = []
+
+    # ------------------------------------------------------------------------------ state
+
+    @property
+    def state_path(self) -> Path:
+        return self.search_dir / STATE_FILE
+
+    def save(self) -> None:
+        saved = dict(self.state, rand=self.rand.get_state(), method=self.method.state)
+        partial = self.state_path.with_name(f".{STATE_FILE}.partial")
+        partial.write_text(json.dumps(saved))
+        os.replace(partial, self.state_path)
+
+    def load(self) -> None:
+        saved = json.loads(self.state_path.read_text())
+        self.rand.set_state(saved.pop("rand"))
+        method_state = saved.pop("method")
+        if hasattr(self.method, "load_state"):
+            self.method.load_state(method_state)
+        else:
+            self.method.state = method_state
+        self.state = saved
+
+    def start(self) -> None:
+        """A fresh search: Determined's initial trials."""
+        self.search_dir.mkdir(parents=True, exist_ok=True)
+        self.apply(self.method.initial_trials(self.ctx))
+        self.save()
+        self.flush()
+
+    # ------------------------------------------------------------------------------ actions
+
+    def apply(self, actions: List[methods.Action]) -> None:
+        for action in actions:
+            if isinstance(action, methods.Create):
+                self._create(action)
+            elif action.request_id in self.state["trials"]:
+                self.state["trials"][action.request_id]["stop"] = True
+
+    def _create(self, create: methods.Create) -> None:
+        number = len(self.state["order"]) + 1
+        trial = {
+            "number": number, "request_id": create.request_id, "seed": create.seed,
+            "hparams": create.hparams, "bracket": create.bracket, "state": "queued",
+            "segments": 0, "restarts": 0, "units": 0, "rung": -1, "validations": [],
+            "stop": False, "dir": str(self.search_dir / f"trial-{number:03d}"),
+        }
+        self.state["trials"][create.request_id] = trial
+        self.state["order"].append(create.request_id)
+        self.apply(self.method.trial_created(self.ctx, create.request_id))
+        self._schedule(trial)
+
+    def _rungs(self, trial: Dict[str, Any]) -> List[int]:
+        if not self.settings.staged:
+            return [self.settings.max_length]
+        return methods.rungs_of(self.method)[trial["bracket"]]
+
+    def _schedule(self, trial: Dict[str, Any]) -> None:
+        """Queue the trial's next segment: to its next rung, or its full length."""
+        target = next(u for u in self._rungs(trial) + [self.settings.max_length]
+                      if u > trial["units"])
+        trial["segments"] += 1
+        trial["target"] = target
+        trial["state"] = "queued"
+        key = f"{trial['number']}:{trial['segments']}"
+        config = Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"
+        self.state["pending"].append({
+            "key": key, "request_id": trial["request_id"], "trial": trial["number"],
+            "seed": trial["seed"], "target": target, "config": str(config),
+            "run_dir": trial["dir"], "model_dir": str(self.model_dir),
+            "metric": self.settings.metric, "hparams": trial["hparams"],
+        })
+
+    def _segment_config(self, segment: Dict[str, Any]) -> Dict[str, Any]:
+        """The experiment file of one segment: the trial's values as consts, trained to target."""
+        config = copy.deepcopy(self.raw_config)
+        config["hyperparameters"] = {name: {"type": "const", "val": value}
+                                     for name, value in segment["hparams"].items()}
+        config["searcher"] = {"name": "single", "metric": self.settings.metric,
+                              "smaller_is_better": self.settings.smaller_is_better,
+                              "max_length": {self.settings.unit: segment["target"]}}
+        config.pop("max_restarts", None)
+        return config
+
+    def flush(self) -> None:
+        """Queue the decided segments (each once, however often this runs)."""
+        if not self.state["pending"]:
+            return
+        queued = self.queue.keys()
+        for segment in self.state["pending"]:
+            if segment["key"] in queued:
+                continue
+            path = Path(segment["config"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self._segment_config(segment), indent=1))
+            self.queue.add(segment)
+        self.state["pending"] = []
+        self.save()
+
+    # ------------------------------------------------------------------------------ results
+
+    def _close(self, trial: Dict[str, Any], state: str) -> None:
+        trial["state"] = state
+        self.apply(self.method.trial_exited(self.ctx, trial["request_id"]))
+
+    def handle(self, segment: Any) -> None:
+        """Take the decisions one finished segment calls for (once: its key is then processed)."""
+        attrs = segment.user_attrs
+        trial = self.state["trials"][attrs["request_id"]]
+        code = attrs.get("exit_code")
+        rid = trial["request_id"]
+        if code == 0 and attrs.get("metric") is not None:
+            units = attrs["target"] if self.settings.unit != "batches" else int(attrs["batches"])
+            trial["units"] = max(units, attrs["target"])
+            trial["batches"] = attrs["batches"]
+            trial["validations"].append([attrs["batches"], attrs["metric"]])
+            rungs = self._rungs(trial)
+            trial["rung"] = max([i for i, u in enumerate(rungs) if u <= trial["units"]], default=-1)
+            self.apply(self.method.validation_completed(self.ctx, rid, trial["units"],
+                                                        attrs["metric"]))
+            if trial["stop"] or trial["units"] >= self.settings.max_length:
+                done = trial["units"] >= self.settings.max_length
+                self._close(trial, "completed" if done else "stopped")
+            else:
+                self._schedule(trial)
+        elif code in (PREEMPTED, -signal.SIGTERM):
+            trial["segments"] -= 1  # the same segment again, from its checkpoint
+            self._schedule(trial)
+            trial["key_suffix"] = trial.get("key_suffix", 0) + 1
+            self.state["pending"][-1]["key"] += f"+{trial['key_suffix']}"
+        elif code == INVALID_HP:
+            trial["state"] = "invalid_hp"
+            self.apply(self.method.trial_exited_early(self.ctx, rid, methods.INVALID_HP))
+            self._close(trial, "invalid_hp")
+        else:
+            trial["restarts"] += 1
+            if trial["restarts"] <= self.settings.max_restarts:
+                trial["segments"] -= 1
+                self._schedule(trial)
+                self.state["pending"][-1]["key"] += f"r{trial['restarts']}"
+            else:
+                self.apply(self.method.trial_exited_early(self.ctx, rid, methods.ERRORED))
+                self._close(trial, "errored")
+        self.state["processed"].append(attrs["key"])
+        self.save()
+        self.flush()
+
+    def _dead(self, segment: Any) -> bool:
+        """A RUNNING segment whose worker is gone (and whose training process too)."""
+        attrs = segment.user_attrs
+        host, _, pid = str(attrs.get("worker", "")).rpartition(":")
+        if host == socket.gethostname():
+            alive = _pid_alive(int(pid or 0)) or _pid_alive(attrs.get("child_pid"))
+            return not alive
+        return time.time() - float(attrs.get("heartbeat", 0)) > STALE_SECONDS
+
+    def poll(self) -> bool:
+        """Handle every finished segment and reap dead ones; True when the search is over."""
+        done_states = ("COMPLETE", "FAIL")
+        processed = set(self.state["processed"])
+        segments = self.queue.segments()
+        finished = [s for s in segments if s.state.name in done_states
+                    and s.user_attrs.get("key") not in processed]
+        for segment in sorted(finished, key=lambda s: (s.user_attrs.get("ended", 0), s.number)):
+            self.handle(segment)
+        for segment in segments:
+            if segment.state.name == "RUNNING" and self._dead(segment):
+                self.queue.finish(self.queue.trial_id(segment.number),
+                                  {"exit_code": None, "dead_worker": segment.user_attrs.get("worker")},
+                                  ok=False)
+        open_trials = [t for t in self.state["trials"].values()
+                       if t["state"] not in ("completed", "stopped", "errored", "invalid_hp")]
+        return not open_trials and not self.state["pending"]
+
+    # ------------------------------------------------------------------------------ loop
+
+    def run(self, workers: int, slots_per_trial: int = 1, poll: float = 0.3) -> int:
+        """Drive the search with ``workers`` local worker threads; 0 when it completed, 75 when
+        it was told to stop (resume it with ``--resume``)."""
+        done = threading.Event()
+        threads = []
+        for index in range(workers):
+            runner = SegmentRunner(self.queue, Slot(index, workers, slots_per_trial))
+            self.runners.append(runner)
+            thread = threading.Thread(target=work, args=(self.queue, runner, done), daemon=True)
+            thread.start()
+            threads.append(thread)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while True:
+                over = self.poll()
+                if over or (self.stopping and not any(t.is_alive() for t in threads)):
+                    break
+                time.sleep(poll)
+        finally:
+            done.set()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if over:
+            self.poll()
+            self.state["finished"] = True
+            self.queue.set_info({"finished": True})
+            self.save()
+            return 0
+        for thread in threads:
+            thread.join()
+        self.poll()
+        return PREEMPTED
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+        for runner in self.runners:
+            runner.terminate()

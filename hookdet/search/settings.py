@@ -1,0 +1,153 @@
+"""The ``searcher`` block of a search, read as Determined 0.38 reads it, and the method it builds.
+
+The experiment loader (``hookdet.config``) keeps only what one trial needs from ``searcher``;
+a search reads the whole block here. Errors name the file and field, as the loader's do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from hookdet.search import methods
+
+#: Searchers Determined 0.38 refuses, with its reason (master/pkg/schemas/expconf).
+REMOVED = {
+    name: f"the '{name}' searcher has been removed and is not valid for new experiments"
+    for name in ("custom", "adaptive", "adaptive_simple", "sync_halving")
+}
+SEARCHERS = ("single", "random", "grid", "adaptive_asha", "async_halving")
+#: ``time_metric`` values a search can train to (a trial is trained in segments to each rung).
+TIME_UNITS = ("batches", "epochs", "records")
+_FIELDS = {
+    "single": set(),
+    "random": {"max_trials", "max_concurrent_trials"},
+    "grid": {"max_concurrent_trials"},
+    "async_halving": {"num_rungs", "max_trials", "divisor", "max_concurrent_trials", "stop_once",
+                      "time_metric", "max_time"},
+    "adaptive_asha": {"max_trials", "mode", "divisor", "max_rungs", "max_concurrent_trials",
+                      "stop_once", "time_metric", "max_time", "bracket_rungs"},
+}
+_COMMON = {"name", "metric", "smaller_is_better", "max_length", "source_trial_id",
+           "source_checkpoint_uuid"}
+
+
+class SearchConfigError(Exception):
+    """A searcher block a search cannot run; the message names the file and field."""
+
+
+@dataclass
+class SearchSettings:
+    name: str
+    metric: str
+    smaller_is_better: bool
+    unit: str
+    max_length: int
+    max_trials: int = 1
+    max_concurrent_trials: int = 16
+    divisor: float = 4.0
+    mode: str = "standard"
+    max_rungs: int = 5
+    num_rungs: int = 1
+    bracket_rungs: List[int] = field(default_factory=list)
+    promote: bool = False
+    max_restarts: int = 5
+
+    @property
+    def staged(self) -> bool:
+        """Whether trials train rung by rung (ASHA), a decision at each rung."""
+        return self.name in ("adaptive_asha", "async_halving")
+
+    def build(self) -> Any:
+        """The search method (:mod:`hookdet.search.methods`) these settings describe."""
+        if self.name in ("single", "random"):
+            single = self.name == "single"
+            return methods.RandomSearch(1 if single else self.max_trials,
+                                        1 if single else self.max_concurrent_trials, single=single)
+        if self.name == "grid":
+            return methods.GridSearch(self.max_concurrent_trials)
+        if self.name == "async_halving":
+            return methods.AsyncHalvingSearch(
+                self.num_rungs, self.max_length, self.max_trials, self.divisor,
+                self.max_concurrent_trials, self.smaller_is_better)
+        brackets = methods.make_brackets(
+            self.max_trials, self.max_length, self.divisor, self.mode, self.max_rungs,
+            self.max_concurrent_trials, self.bracket_rungs)
+        return methods.AdaptiveASHASearch(brackets, self.max_length, self.divisor,
+                                          self.smaller_is_better)
+
+
+def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: str) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise SearchConfigError(f"{where}.{key} is required by the '{raw['name']}' searcher")
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SearchConfigError(f"{where}.{key} must be a whole number of at least {minimum}; "
+                                f"got {value!r}")
+    return value
+
+
+def _length(raw: Mapping, where: str) -> tuple:
+    """(unit, units): ``time_metric`` + ``max_time``, or the legacy ``max_length``."""
+    if raw.get("max_time") is not None or raw.get("time_metric") is not None:
+        metric = raw.get("time_metric")
+        if metric not in TIME_UNITS:
+            raise SearchConfigError(
+                f"{where}.time_metric must be one of {', '.join(TIME_UNITS)} (a search trains "
+                f"each trial to its next rung in that unit); got {metric!r}")
+        return metric, _whole(raw, "max_time", None, 1, where)
+    length = raw.get("max_length")
+    if isinstance(length, int) and not isinstance(length, bool):
+        return "batches", _whole(raw, "max_length", None, 1, where)
+    if isinstance(length, Mapping) and len(length) == 1:
+        (unit, units), = length.items()
+        if unit in TIME_UNITS and isinstance(units, int) and units >= 1:
+            return unit, units
+    raise SearchConfigError(
+        f"{where}: set time_metric and max_time (e.g. time_metric: batches, max_time: 1000), or "
+        f"the legacy max_length (e.g. max_length: {{batches: 1000}}); got max_length {length!r}")
+
+
+def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
+    """The searcher block of experiment file ``data`` (from ``source``) as search settings."""
+    where = f"{source}: searcher"
+    raw = data.get("searcher") or {}
+    if not isinstance(raw, Mapping):
+        raise SearchConfigError(f"{where} must be a mapping; got {raw!r}")
+    name = raw.get("name", "single")
+    if name in REMOVED:
+        raise SearchConfigError(f"{where}.name: {REMOVED[name]}")
+    if name not in SEARCHERS:
+        raise SearchConfigError(f"{where}.name must be one of {', '.join(SEARCHERS)}; got {name!r}")
+    unknown = sorted(set(raw) - _COMMON - _FIELDS[name])
+    if unknown:
+        raise SearchConfigError(f"{where}.{unknown[0]} is not a field of the '{name}' searcher")
+    unit, max_length = _length(raw, where)
+    settings = SearchSettings(
+        name=name,
+        metric=raw.get("metric") or "validation_loss",
+        smaller_is_better=bool(raw.get("smaller_is_better", True)),
+        unit=unit,
+        max_length=max_length,
+        max_restarts=_whole(data, "max_restarts", 5, 0, f"{source}: experiment"),
+    )
+    if name in ("random", "adaptive_asha", "async_halving"):
+        settings.max_trials = _whole(raw, "max_trials", None, 1, where)
+    if name != "single":
+        settings.max_concurrent_trials = _whole(raw, "max_concurrent_trials", 16, 0, where)
+    if name in ("adaptive_asha", "async_halving"):
+        divisor = raw.get("divisor", 4.0)
+        if not isinstance(divisor, (int, float)) or isinstance(divisor, bool) or divisor <= 1:
+            raise SearchConfigError(f"{where}.divisor must be a number above 1; got {divisor!r}")
+        settings.divisor = float(divisor)
+        settings.promote = raw.get("stop_once") is False
+    if name == "async_halving":
+        settings.num_rungs = _whole(raw, "num_rungs", None, 1, where)
+    if name == "adaptive_asha":
+        settings.max_rungs = _whole(raw, "max_rungs", 5, 1, where)
+        mode = raw.get("mode", "standard") or "standard"
+        if mode not in ("aggressive", "standard", "conservative"):
+            raise SearchConfigError(f"{where}.mode must be aggressive, standard or conservative; "
+                                    f"got {mode!r}")
+        settings.mode = mode
+        settings.bracket_rungs = list(raw.get("bracket_rungs") or [])
+    return settings

@@ -1,0 +1,125 @@
+"""The search's work queue, kept in an Optuna study: no scheduler or database of hookdet's own.
+
+Each piece of work is a *segment*: train one hookdet trial up to a length (a rung for ASHA, the
+full length otherwise), resuming its run directory. The driver adds a segment as a WAITING Optuna
+trial whose user attributes describe it; a worker claims it with Optuna's atomic
+WAITING -> RUNNING transition (``storage.set_trial_state_values``, which answers False to every
+claimant but one), runs it, reports each validation of the searcher metric as an intermediate
+value, records the outcome in user attributes and finishes it COMPLETE (or FAIL). While running,
+the worker stamps a heartbeat attribute so the driver can tell a dead worker's segment.
+
+Storage: ``sqlite:///SEARCH_DIR/search.db`` by default (embedded, no server); any Optuna RDB URL
+(``postgresql://``, ``mysql://``) or ``journal:PATH`` (Optuna's journal file, for a shared disk).
+``optuna-dashboard URL`` reads the same store.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+STUDY_NAME = "hookdet-search"
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise SystemExit(
+            "hookdet: error: a hyperparameter search needs Optuna; install the 'search' extra: "
+            "pip install 'hookdet[search]'"
+        ) from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def default_storage(search_dir: Path) -> str:
+    return f"sqlite:///{Path(search_dir).resolve() / 'search.db'}"
+
+
+def open_storage(url: str) -> Any:
+    """An Optuna storage for ``url`` (an RDB URL or ``journal:PATH``)."""
+    optuna = _optuna()
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+        path = url[len("journal:"):]
+        backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path, grace_period=30))
+        return optuna.storages.JournalStorage(backend)
+    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
+                                      if url.startswith("sqlite") else {})
+
+
+def worker_id() -> str:
+    import os
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Queue:
+    """Segments of one search in an Optuna study."""
+
+    def __init__(self, storage_url: str, create: bool = False) -> None:
+        optuna = _optuna()
+        self.optuna = optuna
+        self.url = storage_url
+        self.storage = open_storage(storage_url)
+        if create:
+            self.study = optuna.create_study(study_name=STUDY_NAME, storage=self.storage,
+                                             load_if_exists=True)
+        else:
+            self.study = optuna.load_study(study_name=STUDY_NAME, storage=self.storage)
+        self.study_id = self.storage.get_study_id_from_name(STUDY_NAME)
+
+    def set_info(self, info: Dict[str, Any]) -> None:
+        for key, value in info.items():
+            self.study.set_user_attr(key, value)
+
+    def info(self) -> Dict[str, Any]:
+        return dict(self.study.user_attrs)
+
+    def segments(self) -> List[Any]:
+        return self.storage.get_all_trials(self.study_id, deepcopy=False)
+
+    def add(self, segment: Dict[str, Any]) -> None:
+        """Queue a segment (its ``key`` must be new; see :meth:`keys`)."""
+        trial = self.optuna.trial.create_trial(
+            state=self.optuna.trial.TrialState.WAITING, user_attrs=segment)
+        self.study.add_trial(trial)
+
+    def keys(self) -> set:
+        return {t.user_attrs.get("key") for t in self.segments()}
+
+    def claim(self) -> Optional[Any]:
+        """Take one WAITING segment (oldest first) for this worker, or None."""
+        waiting = self.optuna.trial.TrialState.WAITING
+        for trial in sorted(self.segments(), key=lambda t: t.number):
+            if trial.state != waiting:
+                continue
+            trial_id = self.trial_id(trial.number)
+            if self.storage.set_trial_state_values(
+                    trial_id, state=self.optuna.trial.TrialState.RUNNING):
+                self.stamp(trial_id)
+                return trial
+        return None
+
+    def trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def stamp(self, trial_id: int) -> None:
+        self.storage.set_trial_user_attr(trial_id, "worker", worker_id())
+        self.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+
+    def report(self, trial_id: int, step: int, value: float) -> None:
+        self.storage.set_trial_intermediate_value(trial_id, step, value)
+
+    def finish(self, trial_id: int, outcome: Dict[str, Any], ok: bool) -> None:
+        for key, value in outcome.items():
+            self.storage.set_trial_user_attr(trial_id, key, value)
+        state = self.optuna.trial.TrialState
+        value = outcome.get("metric")
+        if ok and value is not None:
+            self.storage.set_trial_state_values(trial_id, state=state.COMPLETE, values=[value])
+        else:
+            self.storage.set_trial_state_values(trial_id, state=state.FAIL)

@@ -1,0 +1,215 @@
+"""A search worker: claims segments from the queue and trains each with an ordinary ``hookdet run``.
+
+A segment runs ``hookdet run SEGMENT_CONFIG --run-dir TRIAL_DIR`` (``--resume TRIAL_DIR`` when
+the trial already has a checkpoint) in a process of its own, so any trial ``hookdet run``
+accepts can be searched, with its hyperparameters in the config and its seed in
+``HOOKDET_TRIAL_SEED``. Before a resume the trial's ``metrics.jsonl`` is cut back to the
+checkpoint's step, so a segment that died after its last checkpoint leaves no duplicate lines.
+
+Workers started by the driver (``--workers N``) are threads of it; ``hookdet search worker``
+runs the same loop in a process of its own, on this machine or another one that sees the search
+directory and the store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hookdet.search.store import Queue
+
+HEARTBEAT_SECONDS = 2.0
+#: ``hookdet run``'s exit statuses a worker tells apart.
+PREEMPTED, INVALID_HP = 75, 76
+
+
+def checkpoint_steps(run_dir: Path) -> Optional[int]:
+    """Batches trained at the newest complete checkpoint in ``run_dir`` (None: no checkpoint)."""
+    best: Optional[int] = None
+    for metadata in Path(run_dir).glob("checkpoints/*/metadata.json"):
+        try:
+            steps = int(json.loads(metadata.read_text())["steps_completed"])
+        except (OSError, ValueError, KeyError):
+            continue
+        best = steps if best is None else max(best, steps)
+    return best
+
+
+def trim_metrics(run_dir: Path, steps: Optional[int]) -> None:
+    """Drop ``metrics.jsonl`` lines past ``steps`` (all of them when None)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return
+    kept = []
+    if steps is not None:
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["steps_completed"] <= steps:
+                    kept.append(line)
+            except (ValueError, KeyError):
+                break  # a torn last line
+    partial = path.with_name(".metrics.jsonl.partial")
+    partial.write_text("".join(line + "\n" for line in kept))
+    partial.replace(path)
+
+
+def validations(run_dir: Path, metric: str) -> List[List[float]]:
+    """``[[batches, value], ...]`` of every validation of ``metric`` in the trial's log."""
+    path = Path(run_dir) / "metrics.jsonl"
+    found: List[List[float]] = []
+    if not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("group") == "validation" and metric in record.get("metrics", {}):
+            found.append([record["steps_completed"], float(record["metrics"][metric])])
+    return found
+
+
+class Slot:
+    """One worker's share of the machine: CPU cores and threads, GPUs."""
+
+    def __init__(self, index: int, count: int, slots_per_trial: int = 1) -> None:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        share = max(len(cores) // max(count, 1), 1)
+        self.cpus = cores[index * share:(index + 1) * share] if len(cores) >= count else cores
+        self.threads = max(len(self.cpus) // max(slots_per_trial, 1), 1)
+        self.gpus: Optional[List[int]] = None
+        visible = _visible_gpus()
+        if visible:
+            first = index * slots_per_trial
+            self.gpus = visible[first:first + slots_per_trial] or None
+
+    def env(self) -> Dict[str, str]:
+        env = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in self.gpus)
+        return env
+
+    def describe(self) -> Dict[str, Any]:
+        return {"cpus": self.cpus, "threads": self.threads, "gpus": self.gpus}
+
+
+def _visible_gpus() -> List[int]:
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [int(x) for x in listed.split(",") if x.strip().isdigit()]
+    try:
+        import torch
+
+        return list(range(torch.cuda.device_count()))
+    except Exception:
+        return []
+
+
+def _set_parent_death_signal() -> None:
+    """In the child: get SIGTERM (checkpoint and stop) if the worker dies without a word."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class SegmentRunner:
+    """Runs segments for one worker; :meth:`terminate` preempts the running one."""
+
+    def __init__(self, queue: Queue, slot: Slot) -> None:
+        self.queue, self.slot = queue, slot
+        self.process: Optional[subprocess.Popen] = None
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    def terminate(self) -> None:
+        with self._lock:
+            self.stopping = True
+            if self.process is not None and self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+
+    def run(self, segment: Any) -> None:
+        attrs = segment.user_attrs
+        trial_id = self.queue.trial_id(segment.number)
+        if self.stopping:  # claimed as the search was told to stop: hand it back untouched
+            self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
+            return
+        run_dir = Path(attrs["run_dir"])
+        steps = checkpoint_steps(run_dir)
+        trim_metrics(run_dir, steps)
+        command = [sys.executable, "-m", "hookdet", "run", attrs["config"], "--run-dir", str(run_dir),
+                   "--model-dir", attrs["model_dir"]]
+        if steps is not None:
+            command += ["--resume", str(run_dir)]
+        env = dict(os.environ, HOOKDET_TRIAL_SEED=str(attrs["seed"]), **self.slot.env())
+        env.pop("HOOKDET_RUN_DIR", None)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        with open(run_dir.parent / f"{run_dir.name}.log", "a") as log, self._lock:
+            cpus = self.slot.cpus
+
+            def child_setup() -> None:
+                _set_parent_death_signal()
+                if cpus and hasattr(os, "sched_setaffinity"):
+                    os.sched_setaffinity(0, cpus)
+
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            preexec_fn=child_setup, cwd=attrs["model_dir"])
+            if self.stopping:
+                self.process.send_signal(signal.SIGTERM)
+        self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
+        status = self._wait(trial_id)
+        found = validations(run_dir, attrs["metric"])
+        for batches, value in found:
+            if steps is None or batches > steps:
+                self.queue.report(trial_id, int(batches), value)
+        outcome = {"exit_code": status, "started": started, "ended": time.time(),
+                   "resumed_at": steps, "slot": self.slot.describe(),
+                   "metric": found[-1][1] if found else None,
+                   "batches": found[-1][0] if found else None}
+        self.queue.finish(trial_id, outcome, ok=status == 0)
+
+    def _wait(self, trial_id: int) -> int:
+        assert self.process is not None
+        while True:
+            try:
+                return self.process.wait(timeout=HEARTBEAT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.queue.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+
+
+def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float = 0.5) -> None:
+    """Claim and run segments until ``done`` is set (by the driver, or the study's end)."""
+    while not done.is_set() and not runner.stopping:
+        segment = queue.claim()
+        if segment is None:
+            if queue.info().get("finished"):
+                return
+            done.wait(poll)
+            continue
+        runner.run(segment)
+
+
+def main_worker(storage_url: str, index: int = 0, count: int = 1) -> int:
+    """``hookdet search worker``: join a search's store and work until the search ends."""
+    queue = Queue(storage_url)
+    slot = Slot(index, count, int(queue.info().get("slots_per_trial", 1)))
+    runner = SegmentRunner(queue, slot)
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        runner.terminate()
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    work(queue, runner, done)
+    return PREEMPTED if runner.stopping else 0

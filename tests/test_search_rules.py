@@ -1,0 +1,327 @@
+"""Search rules against Determined's own published test values (master/pkg/searcher/*_test.go,
+master/pkg/nprand/nprand_test.go, Determined 0.38.1) and against an independent port of its
+master's generator."""
+from __future__ import annotations
+
+import math
+import random
+import uuid
+
+import pytest
+
+from hookdet.config import parse_experiment_config
+from hookdet.search import methods
+from hookdet.search.space import MasterRandom, SpaceError, check_spec, draw_trial, grid
+
+
+# --------------------------------------------------------------------- an independent nprand
+
+
+class GoNprand:
+    """Determined's ``nprand.State`` transcribed from its Go source, on Python's own MT19937
+    (seeded with init_genrand as nprand.Seed is): Bits32, bitsLimit, Intn, UnitInterval, Read."""
+
+    def __init__(self, seed: int) -> None:
+        state = [seed & 0xFFFFFFFF]
+        for index in range(1, 624):
+            previous = state[-1]
+            state.append((1812433253 * (previous ^ (previous >> 30)) + index) & 0xFFFFFFFF)
+        self.mt = random.Random()
+        self.mt.setstate((3, tuple(state) + (624,), None))
+
+    def bits32(self) -> int:
+        return self.mt.getrandbits(32)
+
+    def bits_limit(self, limit: int) -> int:
+        if limit == 0:
+            return 0
+        mask = limit
+        for shift in (1, 2, 4, 8, 16, 32):
+            mask |= mask >> shift
+        while True:
+            value = self.bits32() & mask
+            if value <= limit:
+                return value
+
+    def intn(self, n: int) -> int:
+        return self.bits_limit(n - 1)
+
+    def uniform(self, low: float, high: float) -> float:
+        a, b = self.bits32() >> 5, self.bits32() >> 6
+        return low + (high - low) * ((a * (1 << 26) + b) / (1 << 53))
+
+    def create(self, sample) -> tuple:
+        """NewCreate(rand, sampleAll(...)): sample, then 16 bytes of request id, then the seed."""
+        hparams = sample(self)
+        raw = bytearray()
+        for _ in range(4):
+            raw += self.bits32().to_bytes(4, "little")
+        raw[6] = (raw[6] & 0x0F) | 0x40
+        raw[8] = (raw[8] & 0x3F) | 0x80
+        return hparams, str(uuid.UUID(bytes=bytes(raw))), self.bits_limit((1 << 31) - 1)
+
+
+def test_the_master_stream_matches_nprands_published_numpy_values() -> None:
+    # nprand_test.go TestInt: state = np.random.RandomState(42); [state.randint(0,10) ...]
+    published = [6, 3, 7, 4, 6, 9, 2, 6, 7, 4, 3, 7, 7, 2, 5, 4, 1, 7, 5, 1, 4, 0, 9, 5]
+    ours, go = MasterRandom(42), GoNprand(42)
+    assert [ours.intn(10) for _ in published] == published
+    assert [go.intn(10) for _ in published] == published
+
+
+SPACE = {
+    "global_batch_size": 32,
+    "n_filters": {"type": "int", "minval": 8, "maxval": 64},
+    "dropout": {"type": "double", "minval": 0.2, "maxval": 0.5},
+    "lr": {"type": "log", "minval": -4, "maxval": -1, "base": 10},
+    "act": {"type": "categorical", "vals": ["relu", {"name": "gelu"}, [1, 2]]},
+    "fixed": {"type": "const", "val": {"type": "not a spec"}},
+}
+
+
+def _reference_sample(rand: GoNprand) -> dict:
+    """sampleAll in Go's order (names sorted) with Go's formulas."""
+    out = {}
+    for name in sorted(SPACE):
+        spec = SPACE[name]
+        if not isinstance(spec, dict):
+            out[name] = spec
+        elif spec["type"] == "const":
+            out[name] = spec["val"]
+        elif spec["type"] == "int":
+            out[name] = spec["minval"] + rand.intn(spec["maxval"] - spec["minval"] + 1)
+        elif spec["type"] == "double":
+            out[name] = rand.uniform(spec["minval"], spec["maxval"])
+        elif spec["type"] == "log":
+            out[name] = math.pow(spec["base"], rand.uniform(spec["minval"], spec["maxval"]))
+        else:
+            out[name] = spec["vals"][rand.intn(len(spec["vals"]))]
+    return out
+
+
+def test_trials_draw_determineds_hparams_request_ids_and_seeds() -> None:
+    ours, go = MasterRandom(1234), GoNprand(1234)
+    for _ in range(20):
+        draw = draw_trial(SPACE, ours)
+        hparams, request_id, seed = go.create(_reference_sample)
+        assert (draw.hparams, draw.request_id, draw.seed) == (hparams, request_id, seed)
+        assert 0 <= draw.seed < 2**31
+
+
+def test_a_single_run_of_a_space_trains_trial_ones_draw_with_its_seed() -> None:
+    config = parse_experiment_config({"hyperparameters": SPACE,
+                                      "reproducibility": {"experiment_seed": 99}})
+    go = GoNprand(99)
+    first = go.create(_reference_sample)
+    second = go.create(_reference_sample)
+    assert config.hyperparameters == first[0]
+    assert config.trial_seed() == first[2]
+    assert config.trial_seed(2) == second[2]
+
+
+def test_constant_only_configs_keep_their_seed_stream() -> None:
+    config = parse_experiment_config({"hyperparameters": {"lr": 0.1},
+                                      "reproducibility": {"experiment_seed": 5}})
+    go = GoNprand(5)
+    assert config.trial_seed() == go.create(lambda rand: {})[2]
+
+
+# --------------------------------------------------------------------- spaces and grids
+
+
+def _ints(maxval: int, count: int, minval: int = 0) -> dict:
+    return {"type": "int", "minval": minval, "maxval": maxval, "count": count}
+
+
+def test_grid_equals_determineds_test_grid() -> None:
+    # grid_test.go TestGrid
+    points = grid({"1": _ints(20, 3), "2": _ints(10, 3)})
+    assert points == [{"1": a, "2": b} for a in (0, 10, 20) for b in (0, 5, 10)]
+
+
+def test_nested_grid_equals_determineds() -> None:
+    # grid_test.go TestNestedGrid
+    points = grid({"1": _ints(20, 3), "2": {"3": _ints(10, 3)}})
+    assert points == [{"1": a, "2": {"3": b}} for a in (0, 10, 20) for b in (0, 5, 10)]
+
+
+def test_grid_int_counts_are_capped_and_rounded_as_determineds() -> None:
+    # grid_test.go TestGridIntCount / TestGridIntCountNegative
+    assert grid({"1": _ints(4, 5)}) == [{"1": v} for v in range(5)]
+    assert grid({"1": _ints(-2, 3, minval=-4)}) == [{"1": -4}, {"1": -3}, {"1": -2}]
+    assert grid({"1": _ints(4, 100)}) == [{"1": v} for v in range(5)]  # capped
+    assert grid({"1": _ints(3, 1)}) == [{"1": 2}]  # midpoint 1.5 rounds away from zero
+    assert grid({"1": {"type": "log", "minval": -4, "maxval": -2, "base": 10, "count": 1}}) == [
+        {"1": pytest.approx(1e-3)}]
+    assert grid({"1": {"type": "double", "minval": 0, "maxval": 1, "count": 3}}) == [
+        {"1": 0.0}, {"1": 0.5}, {"1": 1.0}]
+
+
+def test_malformed_specs_are_named() -> None:
+    with pytest.raises(SpaceError, match="minval must be less than maxval"):
+        check_spec({"type": "int", "minval": 3, "maxval": 3}, ("x",))
+    with pytest.raises(SpaceError, match="non-empty list"):
+        check_spec({"type": "categorical", "vals": []}, ("x",))
+    with pytest.raises(SpaceError) as caught:
+        check_spec({"type": "log", "minval": 0, "maxval": 1}, ("x",))
+    assert "needs 'base'" in str(caught.value)
+
+
+# --------------------------------------------------------------------- ASHA's numbers
+
+
+def test_rungs_equal_determineds_make_rungs() -> None:
+    # asha_stopping_test.go TestMakeRungs
+    assert methods.rung_units(3, 3.0, 9) == [1, 3, 9]
+    assert methods.rung_units(4, 2.0, 10) == [1, 2, 5, 10]
+    assert methods.rung_units(1, 3.0, 9) == [9]
+    assert methods.rung_units(3, 3.0, 900) == [100, 300, 900]
+
+
+def test_bracket_sizes_equal_determineds() -> None:
+    # adaptive_asha_test.go TestBracketMaxTrials / TestBracketMaxConcurrentTrials
+    assert methods.bracket_max_trials(20, 3.0, [3, 2, 1]) == [12, 5, 3]
+    assert methods.bracket_max_trials(50, 3.0, [4, 3]) == [35, 15]
+    assert methods.bracket_max_trials(50, 4.0, [3, 2]) == [37, 13]
+    assert methods.bracket_max_trials(100, 4.0, [4, 3, 2]) == [70, 22, 8]
+    assert methods.bracket_max_concurrent(0, 3.0, [9, 3, 1]) == [3, 3, 3]
+    assert methods.bracket_max_concurrent(11, 3.0, [9, 3, 1]) == [4, 4, 3]
+    assert methods.bracket_max_concurrent(0, 4.0, [40, 10]) == [10, 10]
+
+
+def test_brackets_equal_determineds_make_brackets() -> None:
+    # adaptive_asha_test.go TestMakeBrackets (first two cases)
+    assert methods.make_brackets(10, 100, mode="standard", max_concurrent_trials=2) == [
+        {"num_rungs": 2, "max_trials": 7, "max_concurrent_trials": 1},
+        {"num_rungs": 1, "max_trials": 3, "max_concurrent_trials": 1},
+    ]
+    assert methods.make_brackets(10, 1000, divisor=3.0, mode="conservative",
+                                 max_concurrent_trials=5) == [
+        {"num_rungs": 3, "max_trials": 7, "max_concurrent_trials": 2},
+        {"num_rungs": 2, "max_trials": 2, "max_concurrent_trials": 2},
+        {"num_rungs": 1, "max_trials": 1, "max_concurrent_trials": 1},
+    ]
+
+
+def _asha(rungs, trial_rungs, divisor=3.0) -> methods.AsyncHalvingSearch:
+    search = methods.AsyncHalvingSearch(len(rungs), 9, 10, divisor)
+    search.state["rungs"] = rungs
+    search.state["trial_rungs"] = trial_rungs
+    return search
+
+
+def test_early_stopping_equals_determineds_stop_trials_cases() -> None:
+    # asha_stopping_test.go TestStopTrials
+    empty = lambda: [{"units": 1, "metrics": []}, {"units": 3, "metrics": []},
+                     {"units": 9, "metrics": []}]
+    search = _asha(empty(), {"r1": 0})
+    assert search.early_stopping("r1", 1, 0.5) == []
+    assert search.state["trial_rungs"] == {"r1": 1}
+    assert search.state["rungs"][0]["metrics"] == [["r1", 0.5]]
+
+    rungs = empty()
+    rungs[0]["metrics"] = [["r1", 0.5]]
+    search = _asha(rungs, {"r1": 1, "r2": 0})
+    assert search.early_stopping("r2", 1, 0.4) == []
+    assert search.state["trial_rungs"] == {"r1": 1, "r2": 1}
+    assert search.state["rungs"][0]["metrics"] == [["r2", 0.4], ["r1", 0.5]]
+
+    rungs = empty()
+    rungs[0]["metrics"] = [["r1", 0.5]]
+    search = _asha(rungs, {"r1": 1, "r2": 0})
+    assert search.early_stopping("r2", 1, 0.6) == [methods.Stop("r2")]
+    assert search.state["trial_rungs"] == {"r1": 1, "r2": 0}
+    assert search.state["rungs"][0]["metrics"] == [["r1", 0.5], ["r2", 0.6]]
+
+
+def _reference_decisions(table, units, divisor):
+    """ASHA stop-once, written from Determined's rule rather than its structure: at each rung a
+    trial reaches, it continues iff its rank among the metrics recorded there so far (ties:
+    earlier arrivals first) is below max(floor(n / divisor), 1); the top rung always stops."""
+    seen = {rung: [] for rung in range(len(units))}
+    decisions = []
+    for trial, rung, metric in table:
+        seen[rung].append(metric)
+        rank = sum(1 for m in seen[rung] if m < metric)
+        if rung == len(units) - 1:
+            decisions.append((trial, "stop"))
+        elif rank >= max(int(len(seen[rung]) / divisor), 1):
+            decisions.append((trial, "stop"))
+        else:
+            decisions.append((trial, "continue"))
+    return decisions
+
+
+def test_asha_decisions_on_a_scripted_table_equal_the_reference() -> None:
+    rng = random.Random(3)
+    units, divisor = methods.rung_units(3, 3.0, 27), 3.0
+    search = methods.AsyncHalvingSearch(3, 27, 60, divisor)
+    alive, table, decisions = {}, [], []
+    for step in range(400):
+        if len(alive) < 4 and len(search.state["trial_rungs"]) < 60:
+            rid = f"t{len(search.state['trial_rungs'])}"
+            search.trial_created(None, rid)
+            alive[rid] = 0
+        if not alive:
+            break
+        rid = rng.choice(sorted(alive))
+        rung = alive[rid]
+        metric = round(rng.random(), 2)  # ties happen
+        table.append((rid, rung, metric))
+        actions = search.early_stopping(rid, units[rung], metric)
+        decisions.append((rid, "stop" if actions else "continue"))
+        if actions:
+            del alive[rid]
+        else:
+            alive[rid] = rung + 1
+    assert len(table) > 50
+    assert decisions == _reference_decisions(table, units, divisor)
+
+
+class _Ctx:
+    """A context whose creates are numbered, to follow what the searchers create."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.space = {"x": {"type": "int", "minval": 0, "maxval": 1, "count": 2}}
+        self.rand = MasterRandom(0)
+
+    def create(self, bracket: int = 0) -> methods.Create:
+        self.count += 1
+        return methods.Create(f"r{self.count}", 0, {}, bracket)
+
+
+def test_invalid_hp_is_replaced_by_random_and_asha_not_by_grid() -> None:
+    ctx = _Ctx()
+    rand_search = methods.RandomSearch(max_trials=2, max_concurrent_trials=1)
+    [first] = rand_search.initial_trials(ctx)
+    rand_search.trial_exited_early(ctx, first.request_id, methods.INVALID_HP)
+    assert len(rand_search.trial_exited(ctx, first.request_id)) == 1  # replacement
+    errored = methods.RandomSearch(max_trials=1, max_concurrent_trials=1)
+    [only] = errored.initial_trials(ctx)
+    errored.trial_exited_early(ctx, only.request_id, methods.ERRORED)
+    assert errored.trial_exited(ctx, only.request_id) == []  # an errored trial is not
+
+    asha = methods.AsyncHalvingSearch(2, 4, 1, 2.0, max_concurrent_trials=1)
+    [trial] = asha.initial_trials(ctx)
+    asha.trial_created(ctx, trial.request_id)
+    actions = asha.trial_exited_early(ctx, trial.request_id, methods.INVALID_HP)
+    assert [type(a) for a in actions] == [methods.Stop, methods.Create]
+
+    grid_search = methods.GridSearch(max_concurrent_trials=1)
+    ctx.rand = MasterRandom(0)
+    [point] = grid_search.initial_trials(ctx)
+    assert grid_search.trial_exited_early(ctx, point.request_id, methods.INVALID_HP) == []
+    [next_point] = grid_search.trial_exited(ctx, point.request_id)
+    assert next_point.hparams != point.hparams  # the next point, not the invalid one again
+    assert grid_search.trial_exited(ctx, next_point.request_id) == []
+
+
+def test_an_errored_asha_trial_counts_as_worst_in_its_rung() -> None:
+    ctx = _Ctx()
+    asha = methods.AsyncHalvingSearch(2, 4, 5, 2.0, max_concurrent_trials=2)
+    for create in asha.initial_trials(ctx):
+        asha.trial_created(ctx, create.request_id)
+    asha.trial_exited_early(ctx, "r1", methods.ERRORED)
+    assert asha.state["rungs"][0]["metrics"] == [["r1", methods.EXITED_METRIC]]
+    assert asha.early_stopping("r2", 2, 1e300) == []  # better than the errored one: continues

@@ -1,0 +1,210 @@
+"""Searches run end to end: real ``hookdet run`` driver processes, real trial processes, a real
+Optuna store (SQLite, and the journal file shared by two worker processes)."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+pytest.importorskip("optuna")
+
+from hookdet.search import methods  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "search"
+HOOKDET = [sys.executable, "-m", "hookdet"]
+
+
+def env(tmp_path: Path) -> Dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "MLFLOW_DISABLE_TELEMETRY": "true", "SEARCH_TEST_LOG": str(tmp_path / "trials.log")}
+
+
+def search(tmp_path: Path, config: str, *args: str, timeout: int = 280) -> subprocess.CompletedProcess:
+    return subprocess.run([*HOOKDET, "run", str(FIXTURES / config), *args], cwd=tmp_path,
+                          env=env(tmp_path), capture_output=True, text=True, timeout=timeout)
+
+
+def summary(search_dir: Path, drop=("restarts",)) -> List[Dict[str, str]]:
+    with open(search_dir / "summary.csv") as handle:
+        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(handle)]
+
+
+def segments(search_dir: Path) -> list:
+    import optuna
+
+    storage = json.loads((search_dir / "search.json").read_text())["storage"]
+    study = optuna.load_study(study_name="hookdet-search", storage=storage)
+    return study.get_trials(deepcopy=False)
+
+
+def max_overlap(intervals: List[tuple]) -> int:
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.slow
+def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_path: Path) -> None:
+    two = search(tmp_path, "random.yaml", "--run-dir", "two", "--workers", "2")
+    assert two.returncode == 0, two.stderr[-3000:]
+    rows = summary(tmp_path / "two")
+    # experiment_seed 14 draws invalid = F, T, T, F, F: both invalid trials are replaced
+    assert [row["state"] for row in rows] == ["completed", "invalid_hp", "invalid_hp",
+                                              "completed", "completed"]
+    assert [row["hp.invalid"] for row in rows] == ["False", "True", "True", "False", "False"]
+    assert (tmp_path / "two" / "searcher-metric.png").stat().st_size > 1000
+    assert "best validation_loss" in two.stdout
+
+    ran = [s.user_attrs for s in segments(tmp_path / "two") if "started" in s.user_attrs]
+    assert max_overlap([(a["started"], a["ended"]) for a in ran]) == 2
+    assert {tuple(a["slot"]["cpus"]) for a in ran} == {(0,), (1,)}  # each worker its own core
+    starts = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()]
+    assert {tuple(s["cpus"]) for s in starts} == {(0,), (1,)}
+    assert {s["seed"] for s in starts} == {int(row["seed"]) for row in rows}
+
+    one = search(tmp_path, "random.yaml", "--run-dir", "one", "--workers", "1")
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert summary(tmp_path / "one") == rows
+
+
+@pytest.mark.slow
+def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterrupted_run(
+        tmp_path: Path) -> None:
+    result = search(tmp_path, "asha.yaml", "--run-dir", "asha", "--workers", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    search_dir = tmp_path / "asha"
+    state = json.loads((search_dir / "search-state.json").read_text())
+    by_key = {s.user_attrs["key"]: s.user_attrs for s in segments(search_dir)}
+    units = methods.rung_units(2, 2.0, 8)
+    assert units == [4, 8]
+
+    # Replay the validations in the order the driver took them through the rule.
+    seen: Dict[int, list] = {0: [], 1: []}
+    expected = {}
+    for key in state["processed"]:
+        attrs = by_key[key]
+        rung = units.index(attrs["target"])
+        seen[rung].append(attrs["metric"])
+        rank = sum(1 for m in seen[rung] if m < attrs["metric"])
+        stop = rung == 1 or rank >= max(int(len(seen[rung]) / 2.0), 1)
+        expected[attrs["request_id"]] = ("completed" if rung == 1 else
+                                         "stopped" if stop else "continued")
+    for rid, trial in state["trials"].items():
+        assert trial["state"] == expected[rid]
+    assert len(state["trials"]) == 4
+    finished = [t for t in state["trials"].values() if t["state"] == "completed"]
+    assert finished and all(t["batches"] == 8 for t in finished)
+    assert all(t["batches"] == 4 for t in state["trials"].values() if t["state"] == "stopped")
+
+    # The continued trial (resumed from its rung-0 checkpoint) equals one run straight through.
+    trial = finished[0]
+    straight = tmp_path / "straight"
+    run = subprocess.run(
+        [*HOOKDET, "run", str(Path(trial["dir"]) / "segment-2.yaml"), "--run-dir", str(straight),
+         "--model-dir", str(FIXTURES)],
+        cwd=tmp_path, env={**env(tmp_path), "HOOKDET_TRIAL_SEED": str(trial["seed"])},
+        capture_output=True, text=True, timeout=200)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    def values(path: Path) -> list:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        return [(r["group"], r["steps_completed"], r["metrics"]) for r in records]
+
+    assert values(Path(trial["dir"]) / "metrics.jsonl") == values(straight / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path) -> None:
+    clean = search(tmp_path, "grid.yaml", "--run-dir", "clean", "--workers", "2")
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    rows = summary(tmp_path / "clean")
+    assert sorted((row["hp.invalid"], row["state"]) for row in rows) == [
+        ("False", "completed"), ("False", "completed"), ("True", "invalid_hp"),
+        ("True", "invalid_hp")]
+
+    # SIGKILL the driver at random moments, resume each time; then SIGTERM once (exit 75).
+    rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "3"))
+    rng = random.Random(7)
+    command = [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--workers", "2"]
+    first = True
+    for _ in range(rounds):
+        args = ["--run-dir", "killed"] if first else ["--resume", "killed"]
+        driver = subprocess.Popen(command + args, cwd=tmp_path, env=env(tmp_path),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        first = False
+        try:
+            driver.wait(timeout=rng.uniform(4, 12))
+            break  # finished before the kill
+        except subprocess.TimeoutExpired:
+            driver.send_signal(signal.SIGKILL)
+            driver.wait()
+    terminated = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path,
+                                  env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+    try:
+        terminated.wait(timeout=8)
+    except subprocess.TimeoutExpired:
+        terminated.send_signal(signal.SIGTERM)
+        assert terminated.wait(timeout=120) == 75
+    resumed = search(tmp_path, "grid.yaml", "--resume", "killed", "--workers", "2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(tmp_path / "killed", drop=("restarts", "best", "last")) == summary(
+        tmp_path / "clean", drop=("restarts", "best", "last"))
+    killed_rows = summary(tmp_path / "killed")
+    clean_rows = summary(tmp_path / "clean")
+    for killed_row, clean_row in zip(killed_rows, clean_rows):
+        assert killed_row["last"] == clean_row["last"]  # resumed bit for bit: same final metric
+    assert not [s for s in segments(tmp_path / "killed") if s.state.name in ("RUNNING", "WAITING")]
+
+
+@pytest.mark.slow
+def test_two_worker_processes_on_one_journal_store_finish_a_search(tmp_path: Path) -> None:
+    journal = f"journal:{tmp_path / 'store.log'}"
+    driver = subprocess.Popen(
+        [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--run-dir", "shared", "--workers", "0",
+         "--storage", journal], cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    workers = [subprocess.Popen([*HOOKDET, "search", "worker", "--storage", journal,
+                                 "--index", str(i), "--of", "2"], cwd=tmp_path, env=env(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    out, err = driver.communicate(timeout=280)
+    assert driver.returncode == 0, err[-3000:]
+    for worker in workers:
+        assert worker.wait(timeout=60) == 0
+    done_by = {s.user_attrs["worker"] for s in segments(tmp_path / "shared")}
+    assert done_by == {f"{os.uname().nodename}:{w.pid}" for w in workers}
+    assert len(summary(tmp_path / "shared")) == 4
+
+
+def test_searchers_determined_removed_are_refused_with_its_reason(tmp_path: Path) -> None:
+    config = tmp_path / "old.yaml"
+    config.write_text((FIXTURES / "grid.yaml").read_text().replace("name: grid", "name: adaptive_simple"))
+    result = subprocess.run([*HOOKDET, "run", str(config)], cwd=tmp_path, env=env(tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert ("searcher.name: the 'adaptive_simple' searcher has been removed and is not valid for "
+            "new experiments") in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_preview_lists_rungs_and_the_first_trials(tmp_path: Path) -> None:
+    result = subprocess.run([*HOOKDET, "search", "preview", str(FIXTURES / "asha.yaml")],
+                            cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "4 trials, rungs at [4, 8] batches" in result.stdout
+    assert result.stdout.count("    trial ") == 2
