@@ -511,9 +511,10 @@ def adapt_training_loader(
 
     A hookdet :class:`DataLoader` becomes its endless, sharded, resumed torch loader
     (``get_data_loader(repeat, skip, num_replicas, rank, seed=seed)``); ``len()`` of the result is
-    what this rank gets of one pass (the loop's epoch length is :meth:`DataLoader.epoch_length`). Anything else raises :class:`DatasetReproducibilityError` unless
-    ``disable_checks`` (set by ``context.experimental.disable_dataset_reproducibility_checks()``),
-    in which case it is wrapped in a :class:`PlainLoaderAdapter`.
+    what this rank gets of one pass (the loop's epoch length is :meth:`DataLoader.epoch_length`).
+    Anything else raises :class:`DatasetReproducibilityError` unless ``disable_checks`` (set by
+    ``context.experimental.disable_dataset_reproducibility_checks()``), in which case it is
+    wrapped in a :class:`PlainLoaderAdapter`.
     """
     if isinstance(loader, DataLoader):
         return loader.get_data_loader(

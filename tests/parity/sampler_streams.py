@@ -124,6 +124,15 @@ def streams(root: str) -> Dict[str, Any]:
                     loader.get_data_loader(repeat, skip, replicas, rank),
                     3 * size,
                 )
+            for skip, repeat, drop_last in itertools.product(SKIPS, (False, True), (False, True)):
+                if repeat and drop_last and size < 2:
+                    continue  # no batch at all: Determined's repeat spins forever (hookdet raises)
+                unshuffled = pytorch.DataLoader(list(range(size)), batch_size=2, drop_last=drop_last)
+                record(
+                    f"unshuffled loader {where} skip={skip} repeat={repeat} drop_last={drop_last}",
+                    unshuffled.get_data_loader(repeat, skip, replicas, rank),
+                    3 * size,
+                )
     return out
 
 
