@@ -28,14 +28,11 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-DEFAULT_DET_PYTHONS = [REPO / ".venv-determined" / "bin" / "python", Path("/work/detvenv/det/bin/python")]
+DEFAULT_DET_PYTHONS = [REPO / ".venv-determined" / "bin" / "python"]
 
 #: Differences another branch of issue 14 fixes; each must still differ here (so the entry is
 #: removed when that branch is merged) and nothing else may.
-PENDING_ELSEWHERE: Dict[str, str] = {
-    "pytorch.Trainer.fit": "parameter order (Determined: checkpoint_period, validation_period, "
-    "max_length, ...): fixed on branch parity-scripts",
-}
+PENDING_ELSEWHERE: Dict[str, str] = {}
 
 
 def determined_python() -> str:
