@@ -60,8 +60,9 @@ def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool 
     storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
     names = resolve_plugin_names(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
     launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if launched_distributed and not any(name in names for name in DISTRIBUTED_PLUGINS):
-        names.append("ddp")
+    launched_by_horovod = int(os.environ.get("HOROVOD_SIZE", "1")) > 1  # horovodrun's ranks
+    if (launched_distributed or launched_by_horovod) and not any(name in names for name in DISTRIBUTED_PLUGINS):
+        names.append("horovod" if launched_by_horovod else "ddp")
     if not enable_tensorboard_logging:
         names = [name for name in names if name != "tensorboard"]
     return names
