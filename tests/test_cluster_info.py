@@ -3,13 +3,11 @@ and the Trainer API's checkpoint policy and retention as Determined's local Trai
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-import torch
 
 import hookdet as det
 from hookdet import InvalidHP, cluster_info, pytorch
