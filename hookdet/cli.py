@@ -2,7 +2,9 @@
 
 ``hookdet run CONFIG`` with ``resources.slots_per_trial: N`` (or ``--slots N``) re-launches itself
 under ``torch.distributed.run`` (torchrun) with N processes (under horovodrun when the experiment
-lists the ``horovod`` plugin); torchrun's own options pass through for several nodes.
+lists the ``horovod`` plugin); torchrun's own options pass through for several nodes. An
+entrypoint that is a command (a script, or a Determined launch layer wrapping one) runs as
+Determined runs it: see :mod:`hookdet.script_entrypoint`.
 """
 from __future__ import annotations
 

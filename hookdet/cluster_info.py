@@ -60,6 +60,12 @@ class TrialInfo:
         self._debug = debug
         self._inter_node_network_interface = inter_node_network_interface
 
+    @property
+    def experiment_config(self) -> Dict[str, Any]:
+        """hookdet's extra: the experiment file as a dict (Determined keeps it private, as
+        ``_config``, because its shape is not a stable API; hookdet's ``pytorch.init`` reads it)."""
+        return self._config
+
     def to_dict(self) -> Dict[str, Any]:
         """The constructor's arguments, as JSON-serialisable values."""
         return {name.lstrip("_"): value for name, value in vars(self).items()}
@@ -124,7 +130,7 @@ class ClusterInfo:
     @property
     def user_data(self) -> Dict[str, Any]:
         """The experiment file's ``data`` section."""
-        return dict(self.trial._config.get("data") or {}) if self.task_type == "TRIAL" else {}
+        return dict(self.trial.experiment_config.get("data") or {}) if self.task_type == "TRIAL" else {}
 
     @property
     def container_addrs(self) -> List[str]:

@@ -79,7 +79,9 @@ def split_launch_layer(tokens: Sequence[str]) -> Tuple[Optional[str], List[str],
     return layer, overrides, rest
 
 
-def script_command(entrypoint: str, slots: int, torchrun_options: Sequence[str], source: str) -> Tuple[List[str], bool, Dict[str, str]]:
+def script_command(
+    entrypoint: str, slots: int, torchrun_options: Sequence[str], source: str
+) -> Tuple[List[str], bool, Dict[str, str]]:
     """The command that runs ``entrypoint`` with ``slots`` processes, whether it is a launcher
     (signals go to it alone, not its process group), and the environment it adds."""
     tokens = shlex.split(entrypoint)
@@ -155,7 +157,8 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     logger.info("running %s in %s (run directory %s)", shlex.join(command), model_dir, run_dir)
     status = run_passing_signals(command, env, model_dir, to_group=not is_launcher)
     outcomes = cluster_info.read_outcomes(info_dir)
-    print(f"hookdet: entrypoint exited with status {status}\n  run directory: {run_dir.resolve()}", flush=True)
+    print(f"hookdet: entrypoint exited with status {status}", flush=True)
+    print(f"  run directory: {run_dir.resolve()}", flush=True)
     return exit_status(status, outcomes, slots if is_launcher else 1, is_launcher)
 
 

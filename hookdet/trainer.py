@@ -62,8 +62,10 @@ def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool 
     storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
     names = resolve_plugin_names(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
     launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if launched_distributed and not any(name in names for name in DISTRIBUTED_PLUGINS):
-        names.append("ddp")
+    launched_by_horovod = int(os.environ.get("HOROVOD_SIZE", "1")) > 1  # horovodrun's ranks
+    launched = launched_distributed or launched_by_horovod
+    if launched and not any(name in names for name in DISTRIBUTED_PLUGINS):
+        names.append("horovod" if launched_by_horovod else "ddp")
     if not enable_tensorboard_logging:
         names = [name for name in names if name != "tensorboard"]
     return names
@@ -95,7 +97,9 @@ def init(
     """
     info = cluster_info.get_cluster_info()
     if info is not None and info.task_type == "TRIAL" and not isinstance(exp_conf, ExperimentConfig):
-        exp_conf = parse_experiment_config(info.trial._config, source="hookdet run's experiment file")
+        exp_conf = parse_experiment_config(
+            info.trial.experiment_config, source="hookdet run's experiment file"
+        )
         run_dir = run_dir if run_dir is not None else info.run_dir
     config = exp_conf if isinstance(exp_conf, ExperimentConfig) else parse_experiment_config(
         exp_conf or {}, source="exp_conf"

@@ -3,18 +3,17 @@ and the Trainer API's checkpoint policy and retention as Determined's local Trai
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-import torch
 
 import hookdet as det
 from hookdet import InvalidHP, cluster_info, pytorch
 from hookdet import checkpoint_format as fmt
 from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.cli import main
 from hookdet.config import parse_experiment_config
 from hookdet.script_entrypoint import EntrypointError, exit_status, script_command, split_launch_layer
 from tests.fixtures.trainer_script.train import DigitsTrial
@@ -244,3 +243,23 @@ def test_under_hookdet_run_unconfigured_retention_has_determineds_defaults(tmp_p
     losses = validation_losses(tmp_path / "run")
     best = max(losses, key=lambda step: (losses[step], -step))
     assert best != 8 and steps == sorted({best, 8})
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--test-mode"], "const.yaml: --test-mode runs trial classes; a script asks for it with "
+                          "Trainer.fit(test_mode=True)"),
+        (["--slots", "2"], "const.yaml: resources.slots_per_trial is 2, but the entrypoint "
+                           "'python3 train.py' starts one process"),
+    ],
+)
+def test_hookdet_run_refuses_what_a_script_cannot_do_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: List[str], message: str
+) -> None:
+    config = tmp_path / "const.yaml"
+    config.write_text("entrypoint: python3 train.py\nsearcher: {metric: validation_loss}\n")
+    assert main(["run", str(config), "--run-dir", str(tmp_path / "run"), *extra]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"hookdet: error: {config}: ") and message.split(": ", 1)[1] in error
+    assert not (tmp_path / "run").exists()  # refused before anything was made

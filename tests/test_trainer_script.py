@@ -148,8 +148,12 @@ def determined_copy(tmp_path: Path) -> Path:
     directory = tmp_path / "determined"
     directory.mkdir()
     source = (FIXTURE / "train.py").read_text()
-    changed = source.replace("import hookdet as det  # under Determined: import determined as det", "import determined as det")
-    changed = changed.replace("from hookdet import pytorch  # under Determined: from determined import pytorch", "from determined import pytorch")
+    changed = source.replace(
+        "import hookdet as det  # under Determined: import determined as det", "import determined as det"
+    ).replace(
+        "from hookdet import pytorch  # under Determined: from determined import pytorch",
+        "from determined import pytorch",
+    )
     assert "import hookdet" not in changed and "from hookdet" not in changed
     (directory / "train.py").write_text(changed)
     shutil.copy(FIXTURE / "const.yaml", directory)

@@ -32,6 +32,11 @@ process group from them (gloo on CPU, nccl on CUDA) and then:
   syncing buffers until training resumes. Ranks may therefore evaluate different numbers of
   batches, and ``evaluate_full_dataset`` may run the wrapped model on the chief alone.
 
+A script that joined the process group itself and passes
+``det.core.DistributedContext.from_torch_distributed()`` to ``pytorch.init(distributed=...)``
+(Determined's local-distributed recipe) keeps its context; the plugin adopts it and wraps models
+the same way.
+
 Run with one process (no ``WORLD_SIZE`` above 1) the plugin steps aside: the model is not
 wrapped and ``wrap_model`` options are accepted and ignored, so one trial runs both ways.
 """
