@@ -82,4 +82,21 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "more exact one",
         "test_parity.py (every case compares the values)",
     ),
+    "misuse-error-type": Difference(
+        "intended",
+        "train_batch returning a list, or evaluate_batch a bare tensor, fails inside Determined's "
+        "own code with AttributeError (\"'list' object has no attribute ...\")",
+        "raises TrialError at the same point, naming the method and what it returned",
+        "an error should say which method broke which rule, not where the framework tripped",
+        "test_parity.py::test_misuse_raises_alike",
+    ),
+    "non-scalar-training-metric": Difference(
+        "intended",
+        "a training metric with several elements is averaged over all its elements into one "
+        "number, silently",
+        "refuses it with an error naming the metric, its shape and the batch (validation "
+        "metrics may have any shape)",
+        "the mean of a vector's elements is rarely what the trial meant to report",
+        "test_parity.py::test_vector_training_metric",
+    ),
 }

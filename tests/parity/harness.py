@@ -76,7 +76,9 @@ def _environment(framework: str, workdir: Path) -> Dict[str, str]:
     return env
 
 
-def _launch(framework: str, spec: Dict[str, Any], workdir: Path, phase: int, ranks: int) -> List[Any]:
+def _launch(
+    framework: str, spec: Dict[str, Any], workdir: Path, phase: int, ranks: int, unset_env: tuple = ()
+) -> List[Any]:
     python = str(require_determined()) if framework == "determined" else sys.executable
     spec_path = workdir / f"spec{phase}.json"
     spec_path.write_text(json.dumps(spec))
@@ -84,6 +86,8 @@ def _launch(framework: str, spec: Dict[str, Any], workdir: Path, phase: int, ran
     port = _free_port()
     for rank in range(ranks):
         env = _environment(framework, workdir)
+        for variable in unset_env:
+            env.pop(variable, None)
         if ranks > 1:
             env.update(
                 RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
@@ -135,11 +139,13 @@ def run_case(
     ranks: int = 1,
     seed: int = 1234,
     frameworks: tuple = FRAMEWORKS,
+    unset_env: tuple = (),
 ) -> Dict[str, List[List[Dict[str, Any]]]]:
     """Run the case under each framework: ``{framework: [phase][rank] record}``.
 
     With ``resume_fit``, phase 2 resumes from the last checkpoint phase 1 wrote (the uuid its
-    callbacks' ``on_checkpoint_upload_end`` saw... read from the phase's record).
+    callbacks' ``on_checkpoint_upload_end`` saw). ``unset_env`` names environment variables the
+    runners must not get (to show what a user without the workaround sees).
     """
     require_determined()
     spec = {
@@ -161,7 +167,7 @@ def run_case(
         for name in frameworks:
             workdir = tmp_path / name
             workdir.mkdir(exist_ok=True)
-            launched[name] = _launch(name, phase_spec, workdir, phase, ranks)
+            launched[name] = _launch(name, phase_spec, workdir, phase, ranks, unset_env)
         for name in frameworks:
             results[name].append(_collect(launched[name], name, tmp_path / name))
     return results
