@@ -166,7 +166,7 @@ def run_case(
         launched = {}
         for name in frameworks:
             workdir = tmp_path / name
-            workdir.mkdir(exist_ok=True)
+            workdir.mkdir(parents=True, exist_ok=True)
             launched[name] = _launch(name, phase_spec, workdir, phase, ranks, unset_env)
         for name in frameworks:
             results[name].append(_collect(launched[name], name, tmp_path / name))

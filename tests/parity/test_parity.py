@@ -184,3 +184,79 @@ def test_average_aggregated_gradients(tmp_path, average):
     compare_case(tmp_path, f"average-{average}", "Aggregated", dict(PERIODS, max_length={"Batch": 6}),
                  hparams={"global_batch_size": 4, "optimizer_step_frequency": 1, "average": average},
                  init={"aggregation_frequency": 2, "enable_tensorboard_logging": False})
+
+
+def _batch_metrics(record):
+    """Each trained batch's metrics, by batch index (from on_training_workload_end)."""
+    by_batch = {}
+    for event in events(record, "callback", method="on_training_workload_end"):
+        batches = event["batch_metrics"]["list"]
+        for offset, metrics in enumerate(batches):
+            by_batch[event["trained"] - len(batches) + offset] = metrics
+    return by_batch
+
+
+def _validations(record):
+    return {e["trained"]: e["metrics"] for e in events(record, "callback", method="on_validation_end")}
+
+
+RESUME_PERIODS = {"validation_period": {"Batch": 2}, "checkpoint_period": {"Batch": 2},
+                  "reporting_period": {"Batch": 2}, "checkpoint_policy": "all"}
+
+
+def test_resume(tmp_path):
+    """Stop at batch 3, resume in new processes to batch 7.
+
+    Alike: the first run, and the resumed run's hooks up to training (``on_trial_startup`` before
+    ``on_checkpoint_load_start`` and the callbacks' ``load_state_dict``, with the state saved).
+    ``local-resume-restarts-data``: Determined trains batches 0.. again from the first records;
+    hookdet continues at batch 3 and ends bit for bit where a run that never stopped ends.
+    ``weights-only-load``: only Determined needs TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (the harness
+    gives it to Determined alone).
+    """
+    results = harness.run_case(
+        tmp_path / "resumed", "Resumable", dict(RESUME_PERIODS, max_length={"Batch": 3}),
+        resume_fit=dict(RESUME_PERIODS, max_length={"Batch": 7}),
+    )
+    determined, hookdet = single(results)
+    _assert_local_only_getters("resume", determined, hookdet)
+    assert_same_records("resume", determined, hookdet)
+
+    det_resumed, hd_resumed = single(results, phase=1)
+    startup = ["on_trial_startup", "on_checkpoint_load_start", "load_state_dict", "on_training_start"]
+    for record in (det_resumed, hd_resumed):
+        calls = events(record, "callback")
+        assert [c["method"] for c in calls[:4]] == startup, [c["method"] for c in calls[:6]]
+        assert calls[0]["checkpoint_uuid"] == "str"
+        assert calls[1]["checkpoint_keys"]["list"] == ["callbacks", "lr_schedulers_state_dict",
+                                                       "models_state_dict", "optimizers_state_dict", "rng_state"]
+        assert calls[2]["state"]["items"]["name"] == "recorder" and calls[2]["state"]["items"]["calls"] > 0
+    det_startup = events(det_resumed, "callback", method="on_trial_startup")[0]
+    hd_startup = events(hd_resumed, "callback", method="on_trial_startup")[0]
+    assert det_startup["first_batch_idx"] == 0 and hd_startup["first_batch_idx"] == 3
+    det_first = events(det_resumed, "train_batch")[0]
+    hd_first = events(hd_resumed, "train_batch")[0]
+    assert (det_first["batch_idx"], det_first["records"]["values"]) == (0, [0, 1, 2, 3])
+    assert (hd_first["batch_idx"], hd_first["records"]["values"]) == (3, [12, 13, 14, 15])
+
+    straight = harness.run_case(tmp_path / "straight", "Resumable", dict(RESUME_PERIODS, max_length={"Batch": 7}),
+                                frameworks=("hookdet",))["hookdet"][0][0]
+    expected = _batch_metrics(straight)
+    resumed = _batch_metrics(hd_resumed)
+    assert sorted(resumed) == [3, 4, 5, 6]
+    assert {index: expected[index] for index in resumed} == resumed
+    assert {k: v for k, v in _validations(straight).items() if k > 3} == _validations(hd_resumed)
+    compared = assert_same_weights("resume", straight["weights"], hd_resumed["weights"])
+    COMPARED["resume"] += compared + 12
+
+
+def test_determined_resume_needs_weights_only_workaround(tmp_path):
+    """``weights-only-load``: without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD Determined cannot resume."""
+    results = harness.run_case(
+        tmp_path, "Basic", dict(RESUME_PERIODS, max_length={"Batch": 1}),
+        resume_fit=dict(RESUME_PERIODS, max_length={"Batch": 2}),
+        frameworks=("determined",), unset_env=("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",),
+    )
+    error = results["determined"][1][0]["error"]
+    assert error is not None and "weights_only" in error["message"], error
+    COMPARED["weights-only"] = 1
