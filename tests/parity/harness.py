@@ -91,7 +91,8 @@ def _launch(
         if ranks > 1:
             env.update(
                 RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                LOCAL_WORLD_SIZE=str(ranks), CROSS_RANK="0", CROSS_SIZE="1",
+                LOCAL_WORLD_SIZE=str(ranks), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
+                ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(ranks),  # what torchrun sets
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 USE_TORCH_DISTRIBUTED="true" if framework == "determined" else "",
             )
