@@ -89,6 +89,24 @@ def test_set_stop_requested(tmp_path):
     compare_case(tmp_path, "stop-requested", "StopRequested", dict(PERIODS, max_length={"Batch": 8}))
 
 
+def test_set_stop_requested_between_boundaries(tmp_path):
+    """``stop-within-one-batch``: asked after batch 4, Determined trains on to its next boundary
+    (batch 6: report, validation, checkpoint); hookdet stops at 5 with a checkpoint, and up to
+    there everything is alike."""
+    results = harness.run_case(tmp_path, "StopRequested", dict(PERIODS, max_length={"Batch": 9}),
+                               hparams={"global_batch_size": 4, "stop_at": 4})
+    determined, hookdet = single(results)
+    _assert_local_only_getters("stop-between-boundaries", determined, hookdet)
+    assert [e["batch_idx"] for e in events(determined, "train_batch")] == list(range(6))
+    assert [e["batch_idx"] for e in events(hookdet, "train_batch")] == list(range(5))
+    assert events(hookdet, "callback", method="on_checkpoint_upload_end")[-1]["trained"] == 5
+    assert events(determined, "callback", method="on_checkpoint_upload_end")[-1]["trained"] == 6
+    cut = next(i for i, e in enumerate(determined["events"]) if e.get("batch_idx") == 5)
+    prefix = dict(determined, events=determined["events"][:cut], weights=None)
+    assert_same_records("stop-between-boundaries", prefix, dict(hookdet, events=hookdet["events"][:cut]),
+                        weights=False)
+
+
 def test_test_mode(tmp_path):
     compare_case(tmp_path, "test-mode", "Basic", dict(PERIODS, max_length={"Batch": 6}, test_mode=True))
 

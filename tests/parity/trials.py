@@ -430,7 +430,7 @@ class StopRequested(BaseTrial):
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         metrics = super().train_batch(batch, epoch_idx, batch_idx)
-        if batch_idx == 2:
+        if batch_idx == hparam(self.context, "stop_at", 2):
             self.context.set_stop_requested(True)
         return metrics
 
