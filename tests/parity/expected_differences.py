@@ -71,6 +71,14 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "the scheduler must follow the optimizer, not the batch count",
         "test_parity.py::test_aggregation",
     ),
+    "profiler-traces-in-none": Difference(
+        "determined-bug",
+        "context.set_profiler writes its traces into a directory named 'None' in the working "
+        "directory (its TensorBoard path is None locally)",
+        "writes them into the run's tensorboard/ directory, where TensorBoard looks",
+        "a trace nobody finds is no trace",
+        "test_parity.py::test_profiler_traces",
+    ),
     "metric-representation": Difference(
         "intended",
         "callbacks get per-batch training metrics and validation outputs as numpy arrays, "

@@ -107,6 +107,16 @@ def test_set_stop_requested_between_boundaries(tmp_path):
                         weights=False)
 
 
+def test_profiler_traces(tmp_path):
+    """``profiler-traces-in-none``: the run is alike; the traces land in ./None under Determined,
+    in the run's tensorboard/ directory under hookdet."""
+    compare_case(tmp_path, "profiler", "Profiled", dict(PERIODS, max_length={"Batch": 3}))
+    traces = lambda root: sorted(p.name for p in root.rglob("*.pt.trace.json*")) if root.exists() else []  # noqa: E731
+    assert traces(tmp_path / "determined" / "cwd" / "None")
+    assert not traces(tmp_path / "hookdet" / "cwd")
+    assert traces(tmp_path / "hookdet" / "run" / "tensorboard")
+
+
 def test_test_mode(tmp_path):
     compare_case(tmp_path, "test-mode", "Basic", dict(PERIODS, max_length={"Batch": 6}, test_mode=True))
 

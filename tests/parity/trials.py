@@ -498,3 +498,14 @@ class Aggregated(BaseTrial):
             self.context.step_optimizer(optimizer)
         self.trained = batch_idx + 1
         return {"loss": loss}
+
+
+class Profiled(BaseTrial):
+    """``context.set_profiler(...)``: where do the traces go?"""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        context.set_profiler(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=1),
+        )
