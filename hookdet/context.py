@@ -416,8 +416,6 @@ class PyTorchTrialContext:
             return  # inside an aggregation window: the gradients keep accumulating
         if auto_zero_grads:
             optimizer.zero_grad()
-        if self.lr_schedulers:
-            self._step_schedulers(LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP, optimizer)
 
     @staticmethod
     def _refuse_step(last_step_batch: Optional[int]) -> None:
@@ -461,33 +459,44 @@ class PyTorchTrialContext:
             optimizer.step()
         return True
 
-    def _step_schedulers(self, mode: LRScheduler.StepMode, optimizer: Any = None) -> None:
-        """Step the schedulers registered with ``mode``; for optimizer-step mode, ``optimizer``'s.
-
-        The optimizer-step count is derived from the batch index (one step per aggregation
-        window), so it needs no state of its own to resume exactly.
-        """
-        if mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP:
-            original = self._original_optimizers.get(id(optimizer), optimizer)
-            steps = (self._current_batch_idx + 1) // self._aggregation_frequency
-        for wrapped in self.lr_schedulers:
-            if wrapped.step_mode is not mode:
-                continue
-            if mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP:
-                stepped = getattr(wrapped.scheduler, "optimizer", None)
-                if stepped is not original and stepped is not optimizer:
-                    continue
-                if steps % wrapped.frequency:
-                    continue
-            wrapped.step()
-
     def _end_batch(self, batch_idx: int, epoch_ended: bool, epoch_idx: int) -> None:
-        """Loop bookkeeping after ``train_batch``: step per-batch and per-epoch schedulers."""
+        """Loop bookkeeping after ``train_batch``: step the schedulers, in the order they were
+        wrapped, as Determined does.
+
+        Only on a batch whose optimizer step ran (the last of an aggregation window): then a
+        ``STEP_EVERY_BATCH`` scheduler steps once for each batch of the window its frequency
+        counts, a ``STEP_EVERY_EPOCH`` one once for each epoch that ends before the next
+        optimizer step, and a ``STEP_EVERY_OPTIMIZER_STEP`` one, if its optimizer stepped, every
+        ``frequency`` optimizer steps (Determined counts batches there, its bug). The counts
+        derive from the batch index, so they need no state of their own to resume exactly.
+        """
+        aggregation = self._aggregation_frequency
+        if (batch_idx + 1) % aggregation:
+            return
+        epoch_length = self._run.state.epoch_length
         for wrapped in self.lr_schedulers:
-            mode = wrapped.step_mode
+            mode, frequency = wrapped.step_mode, wrapped.frequency
             if mode is LRScheduler.StepMode.STEP_EVERY_BATCH:
-                if (batch_idx + 1) % wrapped.frequency == 0:
-                    wrapped.step()
-            elif mode is LRScheduler.StepMode.STEP_EVERY_EPOCH and epoch_ended:
-                if (epoch_idx + 1) % wrapped.frequency == 0:
-                    wrapped.step()
+                window = range(batch_idx - aggregation + 1, batch_idx + 1)
+                steps = sum(1 for index in window if (index + 1) % frequency == 0)
+            elif mode is LRScheduler.StepMode.STEP_EVERY_EPOCH:
+                if aggregation == 1:
+                    steps = int(epoch_ended and (epoch_idx + 1) % frequency == 0)
+                else:
+                    epochs = range(batch_idx // epoch_length, (batch_idx + aggregation) // epoch_length)
+                    steps = sum(1 for epoch in epochs if (epoch + 1) % frequency == 0)
+            elif mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP:
+                optimizer_steps = (batch_idx + 1) // aggregation
+                steps = int(self._optimizer_stepped(wrapped, batch_idx) and optimizer_steps % frequency == 0)
+            else:
+                steps = 0
+            for _ in range(steps):
+                wrapped.step()
+
+    def _optimizer_stepped(self, wrapped: Any, batch_idx: int) -> bool:
+        """Whether the optimizer ``wrapped`` schedules went through ``step_optimizer`` this batch."""
+        scheduled = getattr(wrapped.scheduler, "optimizer", None)
+        for optimizer in self.optimizers:
+            if scheduled is optimizer or scheduled is self._original_optimizers.get(id(optimizer)):
+                return self._last_step_batch.get(id(optimizer)) == batch_idx
+        return False

@@ -72,32 +72,40 @@ class TrainingLoop:
         self.max_batches = self._length_in_batches(max_length, "max_length")
         self.run.max_batches = self.max_batches
 
-        checkpoint_uuid = None
-        if self.run.resume_from is not None:
-            self.hook.hookdet_load_checkpoint(run=self.run, checkpoint=self.run.resume_from)
-            checkpoint_uuid = self.state.latest_checkpoint
-        batches = data_module.adapt_training_loader(
-            train_loader,
-            disable_checks=self._checks_disabled,
-            repeat=True,
-            skip=self.state.batches_trained,
-            num_replicas=self.distributed.size,
-            rank=self.distributed.rank,
-            seed=self.run.trial_seed,
-        )
         self.context._bind_hooks()
         # One mover for the run's batches, training and validation: device resolved, unknown
         # types warned about once.
         self.move_batch = data_module.batch_mover(self.run.device)
         try:
+            # As Determined: on_trial_startup sees where training will start and the checkpoint
+            # it will resume from before that checkpoint is loaded (callbacks' load_state_dict).
             self.hook.on_trial_startup(
-                first_batch_idx=self.state.batches_trained, checkpoint_uuid=checkpoint_uuid
+                first_batch_idx=self.context.get_initial_batch(), checkpoint_uuid=self._resume_uuid()
             )
+            if self.run.resume_from is not None:
+                self.hook.hookdet_load_checkpoint(run=self.run, checkpoint=self.run.resume_from)
+            batches = data_module.adapt_training_loader(
+                train_loader,
+                disable_checks=self._checks_disabled,
+                repeat=True,
+                skip=self.state.batches_trained,
+                num_replicas=self.distributed.size,
+                rank=self.distributed.rank,
+                seed=self.run.trial_seed,
+            )
+            self.hook.on_training_start()  # before a step-zero validation, as in Determined
             if step_zero_validation and self.state.batches_trained == 0 and not test_mode:
                 self._validate()
             self._train(iter(batches), validation_period, checkpoint_period, reporting_period)
         finally:
             self.hook.on_trial_shutdown()
+
+    def _resume_uuid(self) -> Optional[str]:
+        """The storage id of the checkpoint this run resumes from (None for a fresh run)."""
+        if self.run.resume_from is None:
+            return None
+        resume_uuid = getattr(self.run.plugins.get("checkpoint"), "resume_uuid", None)
+        return resume_uuid(self.run, self.run.resume_from) if resume_uuid is not None else self.run.resume_from
 
     @property
     def _checks_disabled(self) -> bool:
@@ -161,7 +169,6 @@ class TrainingLoop:
         context.experimental.reset_reducers()
         self._set_train_mode(True)
 
-        hook.on_training_start()
         while state.batches_trained < self.max_batches:
             first = state.batches_trained
             epoch_idx, position = divmod(first, epoch_length)
@@ -208,30 +215,32 @@ class TrainingLoop:
                 stopping = stopping or any_rank(context._stop_requested)
 
             done = state.batches_trained >= self.max_batches or self.test_mode
-            validate = done or _reached(validation_period, state.batches_trained, epoch_ended, epoch_length)
-            checkpoint = done or stopping or _reached(
+            validate = _reached(validation_period, state.batches_trained, epoch_ended, epoch_length)
+            checkpoint = stopping or _reached(
                 checkpoint_period, state.batches_trained, epoch_ended, epoch_length
             )
             report = _reached(reporting_period, state.batches_trained, epoch_ended, epoch_length)
             next_boundary = _next_boundary(periods, state.batches_trained, self.max_batches)
-            if not (validate or checkpoint or report or stopping):
+            if not (validate or checkpoint or report or stopping or done):
                 continue
             self._finish_workload(workload)
             workload = []
             # A validation due at this batch runs even when stopping (as Determined validates
             # at a boundary before it checks for a stop), so a stopped-and-resumed run reports
             # the same validations as one that never stopped.
-            if validate and state.last_validation_batch != state.batches_trained:
-                is_best = self._validate()
-                if self.checkpoint_policy == "all" or (self.checkpoint_policy == "best" and is_best):
-                    checkpoint = True
+            if validate:
+                self._validate_unless_current()
             stopping = stopping or self.distributed.any_rank(context._stop_requested)
-            if (checkpoint or stopping) and state.last_checkpoint_batch != state.batches_trained:
-                self._checkpoint()
+            if checkpoint or stopping:
+                self._checkpoint_unless_current()
             if stopping and not done:
                 self.run.exit_reason = self.run.exit_reason or "stopped"
                 return
             if done:
+                # As Determined finishes: the period's checkpoint (above) comes before the final
+                # validation, then a final checkpoint unless one is current.
+                self._validate_unless_current()
+                self._checkpoint_unless_current()
                 break
             context.experimental.reset_reducers()
         self.run.exit_reason = "completed"
@@ -268,6 +277,18 @@ class TrainingLoop:
                 steps_completed=self.state.batches_trained,
                 metrics=avg_metrics,
             )
+
+    def _validate_unless_current(self) -> None:
+        """Validate unless this batch count has been; checkpoint after it as the policy says."""
+        if self.state.last_validation_batch == self.state.batches_trained:
+            return
+        is_best = self._validate()
+        if self.checkpoint_policy == "all" or (self.checkpoint_policy == "best" and is_best):
+            self._checkpoint_unless_current()
+
+    def _checkpoint_unless_current(self) -> None:
+        if self.state.last_checkpoint_batch != self.state.batches_trained:
+            self._checkpoint()
 
     def _checkpoint(self) -> None:
         self.hook.hookdet_save_checkpoint(run=self.run)
@@ -328,6 +349,13 @@ class TrainingLoop:
                     f"{type(trial).__qualname__}.evaluate_batch must return a dict of metrics, "
                     f"got {type(output).__name__}"
                 )
+            if outputs and output.keys() != outputs[0].keys():
+                # Determined refuses here, before on_validation_epoch_end.
+                raise reducers.MetricError(
+                    f"{type(trial).__qualname__}.evaluate_batch must return the same metric names "
+                    f"for every batch: batch {batch_idx} returned {sorted(output)}, batch 0 "
+                    f"{sorted(outputs[0])}"
+                )
             outputs.append(output)
             if call_batch_end:
                 hook.hookdet_validation_batch_end(context=context, batch_idx=batch_idx)
@@ -342,9 +370,10 @@ class TrainingLoop:
         return metrics, outputs
 
     def _evaluate_full_dataset(self) -> Tuple[Dict[str, Any], List[Any]]:
-        """The chief evaluates the whole validation set; the other ranks receive its metrics."""
-        trial, hook = self.trial, self.hook
-        hook.on_validation_epoch_start()
+        """The chief evaluates the whole validation set; the other ranks receive its metrics.
+
+        No validation-epoch hooks: Determined fires them only around ``evaluate_batch``."""
+        trial = self.trial
         metrics: Optional[Dict[str, Any]] = None
         if self.distributed.is_chief:
             loader = data_module.adapt_validation_loader(
@@ -362,7 +391,6 @@ class TrainingLoop:
                 )
             metrics = reducers.check_metrics_serialisable(metrics, "evaluate_full_dataset")
         metrics = self.distributed.broadcast(metrics)
-        hook.on_validation_epoch_end(outputs=[metrics])
         return metrics, [metrics]
 
     def _record_validation(self, metrics: Dict[str, Any]) -> bool:

@@ -306,8 +306,10 @@ def on_validation_epoch_start() -> None:
 
 @hookspec
 def on_validation_epoch_end(outputs: List[Any]) -> None:
-    """All validation batches were evaluated; ``outputs`` are this rank's per-batch results
-    (for ``evaluate_full_dataset``, a one-element list with its dict)."""
+    """All validation batches were evaluated; ``outputs`` are this rank's per-batch results.
+
+    As in Determined, neither this nor ``on_validation_epoch_start`` fires for a trial that
+    validates with ``evaluate_full_dataset``."""
 
 
 @hookspec

@@ -211,8 +211,8 @@ def test_sequence_epoch_periods(tmp_path: Path) -> None:
         "on_training_epoch_start(2)",
         "on_training_epoch_end(2)",
         *report(6),
+        *CHECKPOINT,  # the period's checkpoint, then the final validation, as in Determined
         *validation(6),
-        *CHECKPOINT,
         "on_trial_shutdown",
     ]
 
@@ -246,8 +246,8 @@ def test_sequence_step_zero_validation(tmp_path: Path) -> None:
     )
     assert recorder.compact() == [
         "on_trial_startup(0)",
+        "on_training_start",  # before the step-zero validation, as Determined calls it
         *validation(0),
-        "on_training_start",
         "on_training_epoch_start(0)",
         *report(2),
         *validation(2),
@@ -312,9 +312,9 @@ def test_sequence_resume(tmp_path: Path) -> None:
         tmp_path / "second", records=4, resume=str(tmp_path / "first"), max_length=pytorch.Batch(8), checkpoint_policy="none"
     )
     assert recorder.compact() == [
+        "on_trial_startup(6)",  # before the checkpoint loads, as Determined calls it
         "hookdet_load_checkpoint",
         "on_checkpoint_load_start",
-        "on_trial_startup(6)",
         "on_training_start",
         "on_training_epoch_end(1)",
         *report(8),

@@ -34,6 +34,10 @@ LIFECYCLE_METHODS = (
 
 ADAPTER_NAME = "callbacks:adapter"
 
+#: The methods Determined calls with keyword arguments; it passes the others' positionally, so a
+#: callback may name their parameters as it likes (or take ``*args``), and so may it here.
+KEYWORD_CALLS = ("on_training_workload_end", "on_checkpoint_upload_end")
+
 
 class CallbackError(Exception):
     """A callback raised; the message names the callback and the method."""
@@ -94,8 +98,10 @@ def _call_callbacks(adapter: Any, method: str, only: Any = None, **kwargs: Any) 
                     stacklevel=2,
                 )
                 callback.on_training_epoch_start()
-            else:
+            elif method in KEYWORD_CALLS:
                 getattr(callback, method)(**kwargs)
+            else:
+                getattr(callback, method)(*kwargs.values())
         except Exception as error:
             raise CallbackError(f"callback {name!r} failed in {method}: {error!r}") from error
 
@@ -167,7 +173,9 @@ def _on_before_optimizer_step(self: Any, parameters: Any) -> None:
 
 
 def _on_trial_shutdown(self: Any) -> None:
-    _call_callbacks(self, "on_trial_shutdown")
+    # Determined unwinds on_trial_shutdown as a stack: the last callback started shuts down first.
+    for name in reversed(list(self.callbacks)):
+        _call_callbacks(self, "on_trial_shutdown", only=name)
 
 
 _FORWARDERS: Dict[str, Callable] = {method: globals()["_" + method] for method in LIFECYCLE_METHODS}

@@ -100,10 +100,17 @@ class CheckpointPlugin:
         loading its state.
         """
         if checkpoint not in self._resume_points:
-            with _located(run, checkpoint) as (directory, _hint_root):
-                metadata = fmt.read_metadata(directory)
-            self._resume_points[checkpoint] = int(metadata.get("steps_completed", 0))
+            self._resume_points[checkpoint] = int(self._metadata(run, checkpoint).get("steps_completed", 0))
         return self._resume_points[checkpoint]
+
+    def resume_uuid(self, run: Any, checkpoint: str) -> Optional[str]:
+        """The storage id of ``checkpoint`` (what ``on_trial_startup`` gets), read from its
+        metadata before its state is loaded."""
+        return self._metadata(run, checkpoint).get("uuid")
+
+    def _metadata(self, run: Any, checkpoint: str) -> Dict[str, Any]:
+        with _located(run, checkpoint) as (directory, _hint_root):
+            return fmt.read_metadata(directory)
 
     # ------------------------------------------------------------------ plugin state
 

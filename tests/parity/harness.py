@@ -76,7 +76,9 @@ def _environment(framework: str, workdir: Path) -> Dict[str, str]:
     return env
 
 
-def _launch(framework: str, spec: Dict[str, Any], workdir: Path, phase: int, ranks: int) -> List[Any]:
+def _launch(
+    framework: str, spec: Dict[str, Any], workdir: Path, phase: int, ranks: int, unset_env: tuple = ()
+) -> List[Any]:
     python = str(require_determined()) if framework == "determined" else sys.executable
     spec_path = workdir / f"spec{phase}.json"
     spec_path.write_text(json.dumps(spec))
@@ -84,10 +86,13 @@ def _launch(framework: str, spec: Dict[str, Any], workdir: Path, phase: int, ran
     port = _free_port()
     for rank in range(ranks):
         env = _environment(framework, workdir)
+        for variable in unset_env:
+            env.pop(variable, None)
         if ranks > 1:
             env.update(
                 RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                LOCAL_WORLD_SIZE=str(ranks), CROSS_RANK="0", CROSS_SIZE="1",
+                LOCAL_WORLD_SIZE=str(ranks), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
+                ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(ranks),  # what torchrun sets
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 USE_TORCH_DISTRIBUTED="true" if framework == "determined" else "",
             )
@@ -135,11 +140,13 @@ def run_case(
     ranks: int = 1,
     seed: int = 1234,
     frameworks: tuple = FRAMEWORKS,
+    unset_env: tuple = (),
 ) -> Dict[str, List[List[Dict[str, Any]]]]:
     """Run the case under each framework: ``{framework: [phase][rank] record}``.
 
     With ``resume_fit``, phase 2 resumes from the last checkpoint phase 1 wrote (the uuid its
-    callbacks' ``on_checkpoint_upload_end`` saw... read from the phase's record).
+    callbacks' ``on_checkpoint_upload_end`` saw). ``unset_env`` names environment variables the
+    runners must not get (to show what a user without the workaround sees).
     """
     require_determined()
     spec = {
@@ -160,8 +167,8 @@ def run_case(
         launched = {}
         for name in frameworks:
             workdir = tmp_path / name
-            workdir.mkdir(exist_ok=True)
-            launched[name] = _launch(name, phase_spec, workdir, phase, ranks)
+            workdir.mkdir(parents=True, exist_ok=True)
+            launched[name] = _launch(name, phase_spec, workdir, phase, ranks, unset_env)
         for name in frameworks:
             results[name].append(_collect(launched[name], name, tmp_path / name))
     return results

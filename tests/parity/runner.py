@@ -76,8 +76,12 @@ def main(spec_path: str, out_path: str) -> int:
             finally:
                 out["weights"] = weights(context)
     except Exception as error:  # a misuse case records what the user would see
-        out["error"] = {"type": type(error).__name__, "message": str(error)}
-        record.event("fit_raised", type=type(error).__name__)
+        out["error"] = {
+            "type": type(error).__name__,
+            "message": str(error),
+            "classes": [cls.__name__ for cls in type(error).__mro__],
+        }
+        record.event("fit_raised")  # where it raised; what it raised is out["error"]
     out["events"] = record.EVENTS
     if record.LATEST_CHECKPOINT and (context is None or _is_chief(context)):
         Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])

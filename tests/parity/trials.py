@@ -147,6 +147,14 @@ DETERMINED_CHECKPOINT_KEYS = (
 )
 
 
+def _outcome(getter: Any) -> Any:
+    """What ``getter()`` returns, or the type of what it raises."""
+    try:
+        return getter()
+    except Exception as error:  # noqa: BLE001 - the type is the observation
+        return {"raised": type(error).__name__}
+
+
 def _determined_keys(checkpoint: Any) -> Any:
     return sorted(key for key in checkpoint if key in DETERMINED_CHECKPOINT_KEYS)
 
@@ -172,6 +180,8 @@ class BaseTrial(pytorch.PyTorchTrial):
         self.model = context.wrap_model(nn.Linear(3, 1))
         self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=self.lr))
         event("init", getters=getters(context))
+        event("init_local_only", trial_seed=_outcome(context.get_trial_seed),
+              tensorboard_path_is_none=context.get_tensorboard_path() is None)
 
     def build_callbacks(self) -> Dict[str, Any]:
         return {"recorder": Recorder(self)}
@@ -202,3 +212,300 @@ class BaseTrial(pytorch.PyTorchTrial):
 
 class Basic(BaseTrial):
     """The plainest trial: ``evaluate_batch(batch)``, one callback."""
+
+
+def hparam(context: Any, name: str, default: Any) -> Any:
+    return context.get_hparams().get(name, default)
+
+
+class Resumable(BaseTrial):
+    """:class:`Basic` with a stateful callback (its state is checkpointed and restored)."""
+
+
+class TwoCallbacks(BaseTrial):
+    """Two callbacks: the order each hook reaches them in (on_trial_shutdown included)."""
+
+    def build_callbacks(self) -> Dict[str, Any]:
+        return {"first": Recorder(self, "first"), "second": Recorder(self, "second")}
+
+
+class PositionalCallback(pytorch.PyTorchCallback):
+    """Written as users do: other parameter names than the base class, ``*args`` signatures."""
+
+    def __init__(self, trial: Any) -> None:
+        self.trial = trial
+
+    def on_trial_startup(self, *args: Any) -> None:
+        event("positional", method="on_trial_startup", count=len(args), first=args[0])
+
+    def on_training_epoch_start(self, epoch) -> None:  # type: ignore[override]
+        event("positional", method="on_training_epoch_start", epoch=epoch)
+
+    def on_training_epoch_end(self, *args: Any) -> None:
+        event("positional", method="on_training_epoch_end", args=list(args))
+
+    def on_training_workload_end(self, avg_metrics: Any, batch_metrics: Any) -> None:
+        event("positional", method="on_training_workload_end", batches=len(batch_metrics))
+
+    def on_validation_epoch_end(self, results) -> None:  # type: ignore[override]
+        event("positional", method="on_validation_epoch_end", batches=len(results))
+
+    def on_validation_end(self, m) -> None:  # type: ignore[override]
+        event("positional", method="on_validation_end", keys=sorted(m))
+
+    def on_checkpoint_save_start(self, ckpt) -> None:  # type: ignore[override]
+        event("positional", method="on_checkpoint_save_start", is_dict=isinstance(ckpt, dict))
+
+    def on_checkpoint_write_end(self, path) -> None:  # type: ignore[override]
+        event("positional", method="on_checkpoint_write_end", is_dir=os.path.isdir(path))
+
+    def on_checkpoint_upload_end(self, *args: Any, **kwargs: Any) -> None:
+        LATEST_CHECKPOINT.append((list(args) + list(kwargs.values()))[0])
+        event("positional", method="on_checkpoint_upload_end", args=len(args), kwargs=sorted(kwargs))
+
+
+class Positional(BaseTrial):
+    def build_callbacks(self) -> Dict[str, Any]:
+        return {"positional": PositionalCallback(self)}
+
+
+class TwoModels(BaseTrial):
+    """Two models, two optimizers, an LR scheduler each (every batch / every epoch), clipping,
+    ``evaluate_batch(batch, batch_idx)``."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.head = context.wrap_model(nn.Linear(3, 1))
+        self.head_optimizer = context.wrap_optimizer(torch.optim.Adam(self.head.parameters(), lr=0.01))
+        self.scheduler = context.wrap_lr_scheduler(
+            torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=2, gamma=0.5),
+            step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH,
+        )
+        self.head_scheduler = context.wrap_lr_scheduler(
+            torch.optim.lr_scheduler.StepLR(self.head_optimizer, step_size=1, gamma=0.3),
+            step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_EPOCH,
+        )
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        x, y, records = batch
+        event("train_batch", batch_idx=batch_idx, records=records,
+              lrs=[self.optimizer.param_groups[0]["lr"], self.head_optimizer.param_groups[0]["lr"]])
+        loss = nn.functional.mse_loss(self.model(x) + self.head(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer, clip_grads=lambda p: torch.nn.utils.clip_grad_norm_(p, 0.5))
+        self.context.step_optimizer(self.head_optimizer, clip_grads=lambda p: torch.nn.utils.clip_grad_value_(p, 0.1))
+        self.trained = batch_idx + 1
+        return {"loss": loss, "head_norm": self.head.weight.norm()}
+
+    def evaluate_batch(self, batch: Any, batch_idx: int) -> Dict[str, Any]:  # type: ignore[override]
+        x, y, records = batch
+        event("evaluate_batch", batch_idx=batch_idx, records=records)
+        return {"val_loss": nn.functional.mse_loss(self.model(x) + self.head(x), y)}
+
+
+class SchedulerModes(BaseTrial):
+    """MANUAL_STEP stepped by the trial and STEP_EVERY_OPTIMIZER_STEP, under
+    ``aggregation_frequency`` (hparam ``aggregation``) and averaging (hparam ``average``)."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.trained = 0
+        self.model = context.wrap_model(nn.Linear(3, 1))
+        average = hparam(context, "average", None)
+        kwargs = {} if average is None else {"average_aggregated_gradients": average}
+        self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1), **kwargs)
+        self.manual = context.wrap_lr_scheduler(
+            torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0 / (1 + step)),
+            step_mode=pytorch.LRScheduler.StepMode.MANUAL_STEP,
+        )
+        self.per_step = context.wrap_lr_scheduler(
+            torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=1, gamma=0.9),
+            step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
+        )
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        event("train_batch", batch_idx=batch_idx, lr=self.optimizer.param_groups[0]["lr"],
+              per_step_calls=self.per_step._scheduler.last_epoch if hasattr(self.per_step, "_scheduler") else None)
+        loss = self.loss(batch)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer)
+        if batch_idx % 3 == 2:
+            self.manual.step()
+        self.trained = batch_idx + 1
+        return {"loss": loss}
+
+
+class SumReducer(pytorch.MetricReducer):
+    """A stateful MetricReducer: sums what it was given, across ranks too."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, value: Any) -> None:
+        event("reducer_update", value=value, type=type_name(value))
+        self.total += float(value)
+        self.count += 1
+
+    def per_slot_reduce(self) -> Any:
+        return self.total, self.count
+
+    def cross_slot_reduce(self, per_slot_metrics: Any) -> Any:
+        event("cross_slot_reduce", received=[list(m) for m in per_slot_metrics])
+        return sum(total for total, _ in per_slot_metrics) / max(1, sum(count for _, count in per_slot_metrics))
+
+
+class PairReducer(pytorch.MetricReducer):
+    """``name=None``: returns a dict of metrics."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.values: list = []
+
+    def update(self, value: Any) -> None:
+        self.values.append(value)
+
+    def per_slot_reduce(self) -> Any:
+        return self.values
+
+    def cross_slot_reduce(self, per_slot_metrics: Any) -> Any:
+        flat = [v for values in per_slot_metrics for v in values]
+        return {"pair_min": min(flat), "pair_max": max(flat)}
+
+
+def _listed_mean(values: Any) -> float:
+    event("reducer_fn", received=values, type=type_name(values))
+    return float(np.mean(values))
+
+
+class Reducers(BaseTrial):
+    """Every reducer kind, non-scalar metrics, per-metric evaluation_reducer."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.fn_reducer = context.wrap_reducer(_listed_mean, name="fn_mean")
+        self.sum_reducer = context.wrap_reducer(SumReducer(), name="summed")
+        self.pair_reducer = context.wrap_reducer(PairReducer(), name=None, for_training=False)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        metrics = super().train_batch(batch, epoch_idx, batch_idx)
+        x, _, _ = batch
+        self.fn_reducer.update(float(batch_idx))
+        self.sum_reducer.update(metrics["loss"].item())
+        metrics["row_mean"] = x.mean()
+        return metrics
+
+    def evaluate_batch(self, batch: Any) -> Dict[str, Any]:
+        x, y, records = batch
+        loss = self.loss(batch)
+        self.pair_reducer.update(float(records.sum()))
+        self.sum_reducer.update(float(loss))
+        return {"val_loss": loss, "val_max": loss * 2, "val_sum": records.float().sum(), "val_vector": x.mean(dim=0)}
+
+    def evaluation_reducer(self) -> Any:
+        return {"val_loss": pytorch.Reducer.AVG, "val_max": pytorch.Reducer.MAX,
+                "val_sum": pytorch.Reducer.SUM, "val_vector": pytorch.Reducer.AVG}
+
+
+class FullDataset(BaseTrial):
+    """``evaluate_full_dataset`` instead of ``evaluate_batch``."""
+
+    evaluate_batch = pytorch.PyTorchTrial.evaluate_batch  # not overridden
+
+    def evaluate_full_dataset(self, data_loader: Any) -> Dict[str, Any]:
+        losses = []
+        for batch in data_loader:
+            event("full_dataset_batch", records=batch[2])
+            losses.append(self.loss(batch))
+        return {"val_loss": torch.stack(losses).mean()}
+
+
+class StopRequested(BaseTrial):
+    """Asks to stop after batch 2 (``set_stop_requested``)."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        metrics = super().train_batch(batch, epoch_idx, batch_idx)
+        if batch_idx == hparam(self.context, "stop_at", 2):
+            self.context.set_stop_requested(True)
+        return metrics
+
+
+class TrainReturnsList(BaseTrial):
+    """Misuse: ``train_batch`` returns a list."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        return [super().train_batch(batch, epoch_idx, batch_idx)["loss"]]
+
+
+class EvaluateReturnsTensor(BaseTrial):
+    """Misuse: ``evaluate_batch`` returns a bare tensor."""
+
+    def evaluate_batch(self, batch: Any) -> Any:
+        return self.loss(batch)
+
+
+class ChangingMetricNames(BaseTrial):
+    """Misuse: ``evaluate_batch`` returns other metric names for its second batch."""
+
+    def evaluate_batch(self, batch: Any) -> Any:
+        return {"val_loss" if int(batch[2][0]) == 0 else "other": self.loss(batch)}
+
+
+class VectorTrainingMetric(BaseTrial):
+    """``train_batch`` returns a metric with several elements."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        metrics = super().train_batch(batch, epoch_idx, batch_idx)
+        metrics["vector"] = batch[0].mean(dim=0)
+        return metrics
+
+
+class Aggregated(BaseTrial):
+    """For ``aggregation_frequency`` > 1: one scheduler of each automatic mode, each on its own
+    optimizer's schedule; ``average_aggregated_gradients`` from hparam ``average`` when given."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.trained = 0
+        self.model = context.wrap_model(nn.Linear(3, 1))
+        average = hparam(context, "average", None)
+        kwargs = {} if average is None else {"average_aggregated_gradients": average}
+        self.optimizers = [
+            context.wrap_optimizer(torch.optim.SGD([p], lr=0.1), **kwargs) for p in self.model.parameters()
+        ]
+        extra = context.wrap_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), **kwargs)
+        self.optimizers.append(extra)
+        modes = pytorch.LRScheduler.StepMode
+        for optimizer, mode, frequency in [
+            (self.optimizers[0], modes.STEP_EVERY_BATCH, 1),
+            (self.optimizers[1], modes.STEP_EVERY_EPOCH, 1),
+            (extra, modes.STEP_EVERY_OPTIMIZER_STEP, hparam(context, "optimizer_step_frequency", 1)),
+        ]:
+            context.wrap_lr_scheduler(
+                torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5), step_mode=mode, frequency=frequency
+            )
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        event("train_batch", batch_idx=batch_idx, lr=[o.param_groups[0]["lr"] for o in self.optimizers])
+        loss = self.loss(batch)
+        self.context.backward(loss)
+        for optimizer in self.optimizers:
+            self.context.step_optimizer(optimizer)
+        self.trained = batch_idx + 1
+        return {"loss": loss}
+
+
+class Profiled(BaseTrial):
+    """``context.set_profiler(...)``: where do the traces go?"""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        context.set_profiler(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=1),
+        )
