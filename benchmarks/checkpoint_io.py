@@ -20,8 +20,9 @@ the page cache warm:
 * ``sync_save``: ``hookdet_save_checkpoint`` end to end in the synchronous mode — the same plus
   serialising with the XXH3-128 checksum computed while writing, the manifest and
   ``metadata.json``, fsync of every file and the directory, and the atomic rename;
-* ``bare_load``: ``torch.load(weights_only=True)``; ``bare_load_apply``: the same plus
-  ``load_state_dict`` on model and optimizer; ``hookdet_load``: ``hookdet_load_checkpoint`` end to
+* ``bare_load``: ``torch.load(weights_only=True)``; ``bare_load_mmap``: the same with
+  ``mmap=True`` (what hookdet's load does under its checksum); ``bare_load_apply``: the plain
+  load plus ``load_state_dict`` on model and optimizer; ``hookdet_load``: ``hookdet_load_checkpoint`` end to
   end — metadata digest, XXH3-128 of every file over a memory map, ``torch.load(weights_only=True,
   mmap=True)``, applying model, optimizer, RNG and counters.
 
@@ -186,6 +187,7 @@ def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
             interleaved(
                 {
                     "bare_load": lambda: torch.load(bare_path, weights_only=True),
+                    "bare_load_mmap": lambda: torch.load(bare_path, weights_only=True, mmap=True),
                     "bare_load_apply": apply_bare,
                     "hookdet_load": lambda: run.hook.hookdet_load_checkpoint(run=run, checkpoint=str(checkpoint_dir)),
                 },
@@ -212,6 +214,7 @@ def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
             "sync_save_vs_torch_save_fsync": medians["sync_save"] / medians["bare_save_fsync"],
             "load_vs_torch_load": medians["hookdet_load"] / medians["bare_load"],
             "load_vs_torch_load_apply": medians["hookdet_load"] / medians["bare_load_apply"],
+            "load_vs_torch_load_mmap": medians["hookdet_load"] / medians["bare_load_mmap"],
         },
     }
 

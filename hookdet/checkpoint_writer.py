@@ -164,9 +164,7 @@ class BackgroundWriter:
             raise RuntimeError("no checkpoint write is in flight")
         if thread.is_alive():
             logger.info("waiting for checkpoint %s to finish writing before %s", self._name, before)
-            waited = time.perf_counter()
             thread.join()
-            logger.info("checkpoint %s written after a wait of %.2f s", self._name, time.perf_counter() - waited)
         self._thread = None
         self.last_duration = time.perf_counter() - self._started
         succeeded, value = self._outcome or (False, RuntimeError("the writer thread ended without an outcome"))

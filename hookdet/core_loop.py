@@ -160,7 +160,7 @@ class TrainingLoop:
         # One process needs no collective to learn whether any rank wants to stop. Per batch the
         # ranks agree asynchronously (one batch late, never waiting); at boundaries they wait.
         any_rank = self.distributed.any_rank if self.distributed.size > 1 else bool
-        stop_agreed = self.distributed.any_rank_soon if self.distributed.size > 1 else bool
+        stop_agreed = getattr(self.distributed, "any_rank_soon", any_rank) if self.distributed.size > 1 else bool
         periods = (validation_period, checkpoint_period, reporting_period)
         # Batches trained at which the next Batch-period boundary (or the end) falls. The batches
         # before it, within one epoch, run as one stretch with no boundary checks at all.
