@@ -122,8 +122,10 @@ def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
     ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
     returns the parent to record in it."""
-    from hookdet.run_identity import read_identity
+    from hookdet.run_identity import read_identity, refuse_mixed_store
 
+    if args.resume and Path(args.resume).is_dir() and read_identity(args.resume) is None:
+        refuse_mixed_store(Path(args.resume))  # before anything is created
     if not args.resume or not (Path(args.resume) / "config.json").is_file():
         if args.fork:
             raise UsageError(f"--fork needs --resume RUN_DIR (a run directory), got {args.resume!r}")

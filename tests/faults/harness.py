@@ -65,10 +65,11 @@ def start(args: Sequence[str], env: Optional[Dict[str, str]] = None) -> subproce
 
 
 def finish(process: subprocess.Popen, case: str, since: Optional[float] = None,
-           timeout: float = CASE_TIMEOUT) -> "tuple[int, str, str]":
+           timeout: float = CASE_TIMEOUT, fault: bool = True) -> "tuple[int, str, str]":
     """Wait for ``process`` (killing its group past ``timeout``); (status, stdout, stderr).
 
-    ``since`` is when the fault happened; the time from it to the exit is recorded for ``case``.
+    ``since`` is when the fault happened; for a ``fault`` case, the time from it to the exit is
+    recorded under ``case``.
     """
     since = time.monotonic() if since is None else since
     try:
@@ -79,14 +80,15 @@ def finish(process: subprocess.Popen, case: str, since: Optional[float] = None,
         raise AssertionError(f"{case}: still running after {timeout} s (hung)\n{stderr[-3000:]}")
     finally:
         kill_group(process)
-    EXIT_TIMES.append((case, time.monotonic() - since))
+    if fault:
+        EXIT_TIMES.append((case, time.monotonic() - since))
     return process.returncode, stdout, stderr
 
 
 def run(args: Sequence[str], case: str, env: Optional[Dict[str, str]] = None,
-        timeout: float = CASE_TIMEOUT) -> "tuple[int, str, str]":
+        timeout: float = CASE_TIMEOUT, fault: bool = True) -> "tuple[int, str, str]":
     """Start and finish ``hookdet ARGS``."""
-    return finish(start(args, env), case, timeout=timeout)
+    return finish(start(args, env), case, timeout=timeout, fault=fault)
 
 
 def kill_group(process: subprocess.Popen) -> None:
