@@ -83,6 +83,8 @@ def command_run(args: argparse.Namespace) -> int:
     config_path = Path(args.config)
     config = load_experiment_config(config_path)
     if args.slots is not None:
+        if args.slots < 1:
+            raise UsageError(f"--slots must be a positive number of processes, got {args.slots}")
         config.resources.slots_per_trial = args.slots
     if config.ignored_fields:
         logger.info(
@@ -99,6 +101,11 @@ def command_run(args: argparse.Namespace) -> int:
         set_parent_death_signal()  # a rank ends when its launcher does, by any signal
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
+    if "global_batch_size" not in config.hyperparameters:
+        raise UsageError(
+            f"{config_path}: hyperparameters.global_batch_size is required: a PyTorchTrial's "
+            "batches are sized from it (as under Determined)"
+        )
     with init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
         run = context._run
         run.resume_from = args.resume  # so get_initial_batch() is right in the trial's __init__
@@ -397,5 +404,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             record_rank_message(status_dir, rank, str(error))
         else:
             print(f"hookdet: error: {error}", file=sys.stderr)
+        status = 2
+    except OSError as error:
+        from hookdet.storage_check import environment_fault
+
+        fault = environment_fault(error)
+        if fault is None:  # not the machine's fault: the traceback helps
+            raise
+        print(f"hookdet: error: {fault}", file=sys.stderr)
         status = 2
     return report_status_to_launcher(status)

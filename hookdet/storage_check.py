@@ -41,6 +41,15 @@ def describe_os_error(error: OSError) -> str:
     return error.strerror or str(error)
 
 
+def environment_fault(error: OSError) -> Optional[str]:
+    """One line for an OSError the machine caused (disk full, quota, read-only filesystem),
+    naming the file; None for any other error."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return None
+    where = f"{error.filename}: " if error.filename else ""
+    return f"{where}{describe_os_error(error)}"
+
+
 def write_failure(storage: Any, batches: int, error: BaseException) -> str:
     """One line for a checkpoint that could not be written: where, at which batch, and why in
     words (torch reports a full disk as ``unexpected pos``; the device is asked instead)."""

@@ -42,6 +42,7 @@ import torch
 from hookdet import checkpoint_format as fmt
 from hookdet.builtin_plugins.callbacks import ADAPTER_NAME
 from hookdet.markers import hookimpl
+from hookdet.resume_report import report_resume
 from hookdet.run_identity import locate_for_resume
 from hookdet.storage_check import write_failure
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
@@ -127,7 +128,10 @@ class CheckpointPlugin:
         """Restore everything from ``checkpoint``: a checkpoint directory, a run directory (its
         newest intact checkpoint) or a storage id."""
         with _located(run, checkpoint) as (directory, hint_root):
-            written_by = _restore(run, directory, hint_root)
+            metadata = _restore(run, directory, hint_root)
+        written_by = metadata.get("run_id")
+        if run.is_chief:
+            report_resume(run, metadata, str(directory))
         state = run.state
         self._resume_points[checkpoint] = state.batches_trained
         resumed = {
@@ -270,9 +274,9 @@ def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]
         raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
 
 
-def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Optional[str]:
+def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, Any]:
     """Verify ``directory``, check it fits the trial, then apply every piece of state; return
-    the run id of the run that wrote it (None for checkpoints older than run ids)."""
+    its metadata."""
     context, trial = run.context, run.trial
 
     def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
@@ -345,7 +349,7 @@ def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Optional[s
         )
     fmt.restore_rng_state(rng_states[rank % len(rng_states)])
     logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
-    return metadata.get("run_id")
+    return metadata
 
 
 def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:
