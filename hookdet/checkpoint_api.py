@@ -126,6 +126,11 @@ def export_model_state(checkpoint: str, output: str, model_index: int = 0) -> Pa
     ``model.load_state_dict(torch.load(output, weights_only=True))``. Written to a temporary
     name and renamed, so an interrupted export never leaves a truncated file behind.
     """
+    output_path = Path(output)
+    if output_path.is_dir():
+        raise fmt.CheckpointError(f"cannot export to {output}: it is a directory; name the .pt file to write")
+    if not output_path.absolute().parent.is_dir():
+        raise fmt.CheckpointError(f"cannot export to {output}: directory {output_path.absolute().parent} does not exist")
     directory = fmt.resolve_checkpoint_dir(Path(checkpoint))
     models = fmt.load_state(directory, map_location="cpu").get("models_state_dict", [])
     if not 0 <= model_index < len(models):

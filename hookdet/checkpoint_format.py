@@ -35,6 +35,8 @@ import logging
 import mmap
 import platform
 import os
+import pickle
+import re
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -419,6 +421,14 @@ def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: 
     torch_load_kwargs.setdefault("mmap", True)
     try:
         state = torch.load(directory / STATE_FILE, map_location=map_location, **torch_load_kwargs)
+    except pickle.UnpicklingError as error:
+        # torch's text suggests weights_only=False, i.e. running the file's code: never say that.
+        found = re.search(r"(Unsupported global: GLOBAL [\w.]+|Unsupported operand \d+)", str(error))
+        raise CheckpointError(
+            f"checkpoint {directory}: {STATE_FILE} refused: it holds more than tensors and plain "
+            f"values ({found.group(1) if found else 'an object that would run code when loaded'}); "
+            "hookdet never loads such a file"
+        ) from None
     except Exception as error:
         raise CheckpointError(f"checkpoint {directory}: {STATE_FILE} does not load: {error}") from error
     if not isinstance(state, dict):

@@ -91,6 +91,8 @@ def command_run(args: argparse.Namespace) -> int:
     if search_cli.is_search(config, args) and launched_rank() is None:
         return search_cli.run_search(args)
     if args.slots is not None:
+        if args.slots < 1:
+            raise UsageError(f"--slots must be a positive number of processes, got {args.slots}")
         config.resources.slots_per_trial = args.slots
     if config.ignored_fields:
         logger.info(
@@ -111,6 +113,11 @@ def command_run(args: argparse.Namespace) -> int:
         set_parent_death_signal()  # a rank ends when its launcher does, by any signal
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
+    if "global_batch_size" not in config.hyperparameters:
+        raise UsageError(
+            f"{config_path}: hyperparameters.global_batch_size is required: a PyTorchTrial's "
+            "batches are sized from it (as under Determined)"
+        )
     info = local_cluster_info(config, slots=slots, latest_checkpoint=args.resume, run_dir=args.run_dir)
     with activated(info), init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
         run = context._run
@@ -135,8 +142,10 @@ def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
     ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
     returns the parent to record in it."""
-    from hookdet.run_identity import read_identity
+    from hookdet.run_identity import read_identity, refuse_mixed_store
 
+    if args.resume and Path(args.resume).is_dir() and read_identity(args.resume) is None:
+        refuse_mixed_store(Path(args.resume))  # before anything is created
     if not args.resume or not (Path(args.resume) / "config.json").is_file():
         if args.fork:
             raise UsageError(f"--fork needs --resume RUN_DIR (a run directory), got {args.resume!r}")
@@ -471,5 +480,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             record_rank_message(status_dir, rank, str(error))
         else:
             print(f"hookdet: error: {error}", file=sys.stderr)
+        status = 2
+    except OSError as error:
+        from hookdet.storage_check import environment_fault
+
+        fault = environment_fault(error)
+        if fault is None:  # not the machine's fault: the traceback helps
+            raise
+        print(f"hookdet: error: {fault}", file=sys.stderr)
         status = 2
     return report_status_to_launcher(status)

@@ -88,7 +88,7 @@ def storage_of(identity: Dict[str, Any], current: Optional[CheckpointStorage]) -
 
 
 def _s3_metadata(storage: S3Storage, storage_id: str) -> Optional[Dict[str, Any]]:
-    key = storage.location(storage_id)[len(f"s3://{storage.bucket}/"):] + "/" + fmt.METADATA_FILE
+    key = storage.location(storage_id)[len(f"s3://{storage.bucket}/"):].rstrip("/") + "/" + fmt.METADATA_FILE
     try:
         body = storage.client.get_object(Bucket=storage.bucket, Key=key)["Body"].read()
         return json.loads(body)
@@ -125,7 +125,7 @@ def locate_for_resume(
     target = Path(target)
     identity = read_identity(target)
     if identity is None or (target / fmt.METADATA_FILE).is_file():
-        _refuse_mixed(target)
+        refuse_mixed_store(target)
         return fmt.resolve_checkpoint_dir(target)
     storage = storage_of(identity, current)
     run_id = str(identity["run_id"])
@@ -157,8 +157,8 @@ def locate_for_resume(
     return storage, checkpoints[-1][0]
 
 
-def _refuse_mixed(folder: Path) -> None:
-    """Refuse a folder whose checkpoints were written by several runs, naming each run."""
+def refuse_mixed_store(folder: Path) -> None:
+    """Refuse a folder (not a run directory with an identity) whose checkpoints were written by several runs, naming each run."""
     runs: Dict[str, List[Tuple[int, Path, Dict[str, Any]]]] = {}
     for root in (folder / "checkpoints", folder):
         for directory, metadata in fmt.find_checkpoints(root):

@@ -19,6 +19,8 @@ _held: Dict[int, RunDirLock] = {}
 
 def take(run: Any) -> Dict[str, str]:
     """Lock ``run.run_dir`` (chief only); ``{"run_id": ...}``, or ``{"error": ...}`` when refused."""
+    if run.run_dir.exists() and not run.run_dir.is_dir():
+        return {"error": f"run directory {run.run_dir} is a file; give a directory (or a new name)"}
     lock = RunDirLock(run.run_dir)
     try:
         lock.acquire()
@@ -30,8 +32,11 @@ def take(run: Any) -> Dict[str, str]:
     return {"run_id": run_id_for(run.run_dir)}
 
 
-def accept(claim: Dict[str, str]) -> str:
-    """The run id from :func:`take`'s answer; raises its refusal on every rank."""
+def accept(claim: Optional[Dict[str, str]]) -> Optional[str]:
+    """The run id from :func:`take`'s answer; raises its refusal on every rank. (None when no
+    answer came: a rank whose collectives are stand-ins, in tests.)"""
+    if claim is None:
+        return None
     if "error" in claim:
         raise RunDirLockedError(claim["error"])
     return claim["run_id"]

@@ -41,6 +41,15 @@ def describe_os_error(error: OSError) -> str:
     return error.strerror or str(error)
 
 
+def environment_fault(error: OSError) -> Optional[str]:
+    """One line for an OSError the machine caused (disk full, quota, read-only filesystem),
+    naming the file; None for any other error."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return None
+    where = f"{error.filename}: " if error.filename else ""
+    return f"{where}{describe_os_error(error)}"
+
+
 def failure_cause(storage: Any, error: BaseException) -> Optional[str]:
     """Why a checkpoint write failed, in words a user acts on (``disk full``...), or None when
     the error says nothing more than itself. torch reports a full disk as ``unexpected pos``, so

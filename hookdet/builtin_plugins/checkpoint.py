@@ -63,6 +63,7 @@ from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_fail
 from hookdet.cluster_info import get_cluster_info
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
+from hookdet.resume_report import report_resume
 from hookdet.run_identity import locate_for_resume
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
 
@@ -232,7 +233,10 @@ class CheckpointPlugin:
         newest intact checkpoint) or a storage id."""
         self.finish_write(run, wait=True, before="a checkpoint is loaded")
         with _located(run, checkpoint) as (directory, hint_root):
-            written_by = _restore(run, directory, hint_root)
+            metadata = _restore(run, directory, hint_root)
+        written_by = metadata.get("run_id")
+        if run.is_chief:
+            report_resume(run, metadata, str(directory))
         state = run.state
         self._resume_points[checkpoint] = state.batches_trained
         resumed = {
@@ -416,9 +420,9 @@ def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]
         raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
 
 
-def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Optional[str]:
+def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, Any]:
     """Verify ``directory``, check it fits the trial, then apply every piece of state; return
-    the run id of the run that wrote it (None for checkpoints older than run ids)."""
+    its metadata."""
     context, trial = run.context, run.trial
 
     def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
@@ -491,7 +495,7 @@ def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Optional[s
         )
     fmt.restore_rng_state(rng_states[rank % len(rng_states)])
     logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
-    return metadata.get("run_id")
+    return metadata
 
 
 def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:

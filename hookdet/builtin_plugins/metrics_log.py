@@ -3,18 +3,27 @@
 One JSON object per line (``group``, ``steps_completed``, ``metrics``, ``time``), flushed as it is
 written, so the file is complete up to the last report even after a crash.
 
+A training metric that is NaN or infinite is warned about once per metric, from the values
+already reduced for the report (no extra device sync); with ``plugin_config: {metrics_log:
+{stop_on_nonfinite: true}}`` the run also stops there, with a checkpoint, as on a stop request.
+
 A resume continues the same file: reports a killed run made after the checkpoint it resumes
 from are dropped first, so the file holds each step once, as if the run had never stopped.
 """
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import time
 from pathlib import Path
 from typing import IO, Any, Dict, Optional
 
 from hookdet.markers import hookimpl
+from hookdet.plugin_manager import check_known_options
+
+logger = logging.getLogger("hookdet")
 
 FILENAME = "metrics.jsonl"
 
@@ -22,9 +31,13 @@ FILENAME = "metrics.jsonl"
 class MetricsLogPlugin:
     """The run's ``metrics.jsonl`` (chief only: reports fire there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        options = dict(options or {})
+        check_known_options("metrics_log", options, ("stop_on_nonfinite",))
+        self._stop_on_nonfinite = bool(options.get("stop_on_nonfinite", False))
         self._file: Optional[IO[str]] = None
         self._run: Any = None
+        self._nonfinite_seen: set = set()
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
@@ -46,9 +59,29 @@ class MetricsLogPlugin:
         if self._file is None:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             self._file = open(run.run_dir / FILENAME, "a", encoding="utf-8")
+        if group == "training":
+            self._check_finite(run, steps_completed, metrics)
         record = {"group": group, "steps_completed": steps_completed, "metrics": metrics, "time": time.time()}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+
+    def _check_finite(self, run: Any, steps: int, metrics: Dict[str, Any]) -> None:
+        bad = [
+            name for name, value in metrics.items()
+            if isinstance(value, float) and not math.isfinite(value) and name not in self._nonfinite_seen
+        ]
+        if not bad:
+            return
+        self._nonfinite_seen.update(bad)
+        shown = ", ".join(f"{name}={metrics[name]}" for name in bad)
+        if self._stop_on_nonfinite and run.context is not None:
+            logger.warning("non-finite training metric at batch %d: %s; stopping (stop_on_nonfinite)", steps, shown)
+            run.context.set_stop_requested(True)
+        else:
+            logger.warning(
+                "non-finite training metric at batch %d: %s; training goes on "
+                "(plugin_config: {metrics_log: {stop_on_nonfinite: true}} stops instead)", steps, shown,
+            )
 
     @hookimpl
     def hookdet_unconfigure(self, run: Any) -> None:

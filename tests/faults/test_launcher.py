@@ -1,0 +1,121 @@
+"""The 2-slot launcher: no orphans when it dies by any signal, one voice when ranks stop or fail.
+
+``hookdet run`` with ``slots_per_trial: 2`` starts torchrun, which starts two ranks, each in a
+session of its own. SIGKILL of ``hookdet run`` must take torchrun and both ranks along (within
+seconds, not when training would have ended); a SIGTERM stop exits 75 without torchrun's
+traceback; a config error every rank hits is printed once.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import List, Set
+
+import pytest
+import yaml
+
+from tests.faults.harness import assert_one_line, error_lines, finish, start, wait_until
+
+HPARAMS = {"global_batch_size": 4, "lr": 0.1, "records": 28, "with_buffer": True}
+
+
+def write_config(path: Path, **hparams: object) -> Path:
+    config = {
+        "name": "launcher-fault",
+        "entrypoint": "distributed_trials:LinearTrial",
+        "hyperparameters": dict(HPARAMS, **hparams),
+        "searcher": {"name": "single", "metric": "validation_loss", "smaller_is_better": True,
+                     "max_length": {"batches": 2000}},
+        "scheduling_unit": 1,
+        "resources": {"slots_per_trial": 2},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def descendants(pid: int) -> Set[int]:
+    """Every live process below ``pid`` (by parent links in /proc)."""
+    children: dict = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found: Set[int] = set()
+    todo: List[int] = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pids: Set[int]) -> Set[int]:
+    living = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            living.add(pid)
+    return living
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_launcher_leaves_no_process_of_the_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    launcher = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.2)), "--run-dir", str(run_dir)])
+    tree: Set[int] = set()
+    try:
+        def two_ranks_training() -> bool:
+            tree.update(descendants(launcher.pid))
+            return (run_dir / "metrics.jsonl").exists() and len(tree) >= 3  # torchrun + 2 ranks
+        wait_until(two_ranks_training, launcher, "both ranks to train", timeout=150)
+        assert alive(tree), "the run's processes are alive before the kill"
+        killed_at = time.monotonic()
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=10)
+        time.sleep(10)
+        survivors = alive(tree)
+        assert not survivors, f"processes of the run still alive 10 s after SIGKILL: {survivors}"
+    finally:
+        for pid in alive(tree):
+            os.kill(pid, signal.SIGKILL)
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert time.monotonic() - killed_at < 30
+
+
+@pytest.mark.slow
+def test_sigterm_stops_two_ranks_with_75_and_no_torchrun_traceback(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.2)), "--run-dir", str(run_dir)])
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists(), process, "training", timeout=150)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    status, stdout, stderr = finish(process, "2 ranks: SIGTERM", since=signalled)
+    assert status == 75, stderr[-4000:]
+    assert "Traceback" not in stderr and "SignalException" not in stderr, stderr[-4000:]
+    assert not error_lines(stderr)
+    assert "preempted" in stdout
+
+
+def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "exp.yaml")
+    config.write_text(config.read_text().replace("distributed_trials:LinearTrial", "distributed_trials:NoSuchTrial"))
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(tmp_path / "run")]), "2 ranks: bad entrypoint")
+    assert status == 2, stderr[-4000:]
+    line = assert_one_line(stderr, "ranks 0, 1", "NoSuchTrial")
+    assert "ChildFailedError" not in stderr
+    assert line.count("hookdet: error") == 1

@@ -1,0 +1,146 @@
+"""Checkpoints belong to their run; one run, one history; one owner per run directory.
+
+- Two experiments checkpoint into one ``shared_fs`` store: ``--resume STORE`` is refused with
+  both runs listed; ``--resume RUN_DIR`` finds that run's checkpoints in the store, continues in
+  the same run directory, and its retention never touches the other experiment's checkpoints.
+- S3: ``--resume RUN_DIR`` finds the run's checkpoint in the bucket.
+- SIGTERM, then ``--resume RUN_DIR`` alone: one run directory whose ``metrics.jsonl`` equals the
+  uninterrupted run's step for step; a second run on a locked directory is refused naming the
+  holder; stale ``.tmp-*`` writes are swept; ``--fork`` starts a new directory naming its parent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from hookdet.builtin_plugins.metrics_log import drop_reports_after, read_metrics
+from hookdet.run_identity import read_identity
+from tests.faults.harness import (
+    assert_one_line,
+    checkpoint_metadata,
+    finish,
+    run,
+    start,
+    wait_until,
+    write_config,
+)
+from tests.s3_fixture import s3_server  # noqa: F401  (a fixture)
+
+
+def reports(run_dir: Path) -> List[Any]:
+    return [(r["group"], r["steps_completed"], r["metrics"]) for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+@pytest.mark.slow
+def test_two_experiments_in_one_shared_store(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    storage = {"type": "shared_fs", "host_path": str(store)}
+    stop_a = write_config(tmp_path / "a.yaml", {"lr": 0.01, "stop_at": 6}, checkpoint_storage=storage)
+    exp_b = write_config(tmp_path / "b.yaml", {"lr": 0.05}, checkpoint_storage=storage)
+    straight_a = write_config(tmp_path / "a_straight.yaml", {"lr": 0.01}, checkpoint_storage=dict(storage, host_path=str(tmp_path / "own")))
+    runs = {name: start(["run", str(config), "--run-dir", str(tmp_path / name)])
+            for name, config in (("a", stop_a), ("b", exp_b), ("straight", straight_a))}
+    for name, process in runs.items():
+        status, _, stderr = finish(process, f"shared store: {name}", fault=False)
+        assert status == 0, stderr[-3000:]
+    run_a, run_b = read_identity(tmp_path / "a")["run_id"], read_identity(tmp_path / "b")["run_id"]
+    assert run_a != run_b
+    by_run = {}
+    for metadata in checkpoint_metadata(store):
+        by_run.setdefault(metadata["run_id"], []).append(metadata["uuid"])
+    assert set(by_run) == {run_a, run_b}
+    b_checkpoints = sorted(by_run[run_b])
+
+    # The store alone is ambiguous: refused, both runs named, nothing changed.
+    status, _, stderr = run(["run", str(stop_a), "--resume", str(store), "--run-dir", str(tmp_path / "x")], "resume STORE")
+    assert status == 2
+    assert_one_line(stderr, "holds checkpoints of 2 runs", run_a, run_b)
+
+    # The run directory leads to its own checkpoints in the store and continues there.
+    status, stdout, stderr = run(["run", str(stop_a), "--resume", str(tmp_path / "a")], "resume RUN_DIR (shared_fs)", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert "resumed from checkpoint" in stderr and f"run directory: {(tmp_path / 'a').resolve()}" in stdout
+    assert reports(tmp_path / "a") == reports(tmp_path / "straight")  # one history, no step twice
+    after = {}
+    for metadata in checkpoint_metadata(store):
+        after.setdefault(metadata["run_id"], []).append(metadata)
+    assert sorted(m["uuid"] for m in after[run_b]) == b_checkpoints  # retention kept to its own
+    assert max(m["steps_completed"] for m in after[run_a]) == 12
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["a", "b", "own", "store", "straight"]
+
+
+@pytest.mark.slow
+def test_resume_run_dir_finds_its_checkpoint_in_s3(tmp_path: Path, s3_server: Dict[str, str]) -> None:  # noqa: F811
+    storage = {"type": "s3", "bucket": s3_server["bucket"], "endpoint_url": s3_server["endpoint_url"], "prefix": "exp"}
+    config = write_config(tmp_path / "s3.yaml", {"stop_at": 6}, checkpoint_storage=storage)
+    status, _, stderr = run(["run", str(config), "--run-dir", str(tmp_path / "run")], "s3: stop at 6", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    status, stdout, stderr = run(["run", str(config), "--resume", str(tmp_path / "run")], "s3: resume RUN_DIR", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert "at batch 6" in stderr and "s3://" in stdout
+    steps = [r["steps_completed"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["group"] == "training"]
+    assert steps == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_is_one_run_with_one_history(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "exp.yaml", {"sleep": 3.0})  # slow enough to race
+    straight = start(["run", str(config), "--run-dir", str(tmp_path / "straight")])
+    run_dir = tmp_path / "run"
+    victim = start(["run", str(config), "--run-dir", str(run_dir)])
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(reports(run_dir)) >= 3, victim, "3 reports")
+
+    # A second run, and a resume, of the locked directory are refused, naming the holder.
+    rivals = {case: start(["run", str(config), "--run-dir", str(run_dir), *extra])
+              for extra, case in (([], "second run, locked dir"), (["--resume", str(run_dir)], "resume, locked dir"))}
+    for case, rival in rivals.items():
+        status, _, stderr = finish(rival, case)
+        assert status == 2, stderr[-3000:]
+        assert_one_line(stderr, str(run_dir), f"pid {victim.pid} on host {socket.gethostname()}")
+    assert victim.poll() is None, "the refusals were tested while the owner was training"
+
+    signalled = time.monotonic()
+    victim.send_signal(signal.SIGTERM)
+    status, _, stderr = finish(victim, "SIGTERM", since=signalled)
+    assert status == 75, stderr[-3000:]
+    stopped_at = max(m["steps_completed"] for m in checkpoint_metadata(run_dir / "checkpoints"))
+    assert stopped_at < 12
+
+    # A write killed earlier left a hidden directory; the resume sweeps it under the lock.
+    stale = run_dir / "checkpoints" / ".tmp-0123-dead"
+    stale.mkdir()
+    (stale / "state_dict.pth").write_bytes(os.urandom(1024))
+    status, _, stderr = run(["run", str(config), "--resume", str(run_dir)], "resume after SIGTERM", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert not stale.exists()
+    status, _, stderr = finish(straight, "straight", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert reports(run_dir) == reports(tmp_path / "straight")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["run", "straight"]
+
+    # --fork: a new directory that records its parent and leaves the parent's checkpoints alone.
+    parent_checkpoints = sorted(m["uuid"] for m in checkpoint_metadata(run_dir / "checkpoints"))
+    longer = write_config(tmp_path / "longer.yaml", {"sleep": 0.0}, searcher={
+        "name": "single", "metric": "validation_loss", "smaller_is_better": True, "max_length": {"batches": 16}})
+    status, _, stderr = run(["run", str(longer), "--resume", str(run_dir), "--fork", "--run-dir", str(tmp_path / "fork", fault=False)], "fork", fault=False)
+    assert status == 0, stderr[-3000:]
+    fork, parent = read_identity(tmp_path / "fork", fault=False), read_identity(run_dir)
+    assert fork["parent"]["run_id"] == parent["run_id"] != fork["run_id"]
+    assert sorted(m["uuid"] for m in checkpoint_metadata(run_dir / "checkpoints")) == parent_checkpoints
+    assert "retention deleted" not in stderr or all(u not in stderr for u in parent_checkpoints)
+
+
+def test_resume_drops_reports_a_killed_run_made_after_its_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    records = [{"group": "training", "steps_completed": step, "metrics": {}} for step in range(1, 7)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"group": "trai')  # torn last line
+    assert drop_reports_after(path, 4) == 3
+    assert [r["steps_completed"] for r in read_metrics(path)] == [1, 2, 3, 4]
