@@ -67,6 +67,10 @@ class Run:
     #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set before training starts.
     max_batches: Optional[int] = None
     exit_reason: Optional[str] = None
+    #: The metrics of each batch of the current workload, in order, as ``train_batch`` returned
+    #: them (tensors possibly on the device); the loop appends to it. For observers that read
+    #: the latest batch without a per-batch hook: read only, and never force a device sync.
+    workload_metrics: Optional[list] = None
 
     @property
     def hook(self) -> Any:

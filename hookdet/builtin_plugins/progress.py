@@ -91,6 +91,7 @@ class ProgressPlugin:
                 batches_trained=lambda: self._run.state.batches_trained,
                 validation_batches=lambda: self.validation_batches,
                 searcher_metric=self._run.config.searcher.metric,
+                workload=lambda: self._run.workload_metrics,
             )
             self._view.open()
         elif self.log_every_s > 0:
