@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
+import torch
 
 from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
@@ -309,3 +310,30 @@ def test_the_bytecode_budget_holds_with_the_live_view_on(tmp_path: Path) -> None
     with terminal_as_stderr() as terminal:
         budget(tmp_path)
     assert any(" 60/60 batches" in line for line in screen_lines(terminal.screen))
+
+
+def test_latest_batch_value_reads_the_newest_batch_without_waiting() -> None:
+    from hookdet.live_view import LatestBatchValue
+
+    workload: List[Dict[str, Any]] = []
+    latest = LatestBatchValue(lambda: workload)
+    assert latest.poll() == ""
+    workload.append({"loss": torch.tensor(0.5), "acc": 1.0})
+    assert latest.poll() == "loss=0.5"
+    workload.append({"accuracy": 0.25})  # no loss: the first metric
+    assert latest.poll() == "accuracy=0.25"
+    workload.clear()  # a new workload, no batch yet: the last value stays
+    assert latest.poll() == "accuracy=0.25"
+    workload.append({"loss": torch.ones(3)})  # not a scalar: nothing new to show
+    assert latest.poll() == "accuracy=0.25"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_latest_batch_value_copies_a_cuda_value_asynchronously() -> None:
+    from hookdet.live_view import LatestBatchValue
+
+    workload = [{"loss": torch.tensor(0.75, device="cuda")}]
+    latest = LatestBatchValue(lambda: workload)
+    latest.poll()  # starts the copy
+    torch.cuda.synchronize()
+    assert latest.poll() == "loss=0.75"
