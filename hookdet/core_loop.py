@@ -165,7 +165,10 @@ class TrainingLoop:
         # Batches trained at which the next Batch-period boundary (or the end) falls. The batches
         # before it, within one epoch, run as one stretch with no boundary checks at all.
         next_boundary = _next_boundary(periods, state.batches_trained, self.max_batches)
+        # The run shares the list, so an observer (the live view) reads the latest batch's
+        # metrics without a per-batch hook.
         workload: List[Dict[str, Any]] = []
+        self.run.workload_metrics = workload
         context.experimental.reset_reducers()
         self._set_train_mode(True)
 
@@ -224,7 +227,7 @@ class TrainingLoop:
             if not (validate or checkpoint or report or stopping or done):
                 continue
             self._finish_workload(workload)
-            workload = []
+            workload = self.run.workload_metrics = []
             # A validation due at this batch runs even when stopping (as Determined validates
             # at a boundary before it checks for a stop), so a stopped-and-resumed run reports
             # the same validations as one that never stopped.

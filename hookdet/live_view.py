@@ -2,20 +2,21 @@
 
 ::
 
-    epoch 2/5  ━━━━━━━━━━━━━━━━━━━━━╺━━━━━━━━━━━━━━━━━━   59/100 batches  7.83 batch/s  ETA 0:00:05
-    validation ━━━━━━━━━━━━━━━━━━━━━━━━━╸━━━━━━━━━━━━━━━━━   12/25 batches
-     training  @ batch 50   loss=0.1807  g_loss=1.066  d_loss=0.3365
-    validation @ batch 40   accuracy=0.972  validation_loss=0.1234
+    epoch 2/5 ━━━━━━━━━━━━━━━━━━━━━╺━━━━━━━━━━━━━━━━━━ 59/100 batches 7.83 batch/s  ETA 0:00:05 loss=0.1791
+    validation ━━━━━━━━━━━━━━━━━━━━━━━━━╸━━━━━━━━━━━━━━ 12/25 batches
+      training  @ batch 50  loss=0.1807  g_loss=1.066  d_loss=0.3365
+    validation  @ batch 40  validation_loss=0.1234  accuracy=0.972
 
-Each metric group has its own labelled row, the searcher metric first in validation; a long
-list of metrics wraps onto more lines of its row instead of squeezing the bar. Log messages
-(checkpoints, warnings) print above the view as ordinary lines.
+The bar line ends with the latest batch's loss; below it each metric group of the latest report
+has its own labelled row, the searcher metric first in validation; a long list of metrics wraps
+onto more lines of its row instead of squeezing the bar. Log messages (checkpoints, warnings)
+print above the view as ordinary lines.
 
 The view never asks the training loop for anything per batch: rich's own refresh thread redraws
-it a few times a second (:data:`REFRESHES_PER_SECOND`), reading counters that already live on
-the host — the loop's ``batches_trained`` and a validation batch count — through the callables
-it was given. Metrics are the latest reported ones (plain numbers by then), so drawing forces no
-device synchronisation.
+it a few times a second (:data:`REFRESHES_PER_SECOND`), reading what already lives on the host —
+the loop's ``batches_trained``, a validation batch count, the reported metrics (plain numbers by
+then) — through the callables it was given. The latest batch's loss comes from the run's
+``workload_metrics`` list without a device synchronisation (see :class:`LatestBatchValue`).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import math
 import numbers
 from typing import IO, Any, Callable, Dict, List, Optional
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Table
@@ -53,6 +55,45 @@ def ordered_metrics(metrics: Dict[str, Any], first: Optional[str] = None) -> Lis
     return shown
 
 
+class LatestBatchValue:
+    """The latest batch's loss (or first metric) as ``loss=0.1234``, read without a device sync:
+    a value on the CPU is read at once; one on a CUDA device is copied to pinned host memory
+    asynchronously, behind the work already queued, and shown at the first redraw after the
+    copy finished."""
+
+    def __init__(self, workload: Callable[[], Optional[list]]) -> None:
+        self._workload = workload
+        self._pending: Optional[tuple] = None
+        self.text = ""
+
+    def poll(self) -> str:
+        """The text to show now; starts the next copy when none is in flight."""
+        if self._pending is not None:
+            name, host, done = self._pending
+            if not done.query():
+                return self.text
+            self.text, self._pending = f"{name}={format_number(host.item())}", None
+        try:
+            metrics = (self._workload() or [])[-1]
+        except IndexError:
+            return self.text
+        name = "loss" if "loss" in metrics else next(iter(metrics), None)
+        value = metrics.get(name)
+        if not isinstance(value, torch.Tensor):
+            shown = format_number(value)
+            self.text = self.text if shown is None else f"{name}={shown}"
+        elif value.numel() == 1 and value.device.type == "cpu":
+            self.text = f"{name}={format_number(value.item())}"
+        elif value.numel() == 1 and value.device.type == "cuda":
+            with torch.cuda.device(value.device):
+                host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                host.copy_(value, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+            self._pending = (name, host, done)
+        return self.text
+
+
 class _RateAndEta(ProgressColumn):
     """``7.83 batch/s  ETA 0:00:05`` (``4.2 s/batch`` when slower than one batch a second)."""
 
@@ -78,7 +119,9 @@ class LiveView(Progress):
         batches_trained: Callable[[], int],
         validation_batches: Callable[[], int],
         searcher_metric: Optional[str],
+        workload: Callable[[], Optional[list]] = lambda: None,
     ) -> None:
+        self._latest_batch = LatestBatchValue(workload)
         self._batches_trained = batches_trained
         self._validation_batches = validation_batches
         self._searcher_metric = searcher_metric
@@ -88,13 +131,16 @@ class LiveView(Progress):
         self._epoch_length = 0
         self._max_batches: Optional[int] = None
         self._redirected: List[logging.StreamHandler] = []
+        console = Console(file=stream, highlight=False)
         super().__init__(
             TextColumn("{task.description}", justify="left"),
-            BarColumn(bar_width=40),
+            # Room for the counts, rate, ETA and loss on the same line, however wide the terminal.
+            BarColumn(bar_width=max(10, min(40, console.width - 75))),
             MofNCompleteColumn(),
             TextColumn("batches"),
             _RateAndEta(),
-            console=Console(file=stream, highlight=False),
+            TextColumn("{task.fields[latest]}"),
+            console=console,
             refresh_per_second=REFRESHES_PER_SECOND,
             speed_estimate_period=10.0,
         )
@@ -118,13 +164,13 @@ class LiveView(Progress):
         self._epoch_length, self._max_batches = epoch_length, max_batches
         if self._training is None:
             self._training = self.add_task(
-                self._epoch_text(), total=max_batches, completed=self._batches_trained()
+                self._epoch_text(), total=max_batches, completed=self._batches_trained(), latest=""
             )
 
     def validation_started(self, total: Optional[int]) -> None:
         """Show a validation bar below the training bar (``total`` None: not yet known)."""
         if self._validation is None:
-            self._validation = self.add_task("validation", total=total)
+            self._validation = self.add_task("validation", total=total, latest="")
 
     def validation_ended(self) -> None:
         """Take the validation bar away."""
@@ -144,7 +190,12 @@ class LiveView(Progress):
         """The frame: the bars, brought up to the counters, then a row per metric group."""
         training, validation = self._training, self._validation
         if training is not None:
-            self.update(training, completed=self._batches_trained(), description=self._epoch_text())
+            self.update(
+                training,
+                completed=self._batches_trained(),
+                description=self._epoch_text(),
+                latest=self._latest_batch.poll(),
+            )
         if validation is not None:
             try:
                 self.update(validation, completed=self._validation_batches())

@@ -69,6 +69,10 @@ class Run:
     exit_reason: Optional[str] = None
     #: Which run this is: made when the run directory is first used, kept across resumes into it.
     run_id: Optional[str] = None
+    #: The metrics of each batch of the current workload, in order, as ``train_batch`` returned
+    #: them (tensors possibly on the device); the loop appends to it. For observers that read
+    #: the latest batch without a per-batch hook: read only, and never force a device sync.
+    workload_metrics: Optional[list] = None
 
     @property
     def hook(self) -> Any:

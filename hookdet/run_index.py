@@ -274,7 +274,9 @@ def show_run(path: Path) -> str:
     if summary.best is not None:
         lines.append(f"  best {summary.metric}: {_number(summary.best)}")
     parent = record.get("parent") or record.get("resumed_from")
-    if parent:
+    if parent and summary.path.resolve() in (Path(parent).resolve(), *Path(parent).resolve().parents):
+        lines.append("  resumed in place (one history in this directory)")
+    elif parent:
         lines.append(f"  resumed from: {parent}")
         before = parent_config(parent)
         if before is None:

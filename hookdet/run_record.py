@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import socket
 from pathlib import Path
 from typing import Any, Dict, Optional
+
+logger = logging.getLogger("hookdet")
 
 FILENAME = "run.json"
 
@@ -71,7 +74,10 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
         "best_validation": state.best_validation,
         "latest_checkpoint": state.latest_checkpoint,
     })
-    _write(run.run_dir, record)
+    try:
+        _write(run.run_dir, record)
+    except OSError as problem:  # never hide how the run really ended behind this
+        logger.warning("could not record the end of the run in %s: %s", Path(run.run_dir) / FILENAME, problem)
 
 
 def read_record(run_dir: Any, check_alive: bool = True) -> Optional[Dict[str, Any]]:

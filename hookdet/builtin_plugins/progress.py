@@ -3,8 +3,9 @@
 In a terminal (the chief's stderr is a tty) :class:`hookdet.live_view.LiveView` draws the epoch,
 the batch of the total, rate and ETA, a validation bar while one runs, and the latest training
 and validation metrics, each group on its own labelled row (the searcher metric first). It is
-redrawn a few times a second by its own thread from counters already on the host, so the
-training loop calls no per-batch hook for it and no metric is read from the device early.
+redrawn a few times a second by its own thread from what is already on the host (the loop's
+batch counter, the run's ``workload_metrics`` for the latest batch's loss), so the training
+loop calls no per-batch hook for it and no metric forces a device synchronisation.
 
 Anywhere else (a pipe, a file, a CI log) every report becomes one plain log line::
 
@@ -16,7 +17,7 @@ written whenever nothing was for ``log_every_s`` seconds (``plugin_config.progre
 default 30; 0 turns these lines off)::
 
     training: batch 120/450 (26%), epoch 2/5, 3.9 batch/s, ETA 0:01:25
-    validation: batch 12/50 (24%), 0.8 batch/s
+    validation: batch 12/50 (24%), 1.25 s/batch, ETA 0:00:48
 
 Validation counts its batches with ``hookdet_validation_batch_end``, implemented by a helper
 (``progress:validation``) registered on the chief only; training batches need no hook at all.
@@ -91,6 +92,7 @@ class ProgressPlugin:
                 batches_trained=lambda: self._run.state.batches_trained,
                 validation_batches=lambda: self.validation_batches,
                 searcher_metric=self._run.config.searcher.metric,
+                workload=lambda: self._run.workload_metrics,
             )
             self._view.open()
         elif self.log_every_s > 0:

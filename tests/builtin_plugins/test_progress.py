@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
+import torch
 
 from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
@@ -106,8 +107,18 @@ def test_live_view_in_a_terminal(tmp_path: Path) -> None:
     # Epoch (4 batches each) and batch of the total, rate and ETA on the training bar.
     bars = [line for line in lines if re.match(r"epoch \d+/10 ", line)]
     assert re.search(r" 0/40 batches$", bars[0]), bars[0]
-    assert re.search(r" 40/40 batches [\d.]+ batch/s  ETA 0:00:00$", bars[-1]), bars[-1]
-    assert any(re.search(r"epoch [2-9]/10 .* \d+/40 batches [\d.]+ batch/s  ETA \d:\d\d:\d\d$", line) for line in bars)
+    assert re.search(r" 40/40 batches [\d.]+ batch/s  ETA 0:00:00 loss=\S+$", bars[-1]), bars[-1]
+    assert any(re.search(r"epoch [2-9]/10 .* \d+/40 batches [\d.]+ batch/s  ETA \d:\d\d:\d\d loss=\S+$", line) for line in bars)
+    # The bar ends with the latest batch's loss, read between reports: the trial's loss at
+    # batch k is exactly 0.64**k (w = 1 - 0.8**k), and the last frame shows batch 39's.
+    def batch_of(loss: str) -> int:
+        """The batch whose loss this is (float32 rounding aside), or -1."""
+        return next((k for k in range(40) if abs(float(loss) / 0.64 ** k - 1) < 1e-3), -1)
+
+    shown = [line.rsplit("loss=", 1)[1] for line in bars if "loss=" in line]
+    assert all(batch_of(value) >= 0 for value in shown), shown
+    assert batch_of(shown[-1]) == 39
+    assert len(set(shown)) >= 3  # it changes between the reports at 10, 20, 30
     # A validation bar while one runs; after the first, it knows the 4 batches a validation has.
     validation_bars = [line for line in lines if re.match(r"validation +\S+ +\d+/(\?|\d+) +batches", line)]
     assert validation_bars and any("/4 " in line for line in validation_bars), validation_bars
@@ -254,7 +265,7 @@ def test_the_chief_in_the_same_setting_shows_bars(tmp_path: Path) -> None:
             pytorch.Trainer(OneWeightTrial(context), context).fit(
                 max_length=pytorch.Batch(4), validation_period=pytorch.Batch(2)
             )
-    assert " 4/4 batches" in screen_lines(terminal.screen)[-3]
+    assert any(" 4/4 batches" in line for line in screen_lines(terminal.screen))
 
 
 def test_format_metrics_shows_numbers_only() -> None:
@@ -299,3 +310,30 @@ def test_the_bytecode_budget_holds_with_the_live_view_on(tmp_path: Path) -> None
     with terminal_as_stderr() as terminal:
         budget(tmp_path)
     assert any(" 60/60 batches" in line for line in screen_lines(terminal.screen))
+
+
+def test_latest_batch_value_reads_the_newest_batch_without_waiting() -> None:
+    from hookdet.live_view import LatestBatchValue
+
+    workload: List[Dict[str, Any]] = []
+    latest = LatestBatchValue(lambda: workload)
+    assert latest.poll() == ""
+    workload.append({"loss": torch.tensor(0.5), "acc": 1.0})
+    assert latest.poll() == "loss=0.5"
+    workload.append({"accuracy": 0.25})  # no loss: the first metric
+    assert latest.poll() == "accuracy=0.25"
+    workload.clear()  # a new workload, no batch yet: the last value stays
+    assert latest.poll() == "accuracy=0.25"
+    workload.append({"loss": torch.ones(3)})  # not a scalar: nothing new to show
+    assert latest.poll() == "accuracy=0.25"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_latest_batch_value_copies_a_cuda_value_asynchronously() -> None:
+    from hookdet.live_view import LatestBatchValue
+
+    workload = [{"loss": torch.tensor(0.75, device="cuda")}]
+    latest = LatestBatchValue(lambda: workload)
+    latest.poll()  # starts the copy
+    torch.cuda.synchronize()
+    assert latest.poll() == "loss=0.75"
