@@ -56,14 +56,15 @@ def max_overlap(intervals: List[tuple]) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_path: Path) -> None:
     two = search(tmp_path, "random.yaml", "--run-dir", "two", "--workers", "2")
     assert two.returncode == 0, two.stderr[-3000:]
     rows = summary(tmp_path / "two")
-    # experiment_seed 14 draws invalid = F, T, T, F, F: both invalid trials are replaced
+    # experiment_seed 14 draws invalid = F, T, T, F: both invalid trials are replaced
     assert [row["state"] for row in rows] == ["completed", "invalid_hp", "invalid_hp",
-                                              "completed", "completed"]
-    assert [row["hp.invalid"] for row in rows] == ["False", "True", "True", "False", "False"]
+                                              "completed"]
+    assert [row["hp.invalid"] for row in rows] == ["False", "True", "True", "False"]
     assert (tmp_path / "two" / "searcher-metric.png").stat().st_size > 1000
     assert "best validation_loss" in two.stdout
 
@@ -80,6 +81,7 @@ def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterrupted_run(
         tmp_path: Path) -> None:
     result = search(tmp_path, "asha.yaml", "--run-dir", "asha", "--workers", "2")
@@ -126,6 +128,7 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path) -> None:
     clean = search(tmp_path, "grid.yaml", "--run-dir", "clean", "--workers", "2")
     assert clean.returncode == 0, clean.stderr[-3000:]
@@ -153,9 +156,9 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
     terminated = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path,
                                   env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
-    try:
-        terminated.wait(timeout=8)
-    except subprocess.TimeoutExpired:
+    assert "search in" in terminated.stdout.readline()  # the driver is up
+    time.sleep(3)
+    if terminated.poll() is None:
         terminated.send_signal(signal.SIGTERM)
         assert terminated.wait(timeout=120) == 75
     resumed = search(tmp_path, "grid.yaml", "--resume", "killed", "--workers", "2")
@@ -170,6 +173,7 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_two_worker_processes_on_one_journal_store_finish_a_search(tmp_path: Path) -> None:
     journal = f"journal:{tmp_path / 'store.log'}"
     driver = subprocess.Popen(

@@ -212,7 +212,8 @@ class Driver:
         if host == socket.gethostname():
             alive = _pid_alive(int(pid or 0)) or _pid_alive(attrs.get("child_pid"))
             return not alive
-        return time.time() - float(attrs.get("heartbeat", 0)) > STALE_SECONDS
+        started = segment.datetime_start.timestamp() if segment.datetime_start else time.time()
+        return time.time() - float(attrs.get("heartbeat", started)) > STALE_SECONDS
 
     def poll(self) -> bool:
         """Handle every finished segment and reap dead ones; True when the search is over."""
