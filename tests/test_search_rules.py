@@ -325,3 +325,31 @@ def test_an_errored_asha_trial_counts_as_worst_in_its_rung() -> None:
     asha.trial_exited_early(ctx, "r1", methods.ERRORED)
     assert asha.state["rungs"][0]["metrics"] == [["r1", methods.EXITED_METRIC]]
     assert asha.early_stopping("r2", 2, 1e300) == []  # better than the errored one: continues
+
+
+def test_asha_with_promotion_pauses_at_rungs_and_promotes_the_top_of_a_rung() -> None:
+    ctx = _Ctx()
+    asha = methods.AsyncHalvingSearch(2, 4, 4, 2.0, max_concurrent_trials=1, promote=True)
+    Pause, Promote, Stop, Create = methods.Pause, methods.Promote, methods.Stop, methods.Create
+    assert asha.initial_trials(ctx) == [Create("r1", 0, {}, 0)]
+    asha.trial_created(ctx, "r1")
+
+    def report(rid: str, units: int, metric: float) -> list:
+        actions = asha.validation_completed(ctx, rid, units, metric)
+        for action in actions:
+            if isinstance(action, Create):
+                asha.trial_created(ctx, action.request_id)
+        return actions
+
+    # rung 0 (2 units) holds one trial: none in its top floor(1/2) = 0, so a new trial
+    assert report("r1", 2, 0.5) == [Pause("r1"), Create("r2", 0, {}, 0)]
+    # two trials at rung 0: the better one (r2) is promoted, resumed to rung 1
+    assert report("r2", 2, 0.3) == [Pause("r2"), Promote("r2")]
+    # the top rung ends r2; nothing else to promote (r2 was), so a new trial
+    assert report("r2", 4, 0.2) == [Stop("r2"), Create("r3", 0, {}, 0)]
+    # r3 is worse: rung 0 = [r2, r1, r3], its top 1 is r2, already promoted: a new trial
+    assert report("r3", 2, 0.9) == [Pause("r3"), Create("r4", 0, {}, 0)]
+    # four at rung 0, top 2 = [r4, r2]: r4 is promoted
+    assert report("r4", 2, 0.1) == [Pause("r4"), Promote("r4")]
+    # max_trials reached and nothing promotable: the search winds down
+    assert report("r4", 4, 0.05) == [Stop("r4")]

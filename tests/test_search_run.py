@@ -56,14 +56,15 @@ def max_overlap(intervals: List[tuple]) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_path: Path) -> None:
     two = search(tmp_path, "random.yaml", "--run-dir", "two", "--workers", "2")
     assert two.returncode == 0, two.stderr[-3000:]
     rows = summary(tmp_path / "two")
-    # experiment_seed 14 draws invalid = F, T, T, F, F: both invalid trials are replaced
+    # experiment_seed 14 draws invalid = F, T, T, F: both invalid trials are replaced
     assert [row["state"] for row in rows] == ["completed", "invalid_hp", "invalid_hp",
-                                              "completed", "completed"]
-    assert [row["hp.invalid"] for row in rows] == ["False", "True", "True", "False", "False"]
+                                              "completed"]
+    assert [row["hp.invalid"] for row in rows] == ["False", "True", "True", "False"]
     assert (tmp_path / "two" / "searcher-metric.png").stat().st_size > 1000
     assert "best validation_loss" in two.stdout
 
@@ -80,6 +81,7 @@ def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterrupted_run(
         tmp_path: Path) -> None:
     result = search(tmp_path, "asha.yaml", "--run-dir", "asha", "--workers", "2")
@@ -109,11 +111,15 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
     assert all(t["batches"] == 4 for t in state["trials"].values() if t["state"] == "stopped")
 
     # The continued trial (resumed from its rung-0 checkpoint) equals one run straight through.
-    trial = finished[0]
-    straight = tmp_path / "straight"
+    assert_equals_a_straight_run(finished[0], tmp_path)
+
+
+def assert_equals_a_straight_run(trial: dict, tmp_path: Path) -> None:
+    """The trial's metrics.jsonl, trained in segments, equals one uninterrupted run's."""
+    straight = tmp_path / f"straight-{trial['number']}"
     run = subprocess.run(
-        [*HOOKDET, "run", str(Path(trial["dir"]) / "segment-2.yaml"), "--run-dir", str(straight),
-         "--model-dir", str(FIXTURES)],
+        [*HOOKDET, "run", str(Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"),
+         "--run-dir", str(straight), "--model-dir", str(FIXTURES)],
         cwd=tmp_path, env={**env(tmp_path), "HOOKDET_TRIAL_SEED": str(trial["seed"])},
         capture_output=True, text=True, timeout=200)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -122,10 +128,29 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
         records = [json.loads(line) for line in path.read_text().splitlines()]
         return [(r["group"], r["steps_completed"], r["metrics"]) for r in records]
 
-    assert values(Path(trial["dir"]) / "metrics.jsonl") == values(straight / "metrics.jsonl")
+    segmented = values(Path(trial["dir"]) / "metrics.jsonl")
+    assert segmented == values(straight / "metrics.jsonl")
+    assert segmented[-1][1] == 8
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_asha_with_promotion_resumes_paused_trials_bit_for_bit(tmp_path: Path) -> None:
+    result = search(tmp_path, "asha_promote.yaml", "--run-dir", "promote", "--workers", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((tmp_path / "promote" / "search-state.json").read_text())
+    trials = state["order"]
+    assert len(trials) == 3
+    promoted = [state["trials"][rid] for rid in trials if state["trials"][rid]["batches"] == 8]
+    assert promoted, "no trial was promoted"
+    for trial in promoted:
+        assert trial["segments"] == 2
+        assert_equals_a_straight_run(trial, tmp_path)
+    assert all(state["trials"][rid]["state"] in ("completed", "stopped") for rid in trials)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path) -> None:
     clean = search(tmp_path, "grid.yaml", "--run-dir", "clean", "--workers", "2")
     assert clean.returncode == 0, clean.stderr[-3000:]
@@ -143,6 +168,10 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
         args = ["--run-dir", "killed"] if first else ["--resume", "killed"]
         driver = subprocess.Popen(command + args, cwd=tmp_path, env=env(tmp_path),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if first:  # until search.json exists there is no search to resume
+            deadline = time.time() + 120
+            while not (tmp_path / "killed" / "search.json").exists() and time.time() < deadline:
+                time.sleep(0.2)
         first = False
         try:
             driver.wait(timeout=rng.uniform(4, 12))
@@ -153,9 +182,10 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
     terminated = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path,
                                   env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
-    try:
-        terminated.wait(timeout=8)
-    except subprocess.TimeoutExpired:
+    line = terminated.stdout.readline()
+    assert "search in" in line, terminated.communicate()[1][-3000:]  # the driver is up
+    time.sleep(3)
+    if terminated.poll() is None:
         terminated.send_signal(signal.SIGTERM)
         assert terminated.wait(timeout=120) == 75
     resumed = search(tmp_path, "grid.yaml", "--resume", "killed", "--workers", "2")
@@ -170,6 +200,7 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_two_worker_processes_on_one_journal_store_finish_a_search(tmp_path: Path) -> None:
     journal = f"journal:{tmp_path / 'store.log'}"
     driver = subprocess.Popen(

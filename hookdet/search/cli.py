@@ -49,10 +49,6 @@ def _load(config_path: Path) -> tuple:
         settings = read_settings(raw, str(config_path))
     except SearchConfigError as error:
         raise _usage_error(str(error)) from None
-    if settings.promote:
-        raise _usage_error(
-            f"{config_path}: searcher.stop_once: false (ASHA that promotes paused trials) is not "
-            "supported yet; hookdet's ASHA stops trials as Determined 0.38 does (stop_once)")
     space = config.hyperparameter_space or dict(config.hyperparameters)
     return config, raw, settings, space
 
@@ -94,10 +90,10 @@ def run_search(args: argparse.Namespace) -> int:
     queue = Queue(storage, create=True)
     driver = Driver(search_dir, settings, space, raw, model_dir, queue,
                     config.reproducibility.experiment_seed)
-    if args.resume:
+    if args.resume and driver.state_path.exists():
         driver.load()
         driver.flush()
-    else:
+    else:  # fresh, or killed before its first decision was saved (nothing was queued then)
         queue.set_info({"search_dir": str(search_dir), "slots_per_trial": slots, "finished": False})
         driver.start()
     workers = args.workers if args.workers is not None else _default_workers(slots)

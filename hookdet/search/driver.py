@@ -94,8 +94,16 @@ class Driver:
         for action in actions:
             if isinstance(action, methods.Create):
                 self._create(action)
-            elif action.request_id in self.state["trials"]:
-                self.state["trials"][action.request_id]["stop"] = True
+                continue
+            trial = self.state["trials"].get(action.request_id)
+            if trial is None:
+                continue
+            if isinstance(action, methods.Stop):
+                trial["stop"] = True
+            elif isinstance(action, methods.Pause):
+                trial["state"] = "paused"  # its checkpoint waits for a promotion
+            elif isinstance(action, methods.Promote):
+                self._schedule(trial)  # resume it from its checkpoint to the next rung
 
     def _create(self, create: methods.Create) -> None:
         number = len(self.state["order"]) + 1
@@ -181,7 +189,7 @@ class Driver:
             if trial["stop"] or trial["units"] >= self.settings.max_length:
                 done = trial["units"] >= self.settings.max_length
                 self._close(trial, "completed" if done else "stopped")
-            else:
+            elif not self.settings.promote:  # stop-once ASHA: it goes on to the next rung
                 self._schedule(trial)
         elif code in (PREEMPTED, -signal.SIGTERM):
             trial["segments"] -= 1  # the same segment again, from its checkpoint
@@ -208,11 +216,15 @@ class Driver:
     def _dead(self, segment: Any) -> bool:
         """A RUNNING segment whose worker is gone (and whose training process too)."""
         attrs = segment.user_attrs
+        if "worker" not in attrs:  # being claimed right now (or its claimant died doing so)
+            started = segment.datetime_start.timestamp() if segment.datetime_start else time.time()
+            return time.time() - started > STALE_SECONDS
         host, _, pid = str(attrs.get("worker", "")).rpartition(":")
         if host == socket.gethostname():
             alive = _pid_alive(int(pid or 0)) or _pid_alive(attrs.get("child_pid"))
             return not alive
-        return time.time() - float(attrs.get("heartbeat", 0)) > STALE_SECONDS
+        started = segment.datetime_start.timestamp() if segment.datetime_start else time.time()
+        return time.time() - float(attrs.get("heartbeat", started)) > STALE_SECONDS
 
     def poll(self) -> bool:
         """Handle every finished segment and reap dead ones; True when the search is over."""
@@ -230,6 +242,12 @@ class Driver:
                                   ok=False)
         open_trials = [t for t in self.state["trials"].values()
                        if t["state"] not in ("completed", "stopped", "errored", "invalid_hp")]
+        if open_trials and all(t["state"] == "paused" for t in open_trials) \
+                and not self.state["pending"]:
+            for trial in open_trials:  # no promotion can come any more: they stop where they are
+                self._close(trial, "stopped")
+            self.save()
+            return False
         return not open_trials and not self.state["pending"]
 
     # ------------------------------------------------------------------------------ loop

@@ -39,7 +39,21 @@ class Stop:
     request_id: str
 
 
-Action = Union[Create, Stop]
+@dataclass
+class Pause:
+    """ASHA with promotion: the trial waits at its rung (its checkpoint) for a promotion."""
+
+    request_id: str
+
+
+@dataclass
+class Promote:
+    """ASHA with promotion: resume a paused trial from its checkpoint to the next rung."""
+
+    request_id: str
+
+
+Action = Union[Create, Stop, Pause, Promote]
 
 
 class Context:
@@ -153,22 +167,64 @@ class AsyncHalvingSearch:
 
     def __init__(self, num_rungs: int, max_length: int, max_trials: int, divisor: float,
                  max_concurrent_trials: int = 0, smaller_is_better: bool = True,
-                 bracket: int = 0) -> None:
+                 bracket: int = 0, promote: bool = False) -> None:
         self.num_rungs, self.divisor = num_rungs, divisor
         self.max_trials, self.max_concurrent = max_trials, max_concurrent_trials
-        self.smaller_is_better, self.bracket = smaller_is_better, bracket
+        self.smaller_is_better, self.bracket, self.promote = smaller_is_better, bracket, promote
         self.state: Dict[str, Any] = {
-            "rungs": [{"units": units, "metrics": []}
+            "rungs": [{"units": units, "metrics": [], "promoted": []}
                       for units in rung_units(num_rungs, divisor, max_length)],
-            "trial_rungs": {}, "early_exit": {}, "completed": 0, "invalid": 0,
+            "trial_rungs": {}, "early_exit": {}, "completed": 0, "invalid": 0, "busy": 0,
         }
 
-    def initial_trials(self, ctx: Context) -> List[Action]:
+    def _concurrency(self) -> int:
         if self.max_concurrent > 0:
-            count = min(self.max_concurrent, self.max_trials)
-        else:
-            count = min(max(1, int(math.pow(self.divisor, self.num_rungs - 1))), self.max_trials)
+            return min(self.max_concurrent, self.max_trials)
+        return min(max(1, int(math.pow(self.divisor, self.num_rungs - 1))), self.max_trials)
+
+    def initial_trials(self, ctx: Context) -> List[Action]:
+        count = self._concurrency()
+        self.state["busy"] = count
         return [ctx.create(self.bracket) for _ in range(count)]
+
+    def _jobs(self, ctx: Context) -> List[Action]:
+        """ASHA with promotion (Li et al.): fill free slots, promoting first - from the highest
+        rung down, a paused trial in the top ``floor(n / divisor)`` of its rung - else a new
+        trial while fewer than ``max_trials`` exist."""
+        actions: List[Action] = []
+        while self.state["busy"] < self._concurrency():
+            promoted = self._promotable()
+            if promoted is not None:
+                actions.append(Promote(promoted))
+            elif self._all_trials() + len([a for a in actions if isinstance(a, Create)]) \
+                    < self.max_trials:
+                actions.append(ctx.create(self.bracket))
+            else:
+                break
+            self.state["busy"] += 1
+        return actions
+
+    def _promotable(self) -> Optional[str]:
+        for index in range(self.num_rungs - 2, -1, -1):
+            rung = self.state["rungs"][index]
+            top = int(float(len(rung["metrics"])) / self.divisor)
+            for rid, _ in rung["metrics"][:top]:
+                if rid not in rung["promoted"] and not self.state["early_exit"].get(rid):
+                    rung["promoted"].append(rid)
+                    self.state["trial_rungs"][rid] = index + 1
+                    return rid
+        return None
+
+    def _record(self, ctx: Context, rid: str, units: int, metric: float) -> List[Action]:
+        """Promotion mode: a trial reaching its rung waits there (the top rung ends it)."""
+        index = self.state["trial_rungs"][rid]
+        rung = self.state["rungs"][index]
+        if units < rung["units"]:
+            return []
+        _insert_metric(rung["metrics"], rid, metric)
+        self.state["busy"] -= 1
+        ending = Stop(rid) if index == self.num_rungs - 1 else Pause(rid)
+        return [ending] + self._jobs(ctx)
 
     def trial_created(self, ctx: Context, rid: str) -> List[Action]:
         self.state["trial_rungs"][rid] = 0
@@ -179,6 +235,8 @@ class AsyncHalvingSearch:
 
     def validation_completed(self, ctx: Context, rid: str, units: int, metric: float) -> List[Action]:
         value = metric if self.smaller_is_better else -metric
+        if self.promote:
+            return self._record(ctx, rid, units, value)
         actions = self.early_stopping(rid, units, value)
         if actions and self._all_trials() < self.max_trials:
             actions.append(ctx.create(self.bracket))
@@ -202,6 +260,8 @@ class AsyncHalvingSearch:
 
     def trial_exited_early(self, ctx: Context, rid: str, reason: str) -> List[Action]:
         self.state["early_exit"][rid] = True
+        if self.promote:
+            return self._exited_promoting(ctx, rid, reason)
         if reason == INVALID_HP:
             self.state["invalid"] += 1
             for rung in self.state["rungs"][: self.state["trial_rungs"].get(rid, 0) + 1]:
@@ -213,6 +273,17 @@ class AsyncHalvingSearch:
         rung = self.state["rungs"][self.state["trial_rungs"].get(rid, 0)]
         _insert_metric(rung["metrics"], rid, EXITED_METRIC)
         return [ctx.create(self.bracket)] if self._all_trials() < self.max_trials else []
+
+    def _exited_promoting(self, ctx: Context, rid: str, reason: str) -> List[Action]:
+        self.state["busy"] -= 1
+        if reason == INVALID_HP:
+            self.state["invalid"] += 1
+            for rung in self.state["rungs"]:
+                rung["metrics"] = [entry for entry in rung["metrics"] if entry[0] != rid]
+        else:
+            rung = self.state["rungs"][self.state["trial_rungs"].get(rid, 0)]
+            _insert_metric(rung["metrics"], rid, EXITED_METRIC)
+        return self._jobs(ctx)
 
     def trial_exited(self, ctx: Context, rid: str) -> List[Action]:
         self.state["completed"] += 1
@@ -281,14 +352,20 @@ class AdaptiveASHASearch:
     bracket that created the trial (Determined's tournament)."""
 
     def __init__(self, brackets: List[Dict[str, int]], max_length: int, divisor: float,
-                 smaller_is_better: bool = True) -> None:
+                 smaller_is_better: bool = True, promote: bool = False) -> None:
         self.brackets = [
             AsyncHalvingSearch(b["num_rungs"], max_length, b["max_trials"], divisor,
-                               b["max_concurrent_trials"], smaller_is_better, bracket=index)
+                               b["max_concurrent_trials"], smaller_is_better, bracket=index,
+                               promote=promote)
             for index, b in enumerate(brackets)
         ]
         self.state: Dict[str, Any] = {"trial_table": {},
                                       "brackets": [b.state for b in self.brackets]}
+
+    def load_state(self, state: Dict[str, Any]) -> None:
+        self.state = state
+        for bracket, saved in zip(self.brackets, state["brackets"]):
+            bracket.state = saved
 
     def _mark(self, index: int, actions: List[Action]) -> List[Action]:
         for action in actions:
@@ -321,10 +398,6 @@ class AdaptiveASHASearch:
         bracket = self._of(rid)
         return self._mark(bracket.bracket, bracket.trial_exited(ctx, rid))
 
-    def load_state(self, state: Dict[str, Any]) -> None:
-        self.state = state
-        for bracket, saved in zip(self.brackets, state["brackets"]):
-            bracket.state = saved
 
 
 def rungs_of(method: Any) -> List[List[int]]:

@@ -68,12 +68,12 @@ class SearchSettings:
         if self.name == "async_halving":
             return methods.AsyncHalvingSearch(
                 self.num_rungs, self.max_length, self.max_trials, self.divisor,
-                self.max_concurrent_trials, self.smaller_is_better)
+                self.max_concurrent_trials, self.smaller_is_better, promote=self.promote)
         brackets = methods.make_brackets(
             self.max_trials, self.max_length, self.divisor, self.mode, self.max_rungs,
             self.max_concurrent_trials, self.bracket_rungs)
         return methods.AdaptiveASHASearch(brackets, self.max_length, self.divisor,
-                                          self.smaller_is_better)
+                                          self.smaller_is_better, promote=self.promote)
 
 
 def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: str) -> int:

@@ -92,7 +92,23 @@ class Queue:
         return {t.user_attrs.get("key") for t in self.segments()}
 
     def claim(self) -> Optional[Any]:
-        """Take one WAITING segment (oldest first) for this worker, or None."""
+        """Take one WAITING segment (oldest first) for this worker, or None.
+
+        SQLite ignores the row lock Optuna's RDB storage takes for the transition, so two
+        claimants could both win; on SQLite claims are serialised with a file lock next to the
+        database (the journal store and database servers are atomic on their own)."""
+        if not self.url.startswith("sqlite:///"):
+            return self._claim()
+        import fcntl
+
+        with open(self.url[len("sqlite:///"):] + ".claim-lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return self._claim()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _claim(self) -> Optional[Any]:
         waiting = self.optuna.trial.TrialState.WAITING
         for trial in sorted(self.segments(), key=lambda t: t.number):
             if trial.state != waiting:

@@ -13,6 +13,7 @@ directory and the store.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any, Dict, List, Optional
 
 from hookdet.search.store import Queue
 
+logger = logging.getLogger("hookdet")
 HEARTBEAT_SECONDS = 2.0
 #: ``hookdet run``'s exit statuses a worker tells apart.
 PREEMPTED, INVALID_HP = 75, 76
@@ -195,7 +197,11 @@ def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float
                 return
             done.wait(poll)
             continue
-        runner.run(segment)
+        try:
+            runner.run(segment)
+        except Exception as error:  # the store refused an update: the driver reaped it as dead
+            logger.warning("segment %s: %s: %s", segment.user_attrs.get("key"),
+                           type(error).__name__, error)
 
 
 def main_worker(storage_url: str, index: int = 0, count: int = 1) -> int:
