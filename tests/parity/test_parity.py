@@ -268,3 +268,16 @@ def test_determined_resume_needs_weights_only_workaround(tmp_path):
     error = results["determined"][1][0]["error"]
     assert error is not None and "weights_only" in error["message"], error
     COMPARED["weights-only"] = 1
+
+
+def test_shuffled_data_order(tmp_path):
+    """``DataLoader(shuffle=True)`` under the same seed: the same records in the same order."""
+    results = harness.run_case(tmp_path, "Shuffled", dict(PERIODS, max_length={"Batch": 8}))
+    determined, hookdet = single(results)
+    orders = [[e["records"]["values"] for e in events(record, "train_batch")] for record in (determined, hookdet)]
+    for order in orders:  # each epoch is a permutation of the 16 records
+        assert sorted(sum(order[:4], [])) == sorted(sum(order[4:], [])) == list(range(16))
+    if orders[0] != orders[1]:
+        pytest.xfail("PENDING_OTHER_BRANCH shuffle-order (parity-surface): " + str(orders[1][0]) + " vs " + str(orders[0][0]))
+    assert_local_only_getters("shuffle", determined, hookdet)
+    assert_same_records("shuffle", determined, hookdet)
