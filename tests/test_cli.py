@@ -218,4 +218,6 @@ def test_bad_input_loses_nothing_already_saved(tmp_path: Path, capsys: pytest.Ca
     expect_error(capsys, args, "bad")
     checkpoints = [p for p in (tmp_path / "run" / "checkpoints").iterdir() if (p / "metadata.json").exists()]
     assert len(checkpoints) == 1
-    assert json.loads((checkpoints[0] / "metadata.json").read_text())["steps_completed"] == 2
+    # The end's checkpoint period (batch 4) is written before the final validation, as Determined
+    # orders them, so it too survives the failure.
+    assert json.loads((checkpoints[0] / "metadata.json").read_text())["steps_completed"] == 4

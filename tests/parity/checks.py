@@ -11,6 +11,35 @@ from tests.parity import compare
 #: Behaviours compared so far in this session, by case (conftest prints the totals).
 COMPARED: Dict[str, int] = {}
 
+#: Periods most cases train with: every boundary kind, falling on different batches.
+PERIODS = {
+    "validation_period": {"Batch": 3},
+    "checkpoint_period": {"Batch": 4},
+    "reporting_period": {"Batch": 2},
+    "checkpoint_policy": "all",
+}
+
+
+def events(record: Dict[str, Any], kind: str, **match: Any) -> List[Dict[str, Any]]:
+    """The record's events of ``kind`` whose fields equal ``match``."""
+    return [e for e in record["events"] if e["event"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+def assert_local_only_getters(case: str, determined: Dict[str, Any], hookdet: Dict[str, Any]) -> None:
+    """``tensorboard-path-none``, ``trial-seed-unset``: Determined's local values, and hookdet's."""
+    det_init = events(determined, "init_local_only")
+    hd_init = events(hookdet, "init_local_only")
+    for record in (determined, hookdet):  # compared here, not with the rest
+        record["events"] = [e for e in record["events"] if e["event"] != "init_local_only"]
+    if not det_init:
+        return
+    assert det_init[0]["tensorboard_path_is_none"] is True
+    assert det_init[0]["trial_seed"] == {"dict": "dict", "items": {"raised": "InternalException"}}
+    assert hd_init[0]["tensorboard_path_is_none"] is False, case
+    assert isinstance(hd_init[0]["trial_seed"], int), case
+    COMPARED[case] = COMPARED.get(case, 0) + 2
+
+
 #: Events whose numbers are averages (float32 in Determined, float64 in hookdet).
 _AVERAGED = {"on_training_workload_end": "avg_metrics", "on_validation_end": "metrics"}
 

@@ -138,5 +138,11 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "parity-scripts handles checkpoint_policy=best; the suite passes checkpoint_policy explicitly",
         "parity-scripts' tests",
     ),
+    "shuffle-order": Difference(
+        "PENDING_OTHER_BRANCH",
+        "DataLoader(shuffle=True) draws its order from the global torch generator",
+        "draws another order (a pure function of the trial seed and the epoch, for exact resume)",
+        "parity-surface works on the samplers' order; the suite compares it (xfail until equal)",
+        "test_parity.py::test_shuffled_data_order",
+    ),
 }
-

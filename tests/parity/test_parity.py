@@ -10,48 +10,28 @@ import inspect
 import pytest
 
 from tests.parity import harness
-from tests.parity.checks import COMPARED, assert_same_records, assert_same_weights
+from tests.parity.checks import (
+    COMPARED,
+    PERIODS,
+    assert_local_only_getters,
+    assert_same_records,
+    assert_same_weights,
+    events,
+)
 from tests.parity.expected_differences import EXPECTED_DIFFERENCES
 
 pytestmark = pytest.mark.slow
-
-PERIODS = {
-    "validation_period": {"Batch": 3},
-    "checkpoint_period": {"Batch": 4},
-    "reporting_period": {"Batch": 2},
-    "checkpoint_policy": "all",
-}
-
 
 def single(results, phase=0):
     return results["determined"][phase][0], results["hookdet"][phase][0]
 
 
-def events(record, kind, **match):
-    return [e for e in record["events"] if e["event"] == kind and all(e.get(k) == v for k, v in match.items())]
-
-
 def compare_case(tmp_path, case, trial, fit, **options):
     results = harness.run_case(tmp_path, trial, fit, **options)
     determined, hookdet = single(results)
-    _assert_local_only_getters(case, determined, hookdet)
+    assert_local_only_getters(case, determined, hookdet)
     assert_same_records(case, determined, hookdet, culprit=options.get("culprit"))
     return determined, hookdet
-
-
-def _assert_local_only_getters(case, determined, hookdet):
-    """``tensorboard-path-none``, ``trial-seed-unset``: Determined's local values, and hookdet's."""
-    det_init = events(determined, "init_local_only")
-    hd_init = events(hookdet, "init_local_only")
-    for record in (determined, hookdet):  # compared here, not with the rest
-        record["events"] = [e for e in record["events"] if e["event"] != "init_local_only"]
-    if not det_init:
-        return
-    assert det_init[0]["tensorboard_path_is_none"] is True
-    assert det_init[0]["trial_seed"] == {"dict": "dict", "items": {"raised": "InternalException"}}
-    assert hd_init[0]["tensorboard_path_is_none"] is False, case
-    assert isinstance(hd_init[0]["trial_seed"], int), case
-    COMPARED[case] = COMPARED.get(case, 0) + 2
 
 
 def test_basic(tmp_path):
@@ -96,7 +76,7 @@ def test_set_stop_requested_between_boundaries(tmp_path):
     results = harness.run_case(tmp_path, "StopRequested", dict(PERIODS, max_length={"Batch": 9}),
                                hparams={"global_batch_size": 4, "stop_at": 4})
     determined, hookdet = single(results)
-    _assert_local_only_getters("stop-between-boundaries", determined, hookdet)
+    assert_local_only_getters("stop-between-boundaries", determined, hookdet)
     assert [e["batch_idx"] for e in events(determined, "train_batch")] == list(range(6))
     assert [e["batch_idx"] for e in events(hookdet, "train_batch")] == list(range(5))
     assert events(hookdet, "callback", method="on_checkpoint_upload_end")[-1]["trained"] == 5
@@ -141,7 +121,7 @@ def test_misuse_raises_alike(tmp_path, trial, culprit):
     ``misuse-error-type``, hookdet's TrialError where Determined trips over its own code)."""
     results = harness.run_case(tmp_path, trial, dict(PERIODS, max_length={"Batch": 4}))
     determined, hookdet = single(results)
-    _assert_local_only_getters(trial, determined, hookdet)
+    assert_local_only_getters(trial, determined, hookdet)
     det_error, hd_error = determined["error"], hookdet["error"]
     assert det_error is not None and hd_error is not None, (det_error, hd_error)
     assert culprit in hd_error["message"], hd_error
@@ -247,7 +227,7 @@ def test_resume(tmp_path):
         resume_fit=dict(RESUME_PERIODS, max_length={"Batch": 7}),
     )
     determined, hookdet = single(results)
-    _assert_local_only_getters("resume", determined, hookdet)
+    assert_local_only_getters("resume", determined, hookdet)
     assert_same_records("resume", determined, hookdet)
 
     det_resumed, hd_resumed = single(results, phase=1)
@@ -288,3 +268,16 @@ def test_determined_resume_needs_weights_only_workaround(tmp_path):
     error = results["determined"][1][0]["error"]
     assert error is not None and "weights_only" in error["message"], error
     COMPARED["weights-only"] = 1
+
+
+def test_shuffled_data_order(tmp_path):
+    """``DataLoader(shuffle=True)`` under the same seed: the same records in the same order."""
+    results = harness.run_case(tmp_path, "Shuffled", dict(PERIODS, max_length={"Batch": 8}))
+    determined, hookdet = single(results)
+    orders = [[e["records"]["values"] for e in events(record, "train_batch")] for record in (determined, hookdet)]
+    for order in orders:  # each epoch is a permutation of the 16 records
+        assert sorted(sum(order[:4], [])) == sorted(sum(order[4:], [])) == list(range(16))
+    if orders[0] != orders[1]:
+        pytest.xfail("PENDING_OTHER_BRANCH shuffle-order (parity-surface): " + str(orders[1][0]) + " vs " + str(orders[0][0]))
+    assert_local_only_getters("shuffle", determined, hookdet)
+    assert_same_records("shuffle", determined, hookdet)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.parity import harness
-from tests.parity.checks import COMPARED, assert_same_records
-from tests.parity.test_parity import PERIODS, _assert_local_only_getters, events
+from tests.parity.checks import PERIODS, assert_local_only_getters, assert_same_records, events
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +17,7 @@ def compare_ranks(tmp_path, case, trial, fit, **options):
     results = harness.run_case(tmp_path, trial, fit, ranks=2, **options)
     for rank in range(2):
         determined, hookdet = results["determined"][0][rank], results["hookdet"][0][rank]
-        _assert_local_only_getters(f"{case}[rank {rank}]", determined, hookdet)
+        assert_local_only_getters(f"{case}[rank {rank}]", determined, hookdet)
         assert_same_records(f"{case}[rank {rank}]", determined, hookdet)
     return results
 
@@ -34,3 +33,8 @@ def test_two_ranks_basic(tmp_path):
 def test_two_ranks_reducers(tmp_path):
     """Every reducer kind across ranks: what cross_slot_reduce receives, what callbacks get."""
     compare_ranks(tmp_path, "2-ranks-reducers", "Reducers", dict(PERIODS, max_length={"Batch": 4}))
+
+
+def test_two_ranks_full_dataset_and_stop(tmp_path):
+    """evaluate_full_dataset on the chief only, its metrics on every rank's callbacks."""
+    compare_ranks(tmp_path, "2-ranks-full-dataset", "FullDataset", dict(PERIODS, max_length={"Batch": 4}))

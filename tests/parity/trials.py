@@ -509,3 +509,10 @@ class Profiled(BaseTrial):
             activities=[torch.profiler.ProfilerActivity.CPU],
             schedule=torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=1),
         )
+
+
+class Shuffled(BaseTrial):
+    """``DataLoader(shuffle=True)``: the order each epoch's records come in."""
+
+    def build_training_data_loader(self) -> Any:
+        return pytorch.DataLoader(Regression(), batch_size=self.context.get_per_slot_batch_size(), shuffle=True)
