@@ -39,11 +39,9 @@ def summary(search_dir: Path, drop=("restarts",)) -> List[Dict[str, str]]:
 
 
 def segments(search_dir: Path) -> list:
-    import optuna
+    from hookdet.search.store import Queue
 
-    storage = json.loads((search_dir / "search.json").read_text())["storage"]
-    study = optuna.load_study(study_name="hookdet-search", storage=storage)
-    return study.get_trials(deepcopy=False)
+    return Queue(json.loads((search_dir / "search.json").read_text())["storage"]).segments()
 
 
 def max_overlap(intervals: List[tuple]) -> int:
@@ -239,3 +237,26 @@ def test_preview_lists_rungs_and_the_first_trials(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "4 trials, rungs at [4, 8] batches" in result.stdout
     assert result.stdout.count("    trial ") == 2
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("random.yaml", "6 trials, each trained 3 epochs"),
+    ("grid.yaml", "6 grid points, each trained 3 epochs"),
+    ("adaptive.yaml", "bracket 1: 3 trials, at most 1 at once, rungs at [180] batches"),
+])
+def test_the_digits_search_examples_preview(tmp_path: Path, name: str, expected: str) -> None:
+    digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
+    result = subprocess.run([*HOOKDET, "search", "preview", str(digits / name)], cwd=tmp_path,
+                            env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout
+
+
+def test_a_search_without_the_extra_names_it(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['optuna'] = None; from hookdet.cli import main; "
+            f"sys.exit(main(['run', {str(FIXTURES / 'grid.yaml')!r}, '--run-dir', 'x']))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "install the 'search' extra: pip install 'hookdet[search]'" in result.stderr
+    assert "Traceback" not in result.stderr
