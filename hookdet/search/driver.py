@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from hookdet.search.space import MasterRandom
 from hookdet.search.store import Queue
 from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
+logger = logging.getLogger("hookdet")
 STATE_FILE = "search-state.json"
 #: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
 STALE_SECONDS = 60.0
@@ -197,6 +199,11 @@ class Driver:
                 self._schedule(trial)
         elif code in (PREEMPTED, -signal.SIGTERM):  # not a failure: no restart counted
             self._schedule(trial, again=True)
+        elif code == 0:  # trained, but never validated the searcher metric: no retry helps
+            logger.error("trial %d: no validation reported the searcher metric '%s' (see %s)",
+                         trial["number"], self.settings.metric, trial["dir"])
+            self.apply(self.method.trial_exited_early(self.ctx, rid, methods.ERRORED))
+            self._close(trial, "errored")
         elif code == INVALID_HP:
             trial["state"] = "invalid_hp"
             self.apply(self.method.trial_exited_early(self.ctx, rid, methods.INVALID_HP))
