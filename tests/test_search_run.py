@@ -39,11 +39,9 @@ def summary(search_dir: Path, drop=("restarts",)) -> List[Dict[str, str]]:
 
 
 def segments(search_dir: Path) -> list:
-    import optuna
+    from hookdet.search.store import Queue
 
-    storage = json.loads((search_dir / "search.json").read_text())["storage"]
-    study = optuna.load_study(study_name="hookdet-search", storage=storage)
-    return study.get_trials(deepcopy=False)
+    return Queue(json.loads((search_dir / "search.json").read_text())["storage"]).segments()
 
 
 def max_overlap(intervals: List[tuple]) -> int:
@@ -163,7 +161,7 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
     rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "3"))
     rng = random.Random(7)
     command = [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--workers", "2"]
-    first = True
+    first, killed_trials = True, 0
     for _ in range(rounds):
         args = ["--run-dir", "killed"] if first else ["--resume", "killed"]
         driver = subprocess.Popen(command + args, cwd=tmp_path, env=env(tmp_path),
@@ -177,8 +175,23 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
             driver.wait(timeout=rng.uniform(4, 12))
             break  # finished before the kill
         except subprocess.TimeoutExpired:
-            driver.send_signal(signal.SIGKILL)
-            driver.wait()
+            pass
+        if rng.random() < 0.5:  # SIGKILL a trial process: it is restarted from its checkpoint
+            running = [s.user_attrs.get("child_pid") for s in segments(tmp_path / "killed")
+                       if s.state.name == "RUNNING"]
+            for pid in filter(None, running[:1]):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed_trials += 1
+                except ProcessLookupError:
+                    pass
+            try:
+                driver.wait(timeout=rng.uniform(2, 6))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
     terminated = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path,
                                   env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
@@ -192,11 +205,13 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(tmp_path / "killed", drop=("restarts", "best", "last")) == summary(
         tmp_path / "clean", drop=("restarts", "best", "last"))
-    killed_rows = summary(tmp_path / "killed")
+    killed_rows = summary(tmp_path / "killed", drop=())
     clean_rows = summary(tmp_path / "clean")
     for killed_row, clean_row in zip(killed_rows, clean_rows):
         assert killed_row["last"] == clean_row["last"]  # resumed bit for bit: same final metric
     assert not [s for s in segments(tmp_path / "killed") if s.state.name in ("RUNNING", "WAITING")]
+    restarts = sum(int(row["restarts"]) for row in killed_rows)
+    assert restarts >= killed_trials  # a killed trial process counts against max_restarts
 
 
 @pytest.mark.slow
@@ -239,3 +254,47 @@ def test_preview_lists_rungs_and_the_first_trials(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "4 trials, rungs at [4, 8] batches" in result.stdout
     assert result.stdout.count("    trial ") == 2
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("random.yaml", "6 trials, each trained 3 epochs"),
+    ("grid.yaml", "6 grid points, each trained 3 epochs"),
+    ("adaptive.yaml", "bracket 1: 3 trials, at most 1 at once, rungs at [180] batches"),
+])
+def test_the_digits_search_examples_preview(tmp_path: Path, name: str, expected: str) -> None:
+    digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
+    result = subprocess.run([*HOOKDET, "search", "preview", str(digits / name)], cwd=tmp_path,
+                            env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout
+
+
+def test_a_search_without_the_extra_names_it(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['optuna'] = None; from hookdet.cli import main; "
+            f"sys.exit(main(['run', {str(FIXTURES / 'grid.yaml')!r}, '--run-dir', 'x']))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "install the 'search' extra: pip install 'hookdet[search]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_single_run_of_a_space_trains_trial_one_with_its_seed(tmp_path: Path) -> None:
+    from hookdet.config import load_experiment_config
+    from hookdet.search.space import MasterRandom, draw_trial
+
+    config = tmp_path / "single.yaml"
+    config.write_text((FIXTURES / "asha.yaml").read_text().replace(
+        "name: async_halving", "name: single\n  max_length: {batches: 4}").replace(
+        "  num_rungs: 2\n", "").replace("  divisor: 2\n", "").replace("  max_trials: 4\n", "")
+        .replace("  max_concurrent_trials: 2\n", "").replace("  time_metric: batches\n", "")
+        .replace("  max_time: 8\n", ""))
+    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "run", "--model-dir",
+                             str(FIXTURES)], cwd=tmp_path, env=env(tmp_path), capture_output=True,
+                            text=True, timeout=200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [started] = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()]
+    draw = draw_trial(load_experiment_config(config).hyperparameter_space, MasterRandom(5))
+    assert started["hparams"] == draw.hparams
+    assert started["seed"] == draw.seed

@@ -54,15 +54,14 @@ def _load(config_path: Path) -> tuple:
 
 
 def _default_workers(slots_per_trial: int) -> int:
-    from hookdet.search.worker import _visible_gpus
+    from hookdet.search.worker import visible_gpus
 
-    gpus = len(_visible_gpus())
+    gpus = len(visible_gpus())
     return max(gpus // max(slots_per_trial, 1), 1)
 
 
 def run_search(args: argparse.Namespace) -> int:
     """Run (or, with ``--resume SEARCH_DIR``, continue) the search ``args.config`` describes."""
-    from hookdet.search import summary
     from hookdet.search.driver import Driver
     from hookdet.search.store import Queue, default_storage
 

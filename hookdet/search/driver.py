@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from hookdet.search.space import MasterRandom
 from hookdet.search.store import Queue
 from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
+logger = logging.getLogger("hookdet")
 STATE_FILE = "search-state.json"
 #: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
 STALE_SECONDS = 60.0
@@ -123,18 +125,22 @@ class Driver:
             return [self.settings.max_length]
         return methods.rungs_of(self.method)[trial["bracket"]]
 
-    def _schedule(self, trial: Dict[str, Any]) -> None:
-        """Queue the trial's next segment: to its next rung, or its full length."""
-        target = next(u for u in self._rungs(trial) + [self.settings.max_length]
-                      if u > trial["units"])
-        trial["segments"] += 1
-        trial["target"] = target
+    def _schedule(self, trial: Dict[str, Any], again: bool = False) -> None:
+        """Queue the trial's next segment (to its next rung, or its full length), or with
+        ``again`` its current one once more (from its latest checkpoint)."""
+        key = f"{trial['number']}:{trial['segments'] + (0 if again else 1)}"
+        if again:
+            trial["attempts"] = trial.get("attempts", 0) + 1
+            key += f"#{trial['attempts']}"
+        else:
+            trial["segments"] += 1
+            trial["target"] = next(u for u in self._rungs(trial) + [self.settings.max_length]
+                                   if u > trial["units"])
         trial["state"] = "queued"
-        key = f"{trial['number']}:{trial['segments']}"
         config = Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"
         self.state["pending"].append({
             "key": key, "request_id": trial["request_id"], "trial": trial["number"],
-            "seed": trial["seed"], "target": target, "config": str(config),
+            "seed": trial["seed"], "target": trial["target"], "config": str(config),
             "run_dir": trial["dir"], "model_dir": str(self.model_dir),
             "metric": self.settings.metric, "hparams": trial["hparams"],
         })
@@ -191,11 +197,13 @@ class Driver:
                 self._close(trial, "completed" if done else "stopped")
             elif not self.settings.promote:  # stop-once ASHA: it goes on to the next rung
                 self._schedule(trial)
-        elif code in (PREEMPTED, -signal.SIGTERM):
-            trial["segments"] -= 1  # the same segment again, from its checkpoint
-            self._schedule(trial)
-            trial["key_suffix"] = trial.get("key_suffix", 0) + 1
-            self.state["pending"][-1]["key"] += f"+{trial['key_suffix']}"
+        elif code in (PREEMPTED, -signal.SIGTERM):  # not a failure: no restart counted
+            self._schedule(trial, again=True)
+        elif code == 0:  # trained, but never validated the searcher metric: no retry helps
+            logger.error("trial %d: no validation reported the searcher metric '%s' (see %s)",
+                         trial["number"], self.settings.metric, trial["dir"])
+            self.apply(self.method.trial_exited_early(self.ctx, rid, methods.ERRORED))
+            self._close(trial, "errored")
         elif code == INVALID_HP:
             trial["state"] = "invalid_hp"
             self.apply(self.method.trial_exited_early(self.ctx, rid, methods.INVALID_HP))
@@ -203,9 +211,7 @@ class Driver:
         else:
             trial["restarts"] += 1
             if trial["restarts"] <= self.settings.max_restarts:
-                trial["segments"] -= 1
-                self._schedule(trial)
-                self.state["pending"][-1]["key"] += f"r{trial['restarts']}"
+                self._schedule(trial, again=True)
             else:
                 self.apply(self.method.trial_exited_early(self.ctx, rid, methods.ERRORED))
                 self._close(trial, "errored")

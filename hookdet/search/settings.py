@@ -6,7 +6,7 @@ a search reads the whole block here. Errors name the file and field, as the load
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 from hookdet.search import methods
 

@@ -86,7 +86,7 @@ class Slot:
         self.cpus = cores[index * share:(index + 1) * share] if len(cores) >= count else cores
         self.threads = max(len(self.cpus) // max(slots_per_trial, 1), 1)
         self.gpus: Optional[List[int]] = None
-        visible = _visible_gpus()
+        visible = visible_gpus()
         if visible:
             first = index * slots_per_trial
             self.gpus = visible[first:first + slots_per_trial] or None
@@ -101,7 +101,7 @@ class Slot:
         return {"cpus": self.cpus, "threads": self.threads, "gpus": self.gpus}
 
 
-def _visible_gpus() -> List[int]:
+def visible_gpus() -> List[int]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [int(x) for x in listed.split(",") if x.strip().isdigit()]
