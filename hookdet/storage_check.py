@@ -56,8 +56,10 @@ def write_failure(storage: Any, batches: int, error: BaseException) -> str:
     where = storage.describe() if storage is not None else "the checkpoint storage"
     if isinstance(error, OSError) and error.errno is not None:
         cause = describe_os_error(error)
-    elif isinstance(storage, LocalStorage) and _nearly_full(storage.root):
-        cause = "no space left on the device (disk full)"
+    elif isinstance(storage, LocalStorage) and "unexpected pos" in str(error):
+        # torch's writer stopped short: the device refused more bytes (the partial write is
+        # already removed, so the free space now says little; it is shown anyway).
+        cause = f"the write stopped short: no space left on the device (disk full?), {_free(storage.root)} free"
     else:
         cause = f"{type(error).__name__}: {error}"
     return (
@@ -66,12 +68,12 @@ def write_failure(storage: Any, batches: int, error: BaseException) -> str:
     )
 
 
-def _nearly_full(root: Any) -> bool:
+def _free(root: Any) -> str:
     try:
         stats = os.statvfs(root)
     except OSError:
-        return False
-    return stats.f_bavail * stats.f_frsize < (1 << 20)
+        return "unknown space"
+    return f"{stats.f_bavail * stats.f_frsize / 2**20:.1f} MiB"
 
 
 def _local_problem(storage: LocalStorage) -> Optional[str]:

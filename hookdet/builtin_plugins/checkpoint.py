@@ -107,7 +107,7 @@ class CheckpointPlugin:
                 failure = write_failure(run.storage, run.state.batches_trained, error)
         storage_id, checkpoint_dir, failure = run.distributed.broadcast((storage_id, checkpoint_dir, failure))
         if failure is not None:
-            raise StorageError(failure)
+            raise fmt.CheckpointError(failure)
         run.state.latest_checkpoint = storage_id
         run.hook.on_checkpoint_upload_end(uuid=storage_id)
         run.hook.on_checkpoint_end(checkpoint_dir=checkpoint_dir)
