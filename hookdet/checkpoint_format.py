@@ -423,7 +423,7 @@ def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: 
         state = torch.load(directory / STATE_FILE, map_location=map_location, **torch_load_kwargs)
     except pickle.UnpicklingError as error:
         # torch's text suggests weights_only=False, i.e. running the file's code: never say that.
-        found = re.search(r"(Unsupported global: GLOBAL [\w.]+|Unsupported operand \d+)", str(error))
+        found = re.search(r"(?i)(unsupported GLOBAL [\w.]+|Unsupported global: GLOBAL [\w.]+|Unsupported operand \d+)", str(error))
         raise CheckpointError(
             f"checkpoint {directory}: {STATE_FILE} refused: it holds more than tensors and plain "
             f"values ({found.group(1) if found else 'an object that would run code when loaded'}); "

@@ -59,7 +59,7 @@ from pydantic import (
     model_validator,
 )
 
-from hookdet.yaml_limits import BoundedComposer, check_expanded_size, check_flow_depth
+from hookdet.yaml_limits import BoundedComposer, check_expanded_size, check_text
 from hookdet.search.space import searched_names
 
 __all__ = [
@@ -1190,7 +1190,7 @@ def _read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:
     line:column."""
     loader = _Yaml12Loader(text)
     try:
-        check_flow_depth(text)
+        check_text(text)
         root = loader.get_single_node()
         if root is not None:
             check_expanded_size(root)

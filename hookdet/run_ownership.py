@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 from hookdet.run_identity import run_id_for, write_identity
 from hookdet.storage_backends import StorageError
-from hookdet.storage_check import storage_problem
+from hookdet.storage_check import describe_os_error, storage_problem
 from hookdet.run_lock import RunDirLock, RunDirLockedError, sweep_stale_writes
 
 #: Locks held by this process, by ``id(run)``.
@@ -27,7 +27,7 @@ def take(run: Any) -> Dict[str, str]:
     except RunDirLockedError as error:
         return {"error": str(error)}
     except OSError as error:
-        return {"error": f"cannot use run directory {run.run_dir}: {error.strerror or error}"}
+        return {"error": f"cannot use run directory {run.run_dir}: {describe_os_error(error)}"}
     _held[id(run)] = lock
     return {"run_id": run_id_for(run.run_dir)}
 

@@ -286,7 +286,7 @@ def _normalize_s3_prefix(prefix: str) -> str:
 S3_TIMEOUTS = {
     "connect_timeout": float(os.environ.get("HOOKDET_S3_CONNECT_TIMEOUT", "5")),
     "read_timeout": float(os.environ.get("HOOKDET_S3_READ_TIMEOUT", "30")),
-    "max_attempts": int(os.environ.get("HOOKDET_S3_MAX_ATTEMPTS", "3")),
+    "max_attempts": int(os.environ.get("HOOKDET_S3_MAX_ATTEMPTS", "3")),  # in all, first included
 }
 """Seconds to connect, seconds to wait for an answer, and attempts per S3 request (botocore's
 standard retry mode backs off between them); environment variables override each."""
@@ -361,7 +361,7 @@ class S3Storage(CheckpointStorage):
             config=Config(
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
-                retries={"max_attempts": max_attempts, "mode": "standard"},
+                retries={"total_max_attempts": max_attempts, "mode": "standard"},
             ),
         )
 

@@ -52,21 +52,22 @@ def environment_fault(error: OSError) -> Optional[str]:
 
 def failure_cause(storage: Any, error: BaseException) -> Optional[str]:
     """Why a checkpoint write failed, in words a user acts on (``disk full``...), or None when
-    the error says nothing more than itself. torch reports a full disk as ``unexpected pos``, so
-    for local storage the device is asked."""
+    the error says nothing more than itself (torch reports a full disk as ``unexpected pos``)."""
     if isinstance(error, OSError) and error.errno is not None:
         return describe_os_error(error)
-    if isinstance(storage, LocalStorage) and _nearly_full(storage.root):
-        return "no space left on the device (disk full)"
+    if isinstance(storage, LocalStorage) and "unexpected pos" in str(error):
+        # torch's writer stopped short: the device refused more bytes (the partial write is
+        # already removed, so the free space now says little; it is shown anyway).
+        return f"the write stopped short: no space left on the device (disk full?), {_free(storage.root)} free"
     return None
 
 
-def _nearly_full(root: Any) -> bool:
+def _free(root: Any) -> str:
     try:
         stats = os.statvfs(root)
     except OSError:
-        return False
-    return stats.f_bavail * stats.f_frsize < (1 << 20)
+        return "unknown space"
+    return f"{stats.f_bavail * stats.f_frsize / 2**20:.1f} MiB"
 
 
 def _local_problem(storage: LocalStorage) -> Optional[str]:

@@ -2,7 +2,9 @@
 
 A few hundred bytes of YAML can describe a billion items through aliases (each ``*a`` repeating
 an anchored list that itself repeats another), and thousands of nested brackets exhaust Python's
-recursion. Experiment files are small: :class:`BoundedComposer` refuses nesting deeper than
+recursion. Experiment files are small: :func:`check_text` refuses a file over :data:`MAX_BYTES` (it is
+copied into every checkpoint's metadata) or with brackets open deeper than :data:`MAX_DEPTH`;
+:class:`BoundedComposer` refuses nesting deeper than
 :data:`MAX_DEPTH` while composing, and :func:`check_expanded_size` refuses a document whose
 aliases would expand beyond :data:`MAX_EXPANDED_NODES` nodes, counted on the node graph without
 expanding it. Both raise ``yaml.MarkedYAMLError`` at the offending line, so the config loader
@@ -18,6 +20,8 @@ import yaml
 MAX_DEPTH = 100
 #: Most nodes a document may hold once every alias is expanded.
 MAX_EXPANDED_NODES = 100_000
+#: Largest experiment file accepted: its content is copied into every checkpoint's metadata.
+MAX_BYTES = 1 << 20
 
 
 class YamlLimitError(yaml.MarkedYAMLError):
@@ -42,11 +46,21 @@ class BoundedComposer:
             self._depth -= 1
 
 
-def check_flow_depth(text: str) -> None:
-    """Refuse text whose brackets nest deeper than :data:`MAX_DEPTH`, before parsing it: PyYAML's
-    scanner slows quadratically with flow nesting, so thousands of ``[`` take seconds to reach
-    the composer's check. Quoted brackets are counted too; a real file never has a hundred open.
+def check_text(text: str) -> None:
+    """Refuse text over :data:`MAX_BYTES`, or whose brackets nest deeper than :data:`MAX_DEPTH`,
+    before parsing it: PyYAML's scanner slows quadratically with nesting, so thousands of levels
+    take seconds to reach the composer's check. Quoted brackets are counted too; a real file
+    never has a hundred open.
     """
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_BYTES:
+        raise YamlLimitError(
+            problem=(
+                f"the file is {size:,} bytes, over the {MAX_BYTES:,} an experiment file may have "
+                "(it is copied into every checkpoint); keep data out of it"
+            ),
+            problem_mark=yaml.Mark("<file>", 0, 0, 0, None, None),
+        )
     depth = line = 0
     line_start = 0
     for index, char in enumerate(text):

@@ -1,0 +1,135 @@
+"""Storage that cannot hang or silently lose: a real hanging S3 endpoint (a socket on 127.0.0.1
+that accepts and never answers), a closed port, a full disk (a real tmpfs) at start and in the
+middle of a checkpoint, and SIGHUP.
+
+Issue 19's cases 5, 7 (SIGHUP) and 8 (disk full). Each ends with its exit status and one line
+naming the cause, within a bound far below the test's, and the checkpoints already written
+stay intact.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, List
+
+import pytest
+
+from hookdet import checkpoint_format as fmt
+from hookdet.storage_backends import S3_TIMEOUTS, S3Storage
+from tests.faults.harness import checkpoint_metadata, finish, start, wait_until, write_config
+from tests.faults.test_bad_input import hookdet, one_line
+
+
+@contextlib.contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """An HTTP endpoint on 127.0.0.1 that accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted: List[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for connection in accepted:
+            connection.close()
+        server.close()
+
+
+def closed_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("endpoint", ["hangs", "refuses"])
+def test_an_s3_endpoint_that_hangs_or_refuses_fails_before_the_first_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture, endpoint: str
+) -> None:
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(silent_endpoint()) if endpoint == "hangs" else closed_port()
+        storage = {"type": "s3", "bucket": "b", "endpoint_url": url, "access_key": "k", "secret_key": "s"}
+        config = write_config(tmp_path / "exp.yaml", checkpoint_storage=storage)
+        started = time.monotonic()
+        assert hookdet(f"S3 endpoint {endpoint}", "run", str(config), "--run-dir", str(tmp_path / "run")) == 2
+        assert time.monotonic() - started < 20  # the probe's 5 s, not 185 s per checkpoint
+    one_line(capsys, "checkpoint storage s3://b", url, "unreachable")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no batch was trained
+
+
+def test_s3_requests_are_bounded_by_botocore_timeouts_and_retries() -> None:
+    config = S3Storage(bucket="b", endpoint_url="http://127.0.0.1:9").client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (S3_TIMEOUTS["connect_timeout"], S3_TIMEOUTS["read_timeout"])
+    assert config.retries == {"total_max_attempts": S3_TIMEOUTS["max_attempts"], "mode": "standard"}
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real, small tmpfs at ``path`` (needs root); the test is skipped where mounting fails."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_disk_full_at_start_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with tmpfs(tmp_path / "disk", "256k") as disk:
+        with contextlib.suppress(OSError):
+            with open(disk / "filler", "wb") as filler:
+                while True:
+                    filler.write(b"\0" * 65536)
+        config = write_config(tmp_path / "exp.yaml")
+        assert hookdet("disk full at start", "run", str(config), "--run-dir", str(disk / "run")) == 2
+        one_line(capsys, str(disk / "run"), "disk full")
+
+
+def test_disk_full_during_a_checkpoint_fails_naming_it_and_keeps_the_previous(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # 0.8 M parameters with Adam: about 9.5 MB a checkpoint; the second does not fit.
+    with tmpfs(tmp_path / "disk", "14m") as disk:
+        config = write_config(tmp_path / "exp.yaml", {"hidden": 512, "layers": 3})
+        assert hookdet("disk full in a checkpoint", "run", str(config), "--run-dir", str(disk / "run")) == 2
+        one_line(capsys, "checkpoint at batch 8 could not be written", "disk full", "earlier checkpoints are intact")
+        checkpoints = disk / "run" / "checkpoints"
+        (survivor, metadata), = fmt.find_checkpoints(checkpoints)
+        assert metadata["steps_completed"] == 4
+        fmt.verify(survivor)
+        assert not [p for p in checkpoints.iterdir() if p.name.startswith(".")]  # no half-write left
+
+
+@pytest.mark.slow
+def test_sighup_stops_like_sigterm(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = start(["run", str(write_config(tmp_path / "exp.yaml", {"sleep": 0.3})), "--run-dir", str(run_dir)])
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists(), process, "training")
+    hung_up = time.monotonic()
+    process.send_signal(signal.SIGHUP)
+    status, stdout, stderr = finish(process, "SIGHUP", since=hung_up)
+    assert status == 75, stderr[-3000:]
+    assert "received SIGHUP" in stderr and "preempted" in stdout
+    stopped = max(m["steps_completed"] for m in checkpoint_metadata(run_dir / "checkpoints"))
+    assert 1 <= stopped < 12
