@@ -217,7 +217,8 @@ def test_bad_input_loses_nothing_already_saved(tmp_path: Path, capsys: pytest.Ca
     args = run_cli(tmp_path, trial_source=source, edit=lambda t: t + "min_checkpoint_period:\n  batches: 2\n")
     expect_error(capsys, args, "bad")
     checkpoints = [p for p in (tmp_path / "run" / "checkpoints").iterdir() if (p / "metadata.json").exists()]
-    assert len(checkpoints) == 1
     # The end's checkpoint period (batch 4) is written before the final validation, as Determined
-    # orders them, so it too survives the failure.
-    assert json.loads((checkpoints[0] / "metadata.json").read_text())["steps_completed"] == 4
+    # orders them, so it too survives the failure. Its write finishes in the background after the
+    # failure, with no retention applied, so the checkpoint at batch 2 stays too.
+    steps = sorted(json.loads((path / "metadata.json").read_text())["steps_completed"] for path in checkpoints)
+    assert steps == [2, 4]
