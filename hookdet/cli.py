@@ -129,9 +129,9 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
-    from hookdet.trainer import default_run_dir
+    from hookdet.trainer import default_run_dir, plugin_selection_for
 
-    if "horovod" in (config.plugins or []):
+    if "horovod" in plugin_selection_for(config).names:
         if args.torchrun:
             raise UsageError(
                 f"{' '.join(args.torchrun)}: torchrun options do not apply to the horovod plugin; "

@@ -1,8 +1,8 @@
 """``PyTorchTrialContext``: what a trial uses to register models, step optimizers, read settings.
 
 Every feature-specific call (``wrap_scaler``, ``configure_apex_amp``, ``set_profiler``,
-``get_tensorboard_writer``, ``experimental.use_amp``) is forwarded to the plugin that owns it,
-loading that plugin by name when the experiment file did not list it.
+``get_tensorboard_writer``, ``get_initial_batch``, ``experimental.use_amp``) is a provider hook in
+:mod:`hookdet.hookspecs`; its built-in answer is loaded when no running plugin implements it.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class PyTorchExperimentalContext:
     def use_amp(self) -> None:
         """Train with automatic mixed precision: the ``amp`` plugin autocasts forward passes,
         scales the loss in ``backward`` and steps optimizers through its ``GradScaler``."""
-        self._context._run.plugins.load("amp").use_amp(self._context)
+        self._context._run.plugins.provide("hookdet_use_amp", context=self._context)
 
     def use_plugin(self, name: str) -> Any:
         """Switch on the installed plugin ``name`` from the trial (as ``use_amp`` does for
@@ -155,12 +155,11 @@ class PyTorchTrialContext:
         run = self._run
         if not run.resume_from:
             return 0
-        resume_point = getattr(run.plugins.get("checkpoint"), "resume_point", None)
-        return int(resume_point(run, run.resume_from)) if resume_point is not None else 0
+        return int(run.hook.hookdet_resume_point(run=run, checkpoint=run.resume_from) or 0)
 
     def get_enable_tensorboard_logging(self) -> bool:
-        """Whether a TensorBoard plugin is running."""
-        return self._run.plugins.get("tensorboard") is not None
+        """Whether a running plugin provides a TensorBoard writer."""
+        return self._run.plugins.implemented("hookdet_make_tensorboard_writer")
 
     def get_tensorboard_path(self) -> Any:
         """The directory TensorBoard files go to (inside the run directory; never None)."""
@@ -168,11 +167,11 @@ class PyTorchTrialContext:
 
     def get_tensorboard_writer(self) -> Any:
         """A ``SummaryWriter`` writing into :meth:`get_tensorboard_path` (the tensorboard plugin's)."""
-        return self._run.plugins.load("tensorboard").get_writer()
+        return self._run.plugins.provide("hookdet_make_tensorboard_writer", run=self._run)
 
     def set_profiler(self, *args: Any, **kwargs: Any) -> None:
         """Profile training with ``torch.profiler.profile(*args, **kwargs)`` (the profiler plugin)."""
-        self._run.plugins.load("profiler").set_profiler(*args, **kwargs)
+        self._run.plugins.provide("hookdet_set_profiler", context=self, args=args, kwargs=kwargs)
 
     # ------------------------------------------------------------------ stopping
 
@@ -256,11 +255,13 @@ class PyTorchTrialContext:
 
     def wrap_scaler(self, scaler: Any) -> Any:
         """Register a ``torch.amp.GradScaler`` (the amp plugin); returns it."""
-        return self._run.plugins.load("amp").wrap_scaler(self, scaler)
+        return self._run.plugins.provide("hookdet_wrap_scaler", context=self, scaler=scaler)
 
     def configure_apex_amp(self, models: Any, optimizers: Any, *args: Any, **kwargs: Any) -> Any:
         """Determined's apex configuration (the apex plugin; torch.amp when apex is absent)."""
-        return self._run.plugins.load("apex").configure_apex_amp(self, models, optimizers, *args, **kwargs)
+        return self._run.plugins.provide(
+            "hookdet_configure_apex_amp", context=self, models=models, optimizers=optimizers, args=args, kwargs=kwargs
+        )
 
     def wrap_reducer(
         self,

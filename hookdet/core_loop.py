@@ -118,8 +118,16 @@ class TrainingLoop:
                 f"{type(self.trial).__qualname__}.build_callbacks must return a dict of "
                 f"name -> PyTorchCallback, got {type(callbacks).__name__}"
             )
-        if callbacks:
-            self.run.plugins.load("callbacks").add_callbacks(callbacks)
+        if not callbacks:
+            return
+        if self.run.plugins.provide("hookdet_add_callbacks", optional=True, run=self.run, callbacks=callbacks):
+            self.run.callbacks = dict(callbacks)
+        else:
+            logger.warning(
+                "the trial's callbacks (%s) will not run: the experiment file removes the plugin "
+                "that runs them (no:callbacks)",
+                ", ".join(callbacks),
+            )
 
     def _length_in_batches(self, length: TrainUnit, what: str) -> int:
         if not isinstance(length, (Batch, Epoch)) or not isinstance(length.value, int):

@@ -10,9 +10,15 @@ the default behaviour, ``<first>`` a provider whose first non-None answer wins::
     run.distributed = hookdet_make_distributed(run)        <first> single process unless ddp/horovod
     run.storage     = hookdet_make_checkpoint_storage(run) <first> local dir unless s3
     trial = TrialClass(context)
+        context.experimental.use_amp()  -> hookdet_use_amp(context)               <first>
+        context.wrap_scaler(s)          -> hookdet_wrap_scaler(context, s)         <first>
+        context.configure_apex_amp(...) -> hookdet_configure_apex_amp(...)         <first>
+        context.set_profiler(...)       -> hookdet_set_profiler(context, ...)      <first>
+        context.get_tensorboard_writer() -> hookdet_make_tensorboard_writer(run)  <first>
+        context.get_initial_batch()     -> hookdet_resume_point(run, checkpoint)  <first>
         context.wrap_model(m)      -> hookdet_wrap_model(...)      <first>{wrap} DDP; autocast
         context.wrap_optimizer(o)  -> hookdet_wrap_optimizer(...)  <first> Horovod
-    callbacks = trial.build_callbacks()         each adapted into lifecycle hooks
+    hookdet_add_callbacks(run, trial.build_callbacks()) <first> each adapted into lifecycle hooks
     if resuming: hookdet_load_checkpoint(run, ...) <first>
                    on_checkpoint_load_start(checkpoint)
     on_trial_startup(first_batch_idx, checkpoint_uuid)
@@ -63,7 +69,7 @@ walks the registered plugins.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from hookdet.markers import hookspec
 
@@ -119,6 +125,72 @@ def hookdet_make_checkpoint_storage(run: "Run") -> Any:
     Chosen by the experiment file's ``checkpoint_storage.type``; the local directory answers when
     nobody else does.
     """
+
+
+# ---------------------------------------------------------------------------------------------
+# What the trial API asks of plugins (firstresult; the context calls these, nothing else)
+#
+# Each has a built-in answer, loaded by name from DEFAULT_PROVIDERS when no registered plugin
+# implements the hook, so the trial can switch a feature on that the experiment file did not list.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_use_amp(context: "PyTorchTrialContext") -> Optional[bool]:
+    """``context.experimental.use_amp()``: switch on automatic mixed precision; return True.
+
+    Built-in answer: ``amp`` (autocast every model wrapped afterwards, scale the loss, step
+    through a ``GradScaler``).
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_wrap_scaler(context: "PyTorchTrialContext", scaler: Any) -> Any:
+    """``context.wrap_scaler(scaler)``: register the trial's ``GradScaler``; return what the
+    trial should use (normally ``scaler`` itself). Built-in answer: ``amp``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_configure_apex_amp(
+    context: "PyTorchTrialContext",
+    models: Any,
+    optimizers: Any,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+) -> Any:
+    """``context.configure_apex_amp(models, optimizers, *args, **kwargs)``: return
+    ``(models, optimizers)`` to use from now on. Built-in answer: ``apex``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_set_profiler(
+    context: "PyTorchTrialContext", args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Optional[bool]:
+    """``context.set_profiler(*args, **kwargs)`` (and ``Trainer.fit(profiling_enabled=True)``
+    with ``args=None``): profile training; return True. Built-in answer: ``profiler``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_make_tensorboard_writer(run: "Run") -> Any:
+    """Return the run's shared TensorBoard writer (a ``torch.utils.tensorboard.SummaryWriter``
+    or anything with its ``add_scalar``/``flush``/``close``), for
+    ``context.get_tensorboard_writer()``. Whether any plugin implements this is what
+    ``context.get_enable_tensorboard_logging()`` reports. Built-in answer: ``tensorboard``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_resume_point(run: "Run", checkpoint: str) -> Optional[int]:
+    """Return the number of batches trained in ``checkpoint`` (where a resumed run starts), for
+    ``context.get_initial_batch()``; may be asked before the checkpoint is restored. The plugin
+    that answers ``hookdet_load_checkpoint`` answers this too (built-in: ``checkpoint``)."""
+
+
+@hookspec(firstresult=True)
+def hookdet_add_callbacks(run: "Run", callbacks: Dict[str, Any]) -> Optional[bool]:
+    """Run the trial's ``build_callbacks()`` result (name -> ``PyTorchCallback``) from now on;
+    return True. Fires once, before checkpoint loading, when the trial built any. With the
+    built-in answer removed (``no:callbacks``) they do not run and a warning says so.
+    Built-in answer: ``callbacks``."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,3 +435,20 @@ PER_BATCH_HOOKS = (
 
 #: Lifecycle hooks that fire on the chief rank only, as in Determined.
 CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end")
+
+#: The built-in plugin that answers each trial-API provider hook when no registered plugin does;
+#: :meth:`hookdet.plugin_manager.PluginManager.provide` loads it by this name, unless the
+#: experiment file removed it (so ``no:callbacks`` leaves the trial's callbacks unrun, with a warning).
+DEFAULT_PROVIDERS = {
+    "hookdet_add_callbacks": "callbacks",
+    "hookdet_use_amp": "amp",
+    "hookdet_wrap_scaler": "amp",
+    "hookdet_configure_apex_amp": "apex",
+    "hookdet_set_profiler": "profiler",
+    "hookdet_make_tensorboard_writer": "tensorboard",
+}
+
+#: Hooks that answer a call of the trial's own (``context.wrap_scaler(...)``, ...): an exception
+#: raised in them reaches the trial as raised (it is the answer to the trial's call, as a method's
+#: would be), not re-raised as a ``PluginError``.
+TRIAL_API_HOOKS = (*DEFAULT_PROVIDERS, "hookdet_resume_point")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -67,6 +67,14 @@ class Run:
     #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set before training starts.
     max_batches: Optional[int] = None
     exit_reason: Optional[str] = None
+    #: The plugins this run loaded from the experiment file's ``plugins:`` list, resolved once
+    #: (:mod:`hookdet.plugin_list`) plus any passed to ``init(plugins=...)``: ask this, never the
+    #: raw list, whether a plugin is on.
+    plugin_names: Tuple[str, ...] = ()
+    #: The trial's ``build_callbacks()`` by name, once a plugin runs them (``hookdet_add_callbacks``).
+    callbacks: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Names the experiment file removed with ``no:<name>``; never switched on later.
+    removed_plugins: FrozenSet[str] = frozenset()
 
     @property
     def hook(self) -> Any:

@@ -26,9 +26,11 @@ from hookdet.config import (
     parse_experiment_config,
 )
 from hookdet.context import PyTorchTrialContext
+from hookdet.hookspecs import DEFAULT_PROVIDERS
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
-from hookdet.plugin_manager import PluginManager, resolve_plugin_names
+from hookdet.plugin_list import PluginSelection, resolve_plugin_list, unused_plugin_config
+from hookdet.plugin_manager import PluginError, PluginManager
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 
@@ -54,10 +56,21 @@ def default_run_dir(config: ExperimentConfig) -> Path:
     return Path("runs") / f"{name}-{stamp}"
 
 
+def plugin_selection_for(config: ExperimentConfig) -> PluginSelection:
+    """``config``'s ``plugins:`` list resolved (defaults, additions, removals, storage plugin)."""
+    storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
+    return resolve_plugin_list(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
+
+
+def plugins_joining_later(selection: PluginSelection) -> set:
+    """Plugins a run may load after the list is resolved: those the trial switches on through a
+    provider hook (``use_amp()`` loads ``amp``) and ``ddp``, which joins a multi-process launch."""
+    return ({"ddp"} | set(DEFAULT_PROVIDERS.values())) - selection.removed
+
+
 def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool = True) -> list:
     """The plugins a run of ``config`` loads, in order."""
-    storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
-    names = resolve_plugin_names(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
+    names = list(plugin_selection_for(config).names)
     launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if launched_distributed and not any(name in names for name in DISTRIBUTED_PLUGINS):
         names.append("ddp")
@@ -91,10 +104,19 @@ def init(
     )
     if aggregation_frequency != 1:
         config.optimizations.aggregation_frequency = aggregation_frequency
+    names = plugin_names_for(config, enable_tensorboard_logging)
+    extra_names = [type(plugin).__name__ for plugin in plugins]
+    selection = plugin_selection_for(config)
+    problem = unused_plugin_config(
+        config.plugin_config, [*selection.names, *extra_names], plugins_joining_later(selection)
+    )
+    if problem:
+        raise PluginError(f"{config.source}: {problem}")
     manager = PluginManager(config.plugin_config)
-    manager.load_all(plugin_names_for(config, enable_tensorboard_logging))
-    for plugin in plugins:
-        manager.register(type(plugin).__name__, plugin)
+    manager.removed = selection.removed
+    manager.load_all(names)
+    for name, plugin in zip(extra_names, plugins):
+        manager.register(name, plugin)
     trial_seed = config.trial_seed()
     seed_everything(trial_seed)
     run = Run(
@@ -104,6 +126,8 @@ def init(
         model_dir=Path(model_dir) if model_dir is not None else Path.cwd(),
         hparams=dict(hparams if hparams is not None else config.hyperparameters),
         trial_seed=trial_seed,
+        plugin_names=tuple(manager.named_plugins()),
+        removed_plugins=manager.removed,
     )
     try:
         manager.start(run)
@@ -170,9 +194,13 @@ class Trainer:
             if max_length is None:
                 raise ValueError("Trainer.fit needs max_length (or searcher.max_length in the config)")
         if profiling_enabled:
-            self.run.plugins.load("profiler")
+            self.run.plugins.ensure_provider("hookdet_set_profiler")
         if latest_checkpoint is not None:
             self.run.resume_from = str(latest_checkpoint)
+        # ddp's options may sit in a file also run single-process; the trial's switches are known now.
+        problem = unused_plugin_config(self.run.config.plugin_config, [*self.run.plugins.named_plugins(), "ddp"])
+        if problem:
+            raise PluginError(f"{self.run.config.source}: {problem} (nor did the trial switch it on)")
         TrainingLoop(self.run).fit(
             max_length=max_length,
             validation_period=validation_period,

@@ -255,22 +255,27 @@ class AmpPlugin:
         self._switched_on_by: Optional[str] = None
         self._listed_in_config = False
         self._device_type = "cpu"
+        self._run: Any = None
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
         """Note whether the experiment file lists ``amp`` (automatic mode for every model)."""
-        self._listed_in_config = NAME in (run.config.plugins or ())
+        self._run = run
+        self._listed_in_config = NAME in run.plugin_names
 
     # ------------------------------------------------------------------ the trial's calls
 
-    def use_amp(self, context: Any) -> None:
+    @hookimpl
+    def hookdet_use_amp(self, context: Any) -> bool:
         """``context.experimental.use_amp()``: automatic mixed precision with a fresh scaler."""
         if self._switched_on_by == BY_FILE and self.mode == "auto":
-            return
+            return True
         self._check_can_register(context, "use_amp")
         self._switch_on_auto(context, "use_amp()")
+        return True
 
-    def wrap_scaler(self, context: Any, scaler: Any) -> Any:
+    @hookimpl
+    def hookdet_wrap_scaler(self, context: Any, scaler: Any) -> Any:
         """``context.wrap_scaler(scaler)``: the trial drives ``scaler``; hookdet checkpoints it."""
         missing = [m for m in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict")
                    if not callable(getattr(scaler, m, None))]
@@ -361,7 +366,7 @@ class AmpPlugin:
             by, dtype_name(self.dtype), self._device_type, scaling,
         )
         if self.scaler.is_enabled():
-            context._run.plugins.register(STEPS_NAME, _AutoScalerSteps(self.scaler))
+            self._run.plugins.register(STEPS_NAME, _AutoScalerSteps(self.scaler))
 
 
 class _AutoScalerSteps:

@@ -235,6 +235,7 @@ def _wrapped_positions(context: Any, models: Any, optimizers: Any) -> List[int]:
 
 def _check_loss_arguments(
     context: Any,
+    aggregation_frequency: int,
     num_losses: Any,
     min_loss_scale: Any,
     max_loss_scale: Any,
@@ -249,7 +250,7 @@ def _check_loss_arguments(
             raise TrialError(
                 "context.configure_apex_amp: with distributed training only num_losses=1 is supported"
             )
-        if context._aggregation_frequency > 1:
+        if aggregation_frequency > 1:
             raise TrialError(
                 "context.configure_apex_amp is not supported with distributed training and "
                 "optimizations.aggregation_frequency > 1"
@@ -297,6 +298,19 @@ class ApexPlugin:
         self.settings = ApexSettings.from_options(dict(options or {}))
         #: The backend in use once ``configure_apex_amp`` ran: ``_ApexBackend`` or ``_TorchBackend``.
         self.backend: Any = None
+        self._run: Any = None
+
+    @hookimpl
+    def hookdet_configure(self, run: Any) -> None:
+        """Remember the run (its aggregation frequency and plugin manager)."""
+        self._run = run
+
+    @hookimpl
+    def hookdet_configure_apex_amp(
+        self, context: Any, models: Any, optimizers: Any, args: Any, kwargs: Dict[str, Any]
+    ) -> Tuple[Any, Any]:
+        """``context.configure_apex_amp(models, optimizers, *args, **kwargs)``."""
+        return self.configure_apex_amp(context, models, optimizers, *args, **kwargs)
 
     @hookimpl(wrapper=True)
     def hookdet_wrap_model(self, model: torch.nn.Module, context: Any, options: Dict[str, Any]) -> Any:
@@ -347,7 +361,10 @@ class ApexPlugin:
         model_list, _ = _as_list(models, torch.nn.Module, "models")
         optimizer_list, _ = _as_list(optimizers, torch.optim.Optimizer, "optimizers")
         model_indices = _wrapped_positions(context, models, optimizers)
-        _check_loss_arguments(context, num_losses, min_loss_scale, max_loss_scale, cast_model_outputs)
+        aggregation_frequency = int(self._run.config.optimizations.aggregation_frequency)
+        _check_loss_arguments(
+            context, aggregation_frequency, num_losses, min_loss_scale, max_loss_scale, cast_model_outputs
+        )
         overrides = dict(
             cast_model_type=cast_model_type,
             patch_torch_functions=patch_torch_functions,
@@ -377,13 +394,13 @@ class ApexPlugin:
         else:
             half = resolve_half_dtype(NAME, self.settings.dtype, context.device)
             backend = _TorchBackend(
-                props, half, context, num_losses, min_loss_scale, max_loss_scale, verbosity
+                props, half, context, num_losses, min_loss_scale, max_loss_scale, verbosity, aggregation_frequency
             )
             backend.setup(context, model_indices, optimizer_list, cast_model_outputs)
             models_out, optimizers_out = model_list, optimizer_list
             log("apex: %s; running opt_level %s on torch.amp: %s", reason, opt_level, backend.describe())
-            if backend.needs_step_hooks:
-                context._run.plugins.register(STEPS_NAME, _ApexSteps(backend))
+        if backend.needs_step_hooks:
+            self._run.plugins.register(STEPS_NAME, _ApexSteps(backend))
         self.backend = backend
         return _same_shape(models, models_out), _same_shape(optimizers, optimizers_out)
 
@@ -441,7 +458,7 @@ def _check_single_backward(context: Any, state: Dict[str, Any]) -> None:
     """Determined's rule: under distributed training, one ``backward`` per batch with apex."""
     if context.distributed.size <= 1:
         return
-    batch = context._current_batch_idx
+    batch = context.current_train_batch()
     if state.get("last") == batch:
         raise TrialError(
             "context.backward: calling backward more than once per batch is not supported with "
@@ -471,12 +488,11 @@ class _ApexBackend:
             position = _index_in(context.optimizers, optimizer)
             if out is not optimizer and position is not None:
                 context.optimizers[position] = out
-        context._run.plugins.register(STEPS_NAME, _ApexSteps(self))
         return list(models), list(optimizers_out)
 
     def backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
         _check_single_backward(context, self._backward_state)
-        loss_id = self.loss_ids(loss, context._current_batch_idx)
+        loss_id = self.loss_ids(loss, context.current_train_batch())
         with self.amp.scale_loss(loss, context.optimizers, loss_id=loss_id) as scaled:
             scaled.backward(**backward_kwargs)
         return True
@@ -527,8 +543,10 @@ class _TorchBackend:
     """apex's opt levels on torch.amp (see the module docstring)."""
 
     def __init__(self, props: Properties, half: torch.dtype, context: Any, num_losses: int,
-                 min_scale: Optional[float], max_scale: Optional[float], verbosity: int) -> None:
+                 min_scale: Optional[float], max_scale: Optional[float], verbosity: int,
+                 aggregation_frequency: int = 1) -> None:
         self.props = props
+        self.aggregation_frequency = aggregation_frequency
         self.device = context.device
         self.verbosity = verbosity
         cast = props.cast_model_type
@@ -612,9 +630,9 @@ class _TorchBackend:
         them for inf/NaN) and add them to those already accumulated — into the float32 masters
         when there are master weights."""
         _check_single_backward(context, self._backward_state)
-        batch = context._current_batch_idx
+        batch = context.current_train_batch()
         scaler = self.scalers[self.loss_ids(loss, batch)]
-        window = batch // context._aggregation_frequency
+        window = batch // self.aggregation_frequency
         if window != self.window:
             self.window = window
             self.found_inf.zero_()
@@ -661,7 +679,7 @@ class _TorchBackend:
 
     def step(self, optimizer: Any, scaler: Any, context: Any) -> bool:
         """Step unless a dynamic scaler overflowed in this window; refresh the model from the masters."""
-        window = context._current_batch_idx // context._aggregation_frequency
+        window = context.current_train_batch() // self.aggregation_frequency
         if self.any_dynamic and window == self.window and bool(self.found_inf.item()):
             if self.verbosity >= 1:
                 scales = ", ".join(f"{s.scale.item():g}" for s in self.scalers)

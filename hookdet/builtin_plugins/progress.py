@@ -172,8 +172,8 @@ class ProgressPlugin:
         if self._log_redirect is not None:
             self._log_redirect.close()
             self._log_redirect = None
-        if self._run is not None and self._run.plugins.get(BARS_NAME) is not None:
-            self._run.plugins.pluggy_manager.unregister(name=BARS_NAME)
+        if self._run is not None:
+            self._run.plugins.unregister(BARS_NAME)
 
 
 class _BarAdvancer:

@@ -109,6 +109,11 @@ class TensorBoardPlugin:
         self._run = run
         _active_plugin = self
 
+    @hookimpl
+    def hookdet_make_tensorboard_writer(self, run: Any) -> Any:
+        """``context.get_tensorboard_writer()``: the run's shared writer."""
+        return self.get_writer()
+
     def get_writer(self) -> Any:
         """The run's ``SummaryWriter`` (created on first use), or a discarding one off the chief."""
         if self._writer is None:
