@@ -146,12 +146,12 @@ class TrainingLoop:
         reporting_period: TrainUnit,
     ) -> None:
         state, context, trial, hook = self.state, self.context, self.trial, self.hook
-        implemented = self.run.plugins.implemented
-        call_train_hook = implemented("hookdet_train_batch")
-        call_batch_end = implemented("hookdet_train_batch_end")
-        call_epoch_start = implemented("on_training_epoch_start")
-        call_epoch_end = implemented("on_training_epoch_end")
-        self.call_workload_end = implemented("on_training_workload_end")
+        plugins = self.run.plugins
+        # Which batch hooks have implementations is read again whenever the plugin manager's
+        # registration count moved: before the first batch, and from the batch after a plugin
+        # registered (from any hook). Between, the check is one comparison per batch.
+        bound_generation = -1
+        call_train_hook = call_batch_end = call_epoch_start = call_epoch_end = False
         train_batch = trial.train_batch
         move_batch = self.move_batch if context.experimental._auto_to_device else None
         lr_schedulers = context.lr_schedulers  # the context's own list: later additions show
@@ -168,6 +168,9 @@ class TrainingLoop:
 
         hook.on_training_start()
         while state.batches_trained < self.max_batches:
+            if plugins.generation != bound_generation:
+                bound_generation = plugins.generation
+                call_train_hook, call_batch_end, call_epoch_start, call_epoch_end = self._bind_batch_hooks()
             first = state.batches_trained
             epoch_idx, position = divmod(first, epoch_length)
             if position == 0 and call_epoch_start:
@@ -203,6 +206,8 @@ class TrainingLoop:
                 if any_rank(context._stop_requested):
                     stopping = True
                     break
+                if plugins.generation != bound_generation:
+                    break  # a plugin registered: bind its batch hooks before the next batch
             returned = None  # no graph held through hooks, validation and checkpoints
             epoch_ended = state.batches_trained % epoch_length == 0
             if epoch_ended:
@@ -240,6 +245,19 @@ class TrainingLoop:
                 break
             context.experimental.reset_reducers()
         self.run.exit_reason = "completed"
+
+    def _bind_batch_hooks(self) -> Tuple[bool, bool, bool, bool]:
+        """Whether the train-batch, batch-end and epoch start/end hooks have implementations
+        (also decides ``on_training_workload_end``, and the context's step hooks)."""
+        implemented = self.run.plugins.implemented
+        self.call_workload_end = implemented("on_training_workload_end")
+        self.context._bind_hooks()
+        return (
+            implemented("hookdet_train_batch"),
+            implemented("hookdet_train_batch_end"),
+            implemented("on_training_epoch_start"),
+            implemented("on_training_epoch_end"),
+        )
 
     def _exit_early(self, workload: List[Dict[str, Any]], should_exit: ShouldExit) -> None:
         """``train_batch`` raised ``ShouldExit``: report what the workload has, then checkpoint

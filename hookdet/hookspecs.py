@@ -58,9 +58,11 @@ adapts each callback one to one). **Mechanism hooks** are named ``hookdet_*`` by
 ``hookdet_make_<thing>`` provides a component, ``hookdet_wrap_<thing>`` wraps a user object,
 ``hookdet_<phase>`` performs a step that plugins may replace or wrap, and ``*_end`` notifies.
 
-A per-batch hook nobody implements costs nothing: the loop checks once, before training, which
+A per-batch hook nobody implements costs nothing: the loop checks, before training, which
 per-batch hooks have implementations and never calls the others. It does the same for the
-training epoch hooks and ``on_training_workload_end``.
+training epoch hooks and ``on_training_workload_end``. The plugin manager counts registrations;
+when a plugin registers (or unregisters) from any hook, the loop checks again before the next
+batch, so a late implementation is called from the next batch on.
 
 **Plugin state.** A plugin object that has ``state_dict()`` and ``load_state_dict(state)`` methods
 (the ``PyTorchCallback`` protocol) has that state saved in every checkpoint under the plugin's
