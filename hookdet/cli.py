@@ -75,7 +75,7 @@ def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) ->
 
 def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
-    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
     from hookdet.config import load_experiment_config
     from hookdet.trainer import Trainer, fit_arguments, init
 
@@ -129,9 +129,10 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
+    from hookdet.plugin_list import launcher_for
     from hookdet.trainer import default_run_dir, plugin_selection_for
 
-    if "horovod" in plugin_selection_for(config).names:
+    if launcher_for(plugin_selection_for(config)) == "horovodrun":
         if args.torchrun:
             raise UsageError(
                 f"{' '.join(args.torchrun)}: torchrun options do not apply to the horovod plugin; "
@@ -224,7 +225,7 @@ def combined_exit_status(
     launcher_status: int, rank_statuses: Dict[int, int], local_ranks: int
 ) -> int:
     """``hookdet run``'s exit status after a launch; see :func:`_launch`."""
-    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     if len(rank_statuses) < local_ranks:
         return launcher_status or 1
@@ -239,7 +240,7 @@ def report_status_to_launcher(status: int) -> int:
     """Under ``hookdet run``'s launcher, record this rank's exit ``status`` for it; return the
     status to exit with: 0 for a preempted rank (torchrun would count 75 as a failure and kill
     the other ranks while they exit), ``status`` otherwise. Elsewhere returns ``status``."""
-    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
     if not status_dir or rank is None:

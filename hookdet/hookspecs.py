@@ -64,14 +64,16 @@ training epoch hooks and ``on_training_workload_end``. The plugin manager counts
 when a plugin registers (or unregisters) from any hook, the loop checks again before the next
 batch, so a late implementation is called from the next batch on.
 
-**Plugin state.** A plugin object that has ``state_dict()`` and ``load_state_dict(state)`` methods
-(the ``PyTorchCallback`` protocol) has that state saved in every checkpoint under the plugin's
-registered name and restored on resume. That is a protocol, not a hook: the checkpoint plugin
-walks the registered plugins.
+**Protocols.** Besides hooks, hookdet reads a plugin object through the typed protocols at the
+end of this module: :class:`StatefulPlugin` (``state_dict``/``load_state_dict``, saved in every
+checkpoint under the plugin's registered name: the checkpoint plugin walks the registered
+plugins), :class:`ConflictingPlugin` (``conflicts_with``), :class:`ConfigurablePlugin` (an
+``__init__`` taking ``options``) and :class:`TensorBoardWriter` (what
+``hookdet_make_tensorboard_writer`` returns). Nothing else of a plugin is called by name.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 from hookdet.markers import hookspec
 
@@ -422,6 +424,49 @@ def on_before_optimizer_step(parameters: List["torch.nn.Parameter"]) -> None:
 @hookspec
 def on_trial_shutdown() -> None:
     """The trial is shutting down, whether training finished, stopped or raised."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocols: what hookdet reads of a plugin object besides its hook implementations
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class StatefulPlugin(Protocol):
+    """A plugin with state to resume: saved in every checkpoint under the plugin's registered
+    name (``plugins.<name>`` in ``state_dict.pth``) and restored before ``on_trial_startup``.
+    Values must load with ``torch.load(weights_only=True)`` (tensors, numbers, strings, lists,
+    dicts)."""
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class ConflictingPlugin(Protocol):
+    """A plugin that cannot run beside others: registering both is refused, naming the two."""
+
+    conflicts_with: Tuple[str, ...]
+
+
+class ConfigurablePlugin(Protocol):
+    """A plugin class whose ``__init__`` takes ``options``: it receives ``plugin_config.<name>``
+    (an empty dict when absent) and raises :class:`hookdet.PluginError` for a bad one."""
+
+    def __init__(self, options: Dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class TensorBoardWriter(Protocol):
+    """What ``hookdet_make_tensorboard_writer`` returns and the trial may call
+    (``torch.utils.tensorboard.SummaryWriter`` is one)."""
+
+    def add_scalar(self, tag: str, scalar_value: Any, global_step: Optional[int] = None) -> Any: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 #: Hooks the loop may call on every batch; it calls one only when some plugin implements it.

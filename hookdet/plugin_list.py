@@ -10,17 +10,29 @@ pytest's ``-p`` convention:
 ``checkpoint_storage.type`` picks a storage plugin that joins whenever ``checkpoint`` runs. The
 result is a :class:`PluginSelection`; :class:`hookdet.run.Run` keeps it as ``run.plugin_names``
 and ``run.removed_plugins``, and nothing else re-reads the raw list.
+
+This module is the one place outside ``hookspecs.DEFAULT_PROVIDERS`` where hookdet's host knows
+built-in plugins by name: the defaults, the storage plugin joining ``checkpoint``, ``ddp`` joining
+a multi-process launch, and the launcher ``horovod`` needs.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+from hookdet.hookspecs import DEFAULT_PROVIDERS
 
 #: Plugins that run unless the experiment file removes them (``no:<name>``) or says ``only:``.
 DEFAULT_PLUGINS = ("callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress")
 
 #: The key of the "exactly these and nothing else" spelling: ``plugins: {only: [...]}``.
 ONLY_KEY = "only"
+
+#: Plugins that answer ``hookdet_make_distributed`` for a multi-process launch; ``ddp`` joins a
+#: launch that names neither.
+DISTRIBUTED_PLUGINS = ("ddp", "horovod")
+#: The plugin ``init(enable_tensorboard_logging=False)`` leaves out.
+TENSORBOARD_PLUGIN = "tensorboard"
 
 REMOVE_PREFIX = "no:"
 ADD_PREFIX = "+"
@@ -60,6 +72,28 @@ def resolve_plugin_list(requested: RawPluginList, storage_plugin: str) -> Plugin
         names.insert(names.index("checkpoint") + 1, storage_plugin)
     kept = tuple(name for name in dict.fromkeys(names) if name not in removed)
     return PluginSelection(names=kept, removed=removed, exact=exact)
+
+
+def names_to_load(selection: PluginSelection, launched_distributed: bool, tensorboard: bool = True) -> List[str]:
+    """The names a run loads at start: the selection, with ``ddp`` for a multi-process launch that
+    names no distributed plugin, and without TensorBoard when the Trainer API switched it off."""
+    names = list(selection.names)
+    if launched_distributed and not any(name in names for name in DISTRIBUTED_PLUGINS):
+        names.append(DISTRIBUTED_PLUGINS[0])
+    if not tensorboard:
+        names = [name for name in names if name != TENSORBOARD_PLUGIN]
+    return names
+
+
+def joining_later(selection: PluginSelection) -> Set[str]:
+    """Plugins a run may load after the list is resolved: the built-in providers the trial
+    switches on (``use_amp()`` loads ``amp``) and ``ddp``, which joins a multi-process launch."""
+    return ({DISTRIBUTED_PLUGINS[0]} | set(DEFAULT_PROVIDERS.values())) - selection.removed
+
+
+def launcher_for(selection: PluginSelection) -> str:
+    """The command ``hookdet run`` starts ranks with: ``horovodrun`` for ``horovod``, else torchrun."""
+    return "horovodrun" if "horovod" in selection.names else "torchrun"
 
 
 def plain_name(entry: str) -> str:

@@ -20,7 +20,7 @@ import pluggy
 import stevedore
 
 from hookdet import hookspecs
-from hookdet.builtin_plugins import defaults
+from hookdet import default_hooks
 from hookdet.markers import HOOK_NAMESPACE
 from hookdet.plugin_list import DEFAULT_PLUGINS, resolve_plugin_list  # noqa: F401 (DEFAULT_PLUGINS re-exported)
 
@@ -74,7 +74,7 @@ class PluginManager:
     def __init__(self, plugin_config: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
         self._pm = pluggy.PluginManager(HOOK_NAMESPACE)
         self._pm.add_hookspecs(hookspecs)
-        self._pm.register(defaults, name=DEFAULTS_NAME)
+        self._pm.register(default_hooks, name=DEFAULTS_NAME)
         self._plugin_config = dict(plugin_config or {})
         self._pm.add_hookcall_monitoring(self._before_hook, self._after_hook)
         self._trace = os.environ.get("HOOKDET_TRACE", "") not in ("", "0")

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from hookdet import active_run
 from hookdet.config import (
     STORAGE_PLUGIN_FOR_TYPE,
     ExperimentConfig,
@@ -26,18 +27,22 @@ from hookdet.config import (
     parse_experiment_config,
 )
 from hookdet.context import PyTorchTrialContext
-from hookdet.hookspecs import DEFAULT_PROVIDERS
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
-from hookdet.plugin_list import PluginSelection, resolve_plugin_list, unused_plugin_config
+from hookdet.plugin_list import (
+    DISTRIBUTED_PLUGINS,
+    PluginSelection,
+    joining_later,
+    names_to_load,
+    resolve_plugin_list,
+    unused_plugin_config,
+)
 from hookdet.plugin_manager import PluginError, PluginManager
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 
 logger = logging.getLogger("hookdet")
 
-#: Plugins that answer ``hookdet_make_distributed`` for a multi-process launch.
-DISTRIBUTED_PLUGINS = ("ddp", "horovod")
 
 
 def seed_everything(seed: int) -> None:
@@ -62,21 +67,10 @@ def plugin_selection_for(config: ExperimentConfig) -> PluginSelection:
     return resolve_plugin_list(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
 
 
-def plugins_joining_later(selection: PluginSelection) -> set:
-    """Plugins a run may load after the list is resolved: those the trial switches on through a
-    provider hook (``use_amp()`` loads ``amp``) and ``ddp``, which joins a multi-process launch."""
-    return ({"ddp"} | set(DEFAULT_PROVIDERS.values())) - selection.removed
-
-
 def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool = True) -> list:
     """The plugins a run of ``config`` loads, in order."""
-    names = list(plugin_selection_for(config).names)
     launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if launched_distributed and not any(name in names for name in DISTRIBUTED_PLUGINS):
-        names.append("ddp")
-    if not enable_tensorboard_logging:
-        names = [name for name in names if name != "tensorboard"]
-    return names
+    return names_to_load(plugin_selection_for(config), launched_distributed, enable_tensorboard_logging)
 
 
 @contextlib.contextmanager
@@ -108,7 +102,7 @@ def init(
     extra_names = [type(plugin).__name__ for plugin in plugins]
     selection = plugin_selection_for(config)
     problem = unused_plugin_config(
-        config.plugin_config, [*selection.names, *extra_names], plugins_joining_later(selection)
+        config.plugin_config, [*selection.names, *extra_names], joining_later(selection)
     )
     if problem:
         raise PluginError(f"{config.source}: {problem}")
@@ -130,6 +124,7 @@ def init(
         removed_plugins=manager.removed,
     )
     try:
+        active_run.enter(run)
         manager.start(run)
         run.distributed = distributed or run.hook.hookdet_make_distributed(run=run)
         run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
@@ -144,6 +139,7 @@ def init(
         try:
             run.hook.hookdet_unconfigure(run=run)
         finally:
+            active_run.leave(run)
             if run.distributed is not None and distributed is None:
                 run.distributed.close()
 
@@ -197,8 +193,10 @@ class Trainer:
             self.run.plugins.ensure_provider("hookdet_set_profiler")
         if latest_checkpoint is not None:
             self.run.resume_from = str(latest_checkpoint)
-        # ddp's options may sit in a file also run single-process; the trial's switches are known now.
-        problem = unused_plugin_config(self.run.config.plugin_config, [*self.run.plugins.named_plugins(), "ddp"])
+        # The trial's switches are known now; a launch-dependent plugin's options may sit in a file
+        # that also runs single-process.
+        loaded = [*self.run.plugins.named_plugins(), *DISTRIBUTED_PLUGINS]
+        problem = unused_plugin_config(self.run.config.plugin_config, loaded)
         if problem:
             raise PluginError(f"{self.run.config.source}: {problem} (nor did the trial switch it on)")
         TrainingLoop(self.run).fit(

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from hookdet.builtin_plugins.amp import (
+from hookdet.mixed_precision import (
     autocast_forward,
     cast_tensors,
     dtype_name,
@@ -761,7 +761,9 @@ def _cast_model(model: torch.nn.Module, dtype: torch.dtype, keep_batchnorm_fp32:
     """Cast ``model``'s floating parameters and buffers to ``dtype`` in place (the parameter
     objects stay the same, so optimizers keep pointing at them); batch norm layers stay float32
     when asked."""
-    batchnorm = torch.nn.modules.batchnorm._BatchNorm
+    nn = torch.nn
+    batchnorm = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+                 nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d)
     for module in model.modules():
         if keep_batchnorm_fp32 and isinstance(module, batchnorm):
             module.float()
@@ -771,7 +773,7 @@ def _cast_model(model: torch.nn.Module, dtype: torch.dtype, keep_batchnorm_fp32:
                 param.data = param.data.to(dtype)
         for name, buffer in list(module.named_buffers(recurse=False)):
             if buffer is not None and buffer.is_floating_point():
-                module._buffers[name] = buffer.to(dtype)
+                setattr(module, name, buffer.to(dtype))  # Module.__setattr__ replaces the buffer
 
 
 def _casting_forward(input_dtype: Optional[torch.dtype], output_dtype: torch.dtype) -> Any:

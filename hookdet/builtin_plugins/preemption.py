@@ -15,12 +15,10 @@ import signal
 import threading
 from typing import Any, Dict
 
+from hookdet.exit_codes import PREEMPTED_EXIT_CODE  # noqa: F401 (``hookdet run``'s status after a stop)
 from hookdet.markers import hookimpl
 
 logger = logging.getLogger("hookdet")
-
-#: ``hookdet run``'s exit status after a signal stopped training with a checkpoint (EX_TEMPFAIL).
-PREEMPTED_EXIT_CODE = 75
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
