@@ -1,8 +1,8 @@
 """The plugin contract, checked on the source: plugins reach the core only through public names,
 no built-in plugin imports another, and no host module calls a plugin by name.
 
-* Plugins (``hookdet/builtin_plugins/`` and every package under ``plugins-contrib/``, its tests
-  aside) touch no underscore attribute of an object that is not their own (``self``/``cls``),
+* Plugins (``hookdet/builtin_plugins/``, every package under ``plugins-contrib/``, its tests
+  aside, and the replacement package in ``tests/fixtures/hookdet-replacements``) touch no underscore attribute of an object that is not their own (``self``/``cls``),
   import no underscore name from hookdet, and import no built-in plugin (a built-in may not
   import another; a contrib plugin none). The few reaches left are listed in
   :data:`ALLOWED_REACHES`, each with its reason: torch functions with no public equivalent, and
@@ -57,7 +57,8 @@ def plugin_sources() -> List[Path]:
         path for path in sorted((REPO / "plugins-contrib").glob("*/**/*.py"))
         if "tests" not in path.relative_to(REPO / "plugins-contrib").parts
     ]
-    return sorted(BUILTINS.glob("*.py")) + contrib
+    replacements = sorted((REPO / "tests" / "fixtures" / "hookdet-replacements").glob("*.py"))
+    return sorted(BUILTINS.glob("*.py")) + contrib + replacements
 
 
 def host_sources() -> List[Path]:
