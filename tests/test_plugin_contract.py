@@ -26,11 +26,11 @@ BUILTINS = HOOKDET / "builtin_plugins"
 
 #: ``(file relative to the repo, expression)`` -> why the underscore reach stays.
 ALLOWED_REACHES: Dict[Tuple[str, str], str] = {
-    ("hookdet/builtin_plugins/apex.py", "torch._amp_update_scale_"):
+    ("hookdet/builtin_plugins/apex/backends.py", "torch._amp_update_scale_"):
         "GradScaler's own scale update; torch has no public per-scaler function for apex's N losses",
-    ("hookdet/builtin_plugins/apex.py", "torch._amp_foreach_non_finite_check_and_unscale_"):
+    ("hookdet/builtin_plugins/apex/backends.py", "torch._amp_foreach_non_finite_check_and_unscale_"):
         "GradScaler's own fused unscale-and-check; no public equivalent",
-    ("hookdet/builtin_plugins/apex.py", "torch._foreach_copy_"):
+    ("hookdet/builtin_plugins/apex/backends.py", "torch._foreach_copy_"):
         "one fused copy of every master weight back into the model; the public way is a Python loop per parameter",
     ("hookdet/builtin_plugins/progress.py", "self._progress._training_bar"):
         "the progress plugin's own per-batch companion (same module) reading the plugin's bar",
@@ -58,7 +58,7 @@ def plugin_sources() -> List[Path]:
         if "tests" not in path.relative_to(REPO / "plugins-contrib").parts
     ]
     replacements = sorted((REPO / "tests" / "fixtures" / "hookdet-replacements").glob("*.py"))
-    return sorted(BUILTINS.glob("*.py")) + contrib + replacements
+    return sorted(BUILTINS.rglob("*.py")) + contrib + replacements
 
 
 def host_sources() -> List[Path]:
@@ -106,10 +106,14 @@ def test_plugins_touch_no_underscore_attribute_of_a_hookdet_object() -> None:
 def test_plugins_import_no_other_plugin_and_no_private_name() -> None:
     problems = []
     for path in plugin_sources():
-        own = f"hookdet.builtin_plugins.{path.stem}" if BUILTINS in path.parents else None
+        # A plugin is a module of builtin_plugins/ or a package there (whose modules import each other).
+        own = None
+        if BUILTINS in path.parents:
+            top = path.relative_to(BUILTINS).parts[0]
+            own = f"hookdet.builtin_plugins.{top[:-3] if top.endswith('.py') else top}"
         for line, module, names in imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
             where = f"{relative(path)}:{line}"
-            if module.startswith("hookdet.builtin_plugins") and module != own:
+            if module.startswith("hookdet.builtin_plugins") and not (own and (module == own or module.startswith(own + "."))):
                 problems.append(f"{where}: imports {module}")
             if module.startswith("hookdet") and any(part.startswith("_") for part in module.split(".")):
                 problems.append(f"{where}: imports the private module {module}")
