@@ -270,8 +270,8 @@ def command_plugins(args: argparse.Namespace) -> int:
     """List installed plugins, where each comes from, and the hooks each implements."""
     from hookdet.plugin_manager import DEFAULT_PLUGINS, PluginManager, installed_plugins
 
-    manager = PluginManager()
     for name, target in sorted(installed_plugins().items()):
+        manager = PluginManager()  # one each: plugins that conflict (amp, apex) are still listed
         try:
             plugin = manager.register(name, _load_entry_point(target))
             hooks = ", ".join(manager.hooks_of(plugin)) or "(none)"
