@@ -114,7 +114,7 @@ def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
     """Every timing for one state size, in one run."""
     width = WIDTHS[size]
     exp_conf = {
-        "plugins": ["checkpoint"],
+        "plugins": {"only": ["checkpoint"]},
         "hyperparameters": {"width": width},
         "checkpoint_storage": {"type": "directory", "container_path": str(root / "checkpoints"),
                                "save_trial_latest": 1000},

@@ -163,7 +163,7 @@ def hookdet_worker(steps: int, out: Path) -> None:
 
     exp_conf = {
         "hyperparameters": {"global_batch_size": GLOBAL_BATCH},
-        "plugins": ["ddp"],
+        "plugins": {"only": ["ddp"]},
         "resources": {"slots_per_trial": 2},
         "reproducibility": {"experiment_seed": SEED},
     }

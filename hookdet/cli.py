@@ -77,7 +77,7 @@ def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) ->
 
 def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
-    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
     from hookdet.cluster_info import activated, local_cluster_info
     from hookdet.config import names_trial_class
     from hookdet.config_overrides import load_with_overrides
@@ -178,9 +178,10 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
     from hookdet.launcher import failure_lines
-    from hookdet.trainer import default_run_dir
+    from hookdet.plugin_list import launcher_for
+    from hookdet.trainer import default_run_dir, plugin_selection_for
 
-    if "horovod" in (config.plugins or []):
+    if launcher_for(plugin_selection_for(config)) == "horovodrun":
         if args.torchrun:
             raise UsageError(
                 f"{' '.join(args.torchrun)}: torchrun options do not apply to the horovod plugin; "
@@ -283,7 +284,7 @@ def combined_exit_status(
     launcher_status: int, rank_statuses: Dict[int, int], local_ranks: int
 ) -> int:
     """``hookdet run``'s exit status after a launch; see :func:`_launch`."""
-    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     if len(rank_statuses) < local_ranks:
         return launcher_status or 1
@@ -298,7 +299,7 @@ def report_status_to_launcher(status: int) -> int:
     """Under ``hookdet run``'s launcher, record this rank's exit ``status`` for it; return the
     status to exit with: 0 for a preempted rank (torchrun would count 75 as a failure and kill
     the other ranks while they exit), ``status`` otherwise. Elsewhere returns ``status``."""
-    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
     if not status_dir or rank is None:

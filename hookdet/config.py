@@ -652,7 +652,22 @@ def names_trial_class(entrypoint: Optional[str]) -> bool:
     return bool(entrypoint) and bool(_ENTRYPOINT.match(entrypoint))
 
 
-_PLUGIN_NAME = re.compile(r"^(no:)?[A-Za-z_][\w.-]*$")
+_PLUGIN_NAME = re.compile(r"^(no:|\+)?[A-Za-z_][\w.-]*$")
+
+
+def _read_only_plugins(raw: Mapping) -> Dict[str, List[str]]:
+    """``plugins: {only: [...]}``: exactly these plugins, no defaults, no markers."""
+    if set(raw) != {"only"}:
+        raise ValueError(f"the mapping form of plugins is {{only: [name, ...]}}; got {_show(dict(raw))}")
+    names = raw["only"]
+    if not isinstance(names, list):
+        raise _FieldProblem(("only",), f"expected a list of plugin names; got {_show(names)}")
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or not _PLUGIN_NAME.match(name) or name.startswith(("no:", "+")):
+            raise _FieldProblem(("only", str(index)), f"expected a plain plugin name; got {_show(name)}")
+        if name in names[:index]:
+            raise _FieldProblem(("only", str(index)), f"plugin '{name}' is listed twice")
+    return {"only": list(names)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -684,7 +699,9 @@ class ExperimentConfig(_Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
     data: Dict[str, Any] = Field(default_factory=dict)
-    plugins: Optional[List[str]] = None
+    #: A list (names add to the defaults, ``no:<name>`` removes one) or ``{only: [...]}``;
+    #: resolved by :mod:`hookdet.plugin_list`, read through ``run.plugin_names``.
+    plugins: Optional[Union[List[str], Dict[str, List[str]]]] = None
     plugin_config: Dict[str, Dict[str, Any]] = Field(default_factory=dict)
 
     _ignored_fields: List[str] = PrivateAttr(default_factory=list)
@@ -740,9 +757,12 @@ class ExperimentConfig(_Section):
     @field_validator("plugins", mode="before")
     @classmethod
     def _read_plugins(cls, raw: Any) -> Any:
+        if isinstance(raw, Mapping):
+            return _read_only_plugins(raw)
         if not isinstance(raw, list):
             raise ValueError(
-                f"expected a list of plugin names like [checkpoint, amp]; got {_show(raw)}"
+                f"expected a list of plugin names like [checkpoint, amp]; got {_show(raw)} (names "
+                "add to the defaults, 'no:<name>' removes one, {only: [...]} runs exactly those)"
             )
         seen = set()
         for index, name in enumerate(raw):
@@ -751,9 +771,10 @@ class ExperimentConfig(_Section):
                     (str(index),),
                     f"expected a plugin name (or 'no:<name>' to drop a default); got {_show(name)}",
                 )
-            if name in seen:
-                raise _FieldProblem((str(index),), f"plugin '{name}' is listed twice")
-            seen.add(name)
+            plain = name[3:] if name.startswith("no:") else name.lstrip("+")
+            if plain in seen:
+                raise _FieldProblem((str(index),), f"plugin '{plain}' is listed twice")
+            seen.add(plain)
         return raw
 
     @field_validator("plugin_config", mode="before")

@@ -1,8 +1,8 @@
 """``PyTorchTrialContext``: what a trial uses to register models, step optimizers, read settings.
 
 Every feature-specific call (``wrap_scaler``, ``configure_apex_amp``, ``set_profiler``,
-``get_tensorboard_writer``, ``experimental.use_amp``) is forwarded to the plugin that owns it,
-loading that plugin by name when the experiment file did not list it.
+``get_tensorboard_writer``, ``get_initial_batch``, ``experimental.use_amp``) is a provider hook in
+:mod:`hookdet.hookspecs`; its built-in answer is loaded when no running plugin implements it.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class PyTorchExperimentalContext:
     def use_amp(self) -> None:
         """Train with automatic mixed precision: the ``amp`` plugin autocasts forward passes,
         scales the loss in ``backward`` and steps optimizers through its ``GradScaler``."""
-        self._context._run.plugins.load("amp").use_amp(self._context)
+        self._context._run.plugins.provide("hookdet_use_amp", context=self._context)
 
     def use_plugin(self, name: str) -> Any:
         """Switch on the installed plugin ``name`` from the trial (as ``use_amp`` does for
@@ -158,29 +158,25 @@ class PyTorchTrialContext:
         run = self._run
         if not run.resume_from:
             return 0
-        resume_point = getattr(run.plugins.get("checkpoint"), "resume_point", None)
-        return int(resume_point(run, run.resume_from)) if resume_point is not None else 0
+        return int(run.hook.hookdet_resume_point(run=run, checkpoint=run.resume_from) or 0)
 
     def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
-        """Whether reported metrics go to TensorBoard: True switches the tensorboard plugin on
-        (when the experiment did not list it), False stops it writing reported metrics
-        (``get_tensorboard_writer()`` still works)."""
+        """Whether reported metrics go to TensorBoard: True switches a TensorBoard writer
+        provider on (the built-in ``tensorboard`` when the experiment did not list one), False
+        stops reported metrics being written (``get_tensorboard_writer()`` still works)."""
         if not isinstance(enable_tensorboard_logging, bool):
             raise TypeError(
                 "set_enable_tensorboard_logging takes a bool, got "
                 f"{enable_tensorboard_logging!r}"
             )
-        plugin = self._run.plugins.get("tensorboard")
-        if plugin is None and enable_tensorboard_logging:
-            plugin = self._run.plugins.load("tensorboard")
-        if plugin is not None:
-            plugin.write_metrics = enable_tensorboard_logging
+        if enable_tensorboard_logging:
+            self._run.plugins.ensure_provider("hookdet_make_tensorboard_writer")
+        self._run.tensorboard_metrics = enable_tensorboard_logging
 
     def get_enable_tensorboard_logging(self) -> bool:
-        """Whether reported metrics are written to TensorBoard (the tensorboard plugin runs and
-        ``set_enable_tensorboard_logging(False)`` was not called)."""
-        plugin = self._run.plugins.get("tensorboard")
-        return plugin is not None and bool(getattr(plugin, "write_metrics", True))
+        """Whether reported metrics are written to TensorBoard: a running plugin provides a
+        TensorBoard writer and ``set_enable_tensorboard_logging(False)`` was not called."""
+        return self._run.tensorboard_metrics and self._run.plugins.implemented("hookdet_make_tensorboard_writer")
 
     def get_tensorboard_path(self) -> Any:
         """The directory TensorBoard files go to (inside the run directory; never None)."""
@@ -188,13 +184,13 @@ class PyTorchTrialContext:
 
     def get_tensorboard_writer(self) -> Any:
         """A ``SummaryWriter`` writing into :meth:`get_tensorboard_path` (the tensorboard plugin's)."""
-        return self._run.plugins.load("tensorboard").get_writer()
+        return self._run.plugins.provide("hookdet_make_tensorboard_writer", run=self._run)
 
     def set_profiler(self, *args: Any, **kwargs: Any) -> None:
         """Profile training with ``torch.profiler.profile(*args, **kwargs)`` (the profiler plugin)."""
-        plugin = self._run.plugins.load("profiler")
-        plugin.set_profiler(*args, **kwargs)
-        self.profiler = plugin.profiler
+        self.profiler = self._run.plugins.provide(
+            "hookdet_set_profiler", context=self, args=args, kwargs=kwargs
+        )
 
     # ------------------------------------------------------------------ stopping
 
@@ -300,7 +296,7 @@ class PyTorchTrialContext:
 
     def wrap_scaler(self, scaler: Any) -> Any:
         """Register a ``torch.amp.GradScaler`` (the amp plugin); returns it."""
-        return self._run.plugins.load("amp").wrap_scaler(self, scaler)
+        return self._run.plugins.provide("hookdet_wrap_scaler", context=self, scaler=scaler)
 
     def configure_apex_amp(
         self,
@@ -320,10 +316,7 @@ class PyTorchTrialContext:
         max_loss_scale: Optional[float] = 2.0**24,
     ) -> Any:
         """Determined's apex configuration (the apex plugin; torch.amp when apex is absent)."""
-        return self._run.plugins.load("apex").configure_apex_amp(
-            self,
-            models,
-            optimizers,
+        named = dict(
             enabled=enabled,
             opt_level=opt_level,
             cast_model_type=cast_model_type,
@@ -337,12 +330,15 @@ class PyTorchTrialContext:
             min_loss_scale=min_loss_scale,
             max_loss_scale=max_loss_scale,
         )
+        return self._run.plugins.provide(
+            "hookdet_configure_apex_amp", context=self, models=models, optimizers=optimizers, args=(), kwargs=named
+        )
 
     def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
         """Run ``to_wrap``'s forward under autocast and return its half-precision outputs as
         float32 (what ``experimental.use_amp()`` does to wrapped models); the amp plugin's dtype
         and device. Unlike Determined's, the module itself is patched and returned, not a copy."""
-        return self._run.plugins.load("amp").autocast_forward_pass(self, to_wrap)
+        return self._run.plugins.provide("hookdet_autocast_forward_pass", context=self, module=to_wrap)
 
     def wrap_reducer(
         self,

@@ -127,8 +127,16 @@ class TrainingLoop:
                 f"{type(self.trial).__qualname__}.build_callbacks must return a dict of "
                 f"name -> PyTorchCallback, got {type(callbacks).__name__}"
             )
-        if callbacks:
-            self.run.plugins.load("callbacks").add_callbacks(callbacks)
+        if not callbacks:
+            return
+        if self.run.plugins.provide("hookdet_add_callbacks", optional=True, run=self.run, callbacks=callbacks):
+            self.run.callbacks = dict(callbacks)
+        else:
+            logger.warning(
+                "the trial's callbacks (%s) will not run: the experiment file removes the plugin "
+                "that runs them (no:callbacks)",
+                ", ".join(callbacks),
+            )
 
     def _length_in_batches(self, length: TrainUnit, what: str) -> int:
         if not isinstance(length, (Batch, Epoch)) or not isinstance(length.value, int):
@@ -147,12 +155,12 @@ class TrainingLoop:
         reporting_period: TrainUnit,
     ) -> None:
         state, context, trial, hook = self.state, self.context, self.trial, self.hook
-        implemented = self.run.plugins.implemented
-        call_train_hook = implemented("hookdet_train_batch")
-        call_batch_end = implemented("hookdet_train_batch_end")
-        call_epoch_start = implemented("on_training_epoch_start")
-        call_epoch_end = implemented("on_training_epoch_end")
-        self.call_workload_end = implemented("on_training_workload_end")
+        plugins = self.run.plugins
+        # Which batch hooks have implementations is read again whenever the plugin manager's
+        # registration count moved: before the first batch, and from the batch after a plugin
+        # registered (from any hook). Between, the check is one comparison per batch.
+        bound_generation = -1
+        call_train_hook = call_batch_end = call_epoch_start = call_epoch_end = False
         train_batch = trial.train_batch
         move_batch = self.move_batch if context.experimental._auto_to_device else None
         lr_schedulers = context.lr_schedulers  # the context's own list: later additions show
@@ -173,6 +181,9 @@ class TrainingLoop:
         self._set_train_mode(True)
 
         while state.batches_trained < self.max_batches:
+            if plugins.generation != bound_generation:
+                bound_generation = plugins.generation
+                call_train_hook, call_batch_end, call_epoch_start, call_epoch_end = self._bind_batch_hooks()
             first = state.batches_trained
             epoch_idx, position = divmod(first, epoch_length)
             if position == 0 and call_epoch_start:
@@ -208,6 +219,8 @@ class TrainingLoop:
                 if stop_agreed(context._stop_requested):
                     stopping = True
                     break
+                if plugins.generation != bound_generation:
+                    break  # a plugin registered: bind its batch hooks before the next batch
             returned = None  # no graph held through hooks, validation and checkpoints
             epoch_ended = state.batches_trained % epoch_length == 0
             if epoch_ended:
@@ -247,6 +260,19 @@ class TrainingLoop:
                 break
             context.experimental.reset_reducers()
         self.run.exit_reason = "completed"
+
+    def _bind_batch_hooks(self) -> Tuple[bool, bool, bool, bool]:
+        """Whether the train-batch, batch-end and epoch start/end hooks have implementations
+        (also decides ``on_training_workload_end``, and the context's step hooks)."""
+        implemented = self.run.plugins.implemented
+        self.call_workload_end = implemented("on_training_workload_end")
+        self.context._bind_hooks()
+        return (
+            implemented("hookdet_train_batch"),
+            implemented("hookdet_train_batch_end"),
+            implemented("on_training_epoch_start"),
+            implemented("on_training_epoch_end"),
+        )
 
     def _exit_early(self, workload: List[Dict[str, Any]], should_exit: ShouldExit) -> None:
         """``train_batch`` raised ``ShouldExit``: report what the workload has, then checkpoint

@@ -10,9 +10,15 @@ the default behaviour, ``<first>`` a provider whose first non-None answer wins::
     run.distributed = hookdet_make_distributed(run)        <first> single process unless ddp/horovod
     run.storage     = hookdet_make_checkpoint_storage(run) <first> local dir unless s3
     trial = TrialClass(context)
+        context.experimental.use_amp()  -> hookdet_use_amp(context)               <first>
+        context.wrap_scaler(s)          -> hookdet_wrap_scaler(context, s)         <first>
+        context.configure_apex_amp(...) -> hookdet_configure_apex_amp(...)         <first>
+        context.set_profiler(...)       -> hookdet_set_profiler(context, ...)      <first>
+        context.get_tensorboard_writer() -> hookdet_make_tensorboard_writer(run)  <first>
+        context.get_initial_batch()     -> hookdet_resume_point(run, checkpoint)  <first>
         context.wrap_model(m)      -> hookdet_wrap_model(...)      <first>{wrap} DDP; autocast
         context.wrap_optimizer(o)  -> hookdet_wrap_optimizer(...)  <first> Horovod
-    callbacks = trial.build_callbacks()         each adapted into lifecycle hooks
+    hookdet_add_callbacks(run, trial.build_callbacks()) <first> each adapted into lifecycle hooks
     if resuming: hookdet_load_checkpoint(run, ...) <first>
                    on_checkpoint_load_start(checkpoint)
     on_trial_startup(first_batch_idx, checkpoint_uuid)
@@ -52,18 +58,22 @@ adapts each callback one to one). **Mechanism hooks** are named ``hookdet_*`` by
 ``hookdet_make_<thing>`` provides a component, ``hookdet_wrap_<thing>`` wraps a user object,
 ``hookdet_<phase>`` performs a step that plugins may replace or wrap, and ``*_end`` notifies.
 
-A per-batch hook nobody implements costs nothing: the loop checks once, before training, which
+A per-batch hook nobody implements costs nothing: the loop checks, before training, which
 per-batch hooks have implementations and never calls the others. It does the same for the
-training epoch hooks and ``on_training_workload_end``.
+training epoch hooks and ``on_training_workload_end``. The plugin manager counts registrations;
+when a plugin registers (or unregisters) from any hook, the loop checks again before the next
+batch, so a late implementation is called from the next batch on.
 
-**Plugin state.** A plugin object that has ``state_dict()`` and ``load_state_dict(state)`` methods
-(the ``PyTorchCallback`` protocol) has that state saved in every checkpoint under the plugin's
-registered name and restored on resume. That is a protocol, not a hook: the checkpoint plugin
-walks the registered plugins.
+**Protocols.** Besides hooks, hookdet reads a plugin object through the typed protocols at the
+end of this module: :class:`StatefulPlugin` (``state_dict``/``load_state_dict``, saved in every
+checkpoint under the plugin's registered name: the checkpoint plugin walks the registered
+plugins), :class:`ConflictingPlugin` (``conflicts_with``), :class:`ConfigurablePlugin` (an
+``__init__`` taking ``options``) and :class:`TensorBoardWriter` (what
+``hookdet_make_tensorboard_writer`` returns). Nothing else of a plugin is called by name.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 from hookdet.markers import hookspec
 
@@ -121,6 +131,80 @@ def hookdet_make_checkpoint_storage(run: "Run") -> Any:
     Chosen by the experiment file's ``checkpoint_storage.type``; the local directory answers when
     nobody else does.
     """
+
+
+# ---------------------------------------------------------------------------------------------
+# What the trial API asks of plugins (firstresult; the context calls these, nothing else)
+#
+# Each has a built-in answer, loaded by name from DEFAULT_PROVIDERS when no registered plugin
+# implements the hook, so the trial can switch a feature on that the experiment file did not list.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_use_amp(context: "PyTorchTrialContext") -> Optional[bool]:
+    """``context.experimental.use_amp()``: switch on automatic mixed precision; return True.
+
+    Built-in answer: ``amp`` (autocast every model wrapped afterwards, scale the loss, step
+    through a ``GradScaler``).
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_wrap_scaler(context: "PyTorchTrialContext", scaler: Any) -> Any:
+    """``context.wrap_scaler(scaler)``: register the trial's ``GradScaler``; return what the
+    trial should use (normally ``scaler`` itself). Built-in answer: ``amp``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_configure_apex_amp(
+    context: "PyTorchTrialContext",
+    models: Any,
+    optimizers: Any,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+) -> Any:
+    """``context.configure_apex_amp(models, optimizers, *args, **kwargs)``: return
+    ``(models, optimizers)`` to use from now on. Built-in answer: ``apex``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_set_profiler(
+    context: "PyTorchTrialContext", args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Any:
+    """``context.set_profiler(*args, **kwargs)`` (and ``Trainer.fit(profiling_enabled=True)``
+    with ``args=None``): profile training; return the profiler (``context.profiler``).
+    Built-in answer: ``profiler``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_autocast_forward_pass(context: "PyTorchTrialContext", module: Any) -> Any:
+    """``context.autocast_forward_pass(module)``: make ``module``'s forward run under autocast
+    (half-precision outputs cast back to float32); return the module to use. Built-in answer:
+    ``amp``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_make_tensorboard_writer(run: "Run") -> Any:
+    """Return the run's shared TensorBoard writer (a ``torch.utils.tensorboard.SummaryWriter``
+    or anything with its ``add_scalar``/``flush``/``close``), for
+    ``context.get_tensorboard_writer()``. Whether any plugin implements this is what
+    ``context.get_enable_tensorboard_logging()`` reports. Built-in answer: ``tensorboard``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_resume_point(run: "Run", checkpoint: str) -> Optional[int]:
+    """Return the number of batches trained in ``checkpoint`` (where a resumed run starts), for
+    ``context.get_initial_batch()``; may be asked before the checkpoint is restored. The plugin
+    that answers ``hookdet_load_checkpoint`` answers this too (built-in: ``checkpoint``)."""
+
+
+@hookspec(firstresult=True)
+def hookdet_add_callbacks(run: "Run", callbacks: Dict[str, Any]) -> Optional[bool]:
+    """Run the trial's ``build_callbacks()`` result (name -> ``PyTorchCallback``) from now on;
+    return True. Fires once, before checkpoint loading, when the trial built any. With the
+    built-in answer removed (``no:callbacks``) they do not run and a warning says so.
+    Built-in answer: ``callbacks``."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,6 +439,49 @@ def on_trial_shutdown() -> None:
     """The trial is shutting down, whether training finished, stopped or raised."""
 
 
+# ---------------------------------------------------------------------------------------------
+# Protocols: what hookdet reads of a plugin object besides its hook implementations
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class StatefulPlugin(Protocol):
+    """A plugin with state to resume: saved in every checkpoint under the plugin's registered
+    name (``plugins.<name>`` in ``state_dict.pth``) and restored before ``on_trial_startup``.
+    Values must load with ``torch.load(weights_only=True)`` (tensors, numbers, strings, lists,
+    dicts)."""
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class ConflictingPlugin(Protocol):
+    """A plugin that cannot run beside others: registering both is refused, naming the two."""
+
+    conflicts_with: Tuple[str, ...]
+
+
+class ConfigurablePlugin(Protocol):
+    """A plugin class whose ``__init__`` takes ``options``: it receives ``plugin_config.<name>``
+    (an empty dict when absent) and raises :class:`hookdet.PluginError` for a bad one."""
+
+    def __init__(self, options: Dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class TensorBoardWriter(Protocol):
+    """What ``hookdet_make_tensorboard_writer`` returns and the trial may call
+    (``torch.utils.tensorboard.SummaryWriter`` is one)."""
+
+    def add_scalar(self, tag: str, scalar_value: Any, global_step: Optional[int] = None) -> Any: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 #: Hooks the loop may call on every batch; it calls one only when some plugin implements it.
 PER_BATCH_HOOKS = (
     "hookdet_train_batch",
@@ -368,3 +495,21 @@ PER_BATCH_HOOKS = (
 
 #: Lifecycle hooks that fire on the chief rank only, as in Determined.
 CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end")
+
+#: The built-in plugin that answers each trial-API provider hook when no registered plugin does;
+#: :meth:`hookdet.plugin_manager.PluginManager.provide` loads it by this name, unless the
+#: experiment file removed it (so ``no:callbacks`` leaves the trial's callbacks unrun, with a warning).
+DEFAULT_PROVIDERS = {
+    "hookdet_add_callbacks": "callbacks",
+    "hookdet_use_amp": "amp",
+    "hookdet_wrap_scaler": "amp",
+    "hookdet_configure_apex_amp": "apex",
+    "hookdet_set_profiler": "profiler",
+    "hookdet_autocast_forward_pass": "amp",
+    "hookdet_make_tensorboard_writer": "tensorboard",
+}
+
+#: Hooks that answer a call of the trial's own (``context.wrap_scaler(...)``, ...): an exception
+#: raised in them reaches the trial as raised (it is the answer to the trial's call, as a method's
+#: would be), not re-raised as a ``PluginError``.
+TRIAL_API_HOOKS = (*DEFAULT_PROVIDERS, "hookdet_resume_point")

@@ -14,21 +14,19 @@ import logging
 import os
 import time
 import types
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import pluggy
 import stevedore
 
 from hookdet import hookspecs
-from hookdet.builtin_plugins import defaults
+from hookdet import default_hooks
 from hookdet.markers import HOOK_NAMESPACE
+from hookdet.plugin_list import DEFAULT_PLUGINS, resolve_plugin_list  # noqa: F401 (DEFAULT_PLUGINS re-exported)
 
 logger = logging.getLogger("hookdet")
 
 ENTRY_POINT_GROUP = "hookdet.plugins"
-
-#: Plugins that run when the experiment file has no ``plugins:`` list.
-DEFAULT_PLUGINS = ("callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress")
 
 DEFAULTS_NAME = "hookdet.defaults"
 
@@ -65,33 +63,9 @@ def installed_plugins() -> Dict[str, str]:
     return {ep.name: ep.value for ep in manager.list_entry_points()}
 
 
-def resolve_plugin_names(requested: Optional[Sequence[str]], storage_plugin: str) -> List[str]:
-    """The plugin names to load, in order.
-
-    ``requested`` is the experiment file's ``plugins:`` list. Absent, the defaults run. Bare names
-    replace the defaults (``[checkpoint, amp]`` runs exactly those). ``+name`` adds to the defaults
-    and ``no:name`` removes from them, so ``[+hook_timing, no:progress]`` is the defaults with one
-    more and one fewer. ``storage_plugin`` (chosen by ``checkpoint_storage.type``) joins whenever
-    ``checkpoint`` runs.
-    """
-    if requested is None:
-        requested = [f"+{name}" for name in DEFAULT_PLUGINS]
-    requested = list(requested)
-    removed = {name[len("no:"):] for name in requested if name.startswith("no:")}
-    added = [name[1:] for name in requested if name.startswith("+")]
-    chosen = [name for name in requested if not name.startswith(("no:", "+"))]
-    if chosen and added:
-        raise PluginError(
-            f"plugins: {', '.join('+' + n for n in added)} adds to the defaults, but the list also "
-            f"names {', '.join(chosen)}, which replaces them; use either +name entries or bare names"
-        )
-    if chosen or not requested:
-        names = chosen
-    else:
-        names = list(DEFAULT_PLUGINS) + added
-    if "checkpoint" in names and storage_plugin not in names:
-        names.insert(names.index("checkpoint") + 1, storage_plugin)
-    return [name for name in dict.fromkeys(names) if name not in removed]
+def resolve_plugin_names(requested: Any, storage_plugin: str) -> List[str]:
+    """The plugin names to load, in order (see :func:`hookdet.plugin_list.resolve_plugin_list`)."""
+    return list(resolve_plugin_list(requested, storage_plugin).names)
 
 
 class PluginManager:
@@ -100,7 +74,7 @@ class PluginManager:
     def __init__(self, plugin_config: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
         self._pm = pluggy.PluginManager(HOOK_NAMESPACE)
         self._pm.add_hookspecs(hookspecs)
-        self._pm.register(defaults, name=DEFAULTS_NAME)
+        self._pm.register(default_hooks, name=DEFAULTS_NAME)
         self._plugin_config = dict(plugin_config or {})
         self._pm.add_hookcall_monitoring(self._before_hook, self._after_hook)
         self._trace = os.environ.get("HOOKDET_TRACE", "") not in ("", "0")
@@ -154,10 +128,16 @@ class PluginManager:
         """The plugin registered as ``name``, loading it now if the experiment file did not list it.
 
         A plugin loaded this way (by ``context.experimental.use_amp()``, say) is configured at once
-        when the run already started.
+        when the run already started. A plugin the experiment file removed (``no:<name>``) is
+        refused.
         """
         plugin = self.get(name)
         if plugin is None:
+            if name in self.removed:
+                raise PluginError(
+                    f"plugin {name!r} is needed here but the experiment file removes it (no:{name}); "
+                    f"drop 'no:{name}' from plugins"
+                )
             self.load_all([name])
             plugin = self.get(name)
             if self._run is not None and hasattr(plugin, "hookdet_configure"):
@@ -165,6 +145,52 @@ class PluginManager:
         return plugin
 
     _run: Any = None
+    #: Names the experiment file removed (``no:<name>``): :meth:`load` refuses them.
+    removed: FrozenSet[str] = frozenset()
+    #: Bumped by every registration and unregistration, so a caller that cached which hooks have
+    #: implementations knows when to look again (the loop checks it between batches).
+    generation: int = 0
+
+    def ensure_provider(self, hook_name: str) -> None:
+        """Make sure some plugin answers the provider hook ``hook_name``.
+
+        When none does, the plugin :data:`hookdet.hookspecs.DEFAULT_PROVIDERS` names for it is
+        loaded (the trial switched a feature on that the experiment file did not list).
+        """
+        if self.implemented(hook_name):
+            return
+        default = hookspecs.DEFAULT_PROVIDERS.get(hook_name)
+        if default is None:
+            raise PluginError(f"no plugin implements {hook_name}; enable one that does")
+        self.load(default)
+        if not self.implemented(hook_name):
+            raise PluginError(f"plugin {default!r} was loaded to answer {hook_name} but does not implement it")
+
+    def provide(self, hook_name: str, *, optional: bool = False, **kwargs: Any) -> Any:
+        """The first non-None answer to the provider hook ``hook_name``.
+
+        When no running plugin answers, the built-in provider that
+        :data:`hookdet.hookspecs.DEFAULT_PROVIDERS` names is loaded and asked (the trial switched
+        on a feature the experiment file did not list). A provider the experiment file removed
+        (``no:<name>``) is an error naming it, or with ``optional`` an answer of None.
+        """
+        caller = getattr(self._pm.hook, hook_name)
+        answer = caller(**kwargs) if self.implemented(hook_name) else None
+        if answer is not None:
+            return answer
+        default = hookspecs.DEFAULT_PROVIDERS.get(hook_name)
+        if default is None or self.get(default) is not None or (optional and default in self.removed):
+            if optional:
+                return None
+            raise PluginError(f"no plugin answers {hook_name}; enable one that implements it")
+        self.load(default)
+        return caller(**kwargs)
+
+    def unregister(self, name: str) -> Any:
+        """Unregister the plugin registered as ``name`` (if any); returns it."""
+        plugin = self._pm.unregister(name=name) if self._pm.has_plugin(name) else None
+        self.generation += 1
+        return plugin
 
     def start(self, run: Any) -> None:
         """Configure every registered plugin for ``run`` (``hookdet_configure``)."""
@@ -193,6 +219,7 @@ class PluginManager:
         self._check_conflicts(name, plugin)
         try:
             self._pm.register(plugin, name=name)
+            self.generation += 1
             self._pm.check_pending()
         except pluggy.PluginValidationError as error:
             if self._pm.is_registered(plugin):
@@ -251,6 +278,8 @@ class PluginManager:
             logger.info("hook %s [%s] %.3f ms", hook_name, plugins, elapsed * 1e3)
         error = outcome.exception
         if error is None or isinstance(error, (PluginError, KeyboardInterrupt, SystemExit)):
+            return
+        if hook_name in hookspecs.TRIAL_API_HOOKS:
             return
         culprit = _plugin_that_raised(error, hook_impls)
         if culprit is not None and culprit.plugin_name != DEFAULTS_NAME:

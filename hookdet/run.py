@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -73,6 +73,17 @@ class Run:
     #: them (tensors possibly on the device); the loop appends to it. For observers that read
     #: the latest batch without a per-batch hook: read only, and never force a device sync.
     workload_metrics: Optional[list] = None
+    #: The plugins this run loaded from the experiment file's ``plugins:`` list, resolved once
+    #: (:mod:`hookdet.plugin_list`) plus any passed to ``init(plugins=...)``: ask this, never the
+    #: raw list, whether a plugin is on.
+    plugin_names: Tuple[str, ...] = ()
+    #: The trial's ``build_callbacks()`` by name, once a plugin runs them (``hookdet_add_callbacks``).
+    callbacks: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Names the experiment file removed with ``no:<name>``; never switched on later.
+    removed_plugins: FrozenSet[str] = frozenset()
+    #: Whether reported metrics go to TensorBoard (``context.set_enable_tensorboard_logging``);
+    #: a TensorBoard plugin reads it, and the trial's own writer works either way.
+    tensorboard_metrics: bool = True
 
     @property
     def hook(self) -> Any:

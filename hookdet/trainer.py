@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hookdet import cluster_info
+from hookdet import active_run
 from hookdet.config import (
     STORAGE_PLUGIN_FOR_TYPE,
     ExperimentConfig,
@@ -29,7 +30,15 @@ from hookdet.config import (
 from hookdet.context import PyTorchTrialContext
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
-from hookdet.plugin_manager import PluginManager, resolve_plugin_names
+from hookdet.plugin_list import (
+    DISTRIBUTED_PLUGINS,
+    PluginSelection,
+    joining_later,
+    names_to_load,
+    resolve_plugin_list,
+    unused_plugin_config,
+)
+from hookdet.plugin_manager import PluginError, PluginManager
 from hookdet import run_ownership as ownership
 from hookdet import run_record
 from hookdet.run import Run
@@ -37,8 +46,6 @@ from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 
 logger = logging.getLogger("hookdet")
 
-#: Plugins that answer ``hookdet_make_distributed`` for a multi-process launch.
-DISTRIBUTED_PLUGINS = ("ddp", "horovod")
 
 
 def seed_everything(seed: int) -> None:
@@ -57,18 +64,19 @@ def default_run_dir(config: ExperimentConfig) -> Path:
     return Path("runs") / f"{name}-{stamp}"
 
 
+def plugin_selection_for(config: ExperimentConfig) -> PluginSelection:
+    """``config``'s ``plugins:`` list resolved (defaults, additions, removals, storage plugin)."""
+    storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
+    return resolve_plugin_list(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
+
+
 def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool = True) -> list:
     """The plugins a run of ``config`` loads, in order."""
-    storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
-    names = resolve_plugin_names(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
     launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     launched_by_horovod = int(os.environ.get("HOROVOD_SIZE", "1")) > 1  # horovodrun's ranks
-    launched = launched_distributed or launched_by_horovod
-    if launched and not any(name in names for name in DISTRIBUTED_PLUGINS):
-        names.append("horovod" if launched_by_horovod else "ddp")
-    if not enable_tensorboard_logging:
-        names = [name for name in names if name != "tensorboard"]
-    return names
+    return names_to_load(
+        plugin_selection_for(config), launched_distributed, launched_by_horovod, enable_tensorboard_logging
+    )
 
 
 @contextlib.contextmanager
@@ -106,10 +114,19 @@ def init(
     )
     if aggregation_frequency != 1:
         config.optimizations.aggregation_frequency = aggregation_frequency
+    names = plugin_names_for(config, enable_tensorboard_logging)
+    extra_names = [type(plugin).__name__ for plugin in plugins]
+    selection = plugin_selection_for(config)
+    problem = unused_plugin_config(
+        config.plugin_config, [*selection.names, *extra_names], joining_later(selection)
+    )
+    if problem:
+        raise PluginError(f"{config.source}: {problem}")
     manager = PluginManager(config.plugin_config)
-    manager.load_all(plugin_names_for(config, enable_tensorboard_logging))
-    for plugin in plugins:
-        manager.register(type(plugin).__name__, plugin)
+    manager.removed = selection.removed
+    manager.load_all(names)
+    for name, plugin in zip(extra_names, plugins):
+        manager.register(name, plugin)
     trial_seed = info.trial.trial_seed if info is not None else config.trial_seed()
     seed_everything(trial_seed)
     run = Run(
@@ -119,8 +136,11 @@ def init(
         model_dir=Path(model_dir) if model_dir is not None else Path.cwd(),
         hparams=dict(hparams if hparams is not None else config.hyperparameters),
         trial_seed=trial_seed,
+        plugin_names=tuple(manager.named_plugins()),
+        removed_plugins=manager.removed,
     )
     try:
+        active_run.enter(run)
         manager.start(run)
         # A context the script made itself is offered to the plugins (ddp adopts a torch one).
         run.distributed = distributed
@@ -150,6 +170,7 @@ def init(
         try:
             run.hook.hookdet_unconfigure(run=run)
         finally:
+            active_run.leave(run)
             if run.distributed is not None and distributed is None:
                 run.distributed.close()
             ownership.give_up(run)
@@ -232,9 +253,15 @@ class Trainer:
             if max_length is None:
                 raise ValueError("Trainer.fit needs max_length (or searcher.max_length in the config)")
         if profiling_enabled:
-            self.run.plugins.load("profiler")
+            self.run.plugins.ensure_provider("hookdet_set_profiler")
         if latest_checkpoint is not None:
             self.run.resume_from = str(latest_checkpoint)
+        # The trial's switches are known now; a launch-dependent plugin's options may sit in a file
+        # that also runs single-process.
+        loaded = [*self.run.plugins.named_plugins(), *DISTRIBUTED_PLUGINS]
+        problem = unused_plugin_config(self.run.config.plugin_config, loaded)
+        if problem:
+            raise PluginError(f"{self.run.config.source}: {problem} (nor did the trial switch it on)")
         TrainingLoop(self.run).fit(
             max_length=max_length,
             validation_period=validation_period,

@@ -306,7 +306,7 @@ def write_config(path: Path, hparams: Dict[str, Any], **overrides: Any) -> Path:
             "max_length": {"batches": 8},
         },
         "scheduling_unit": 1,
-        "plugins": ["callbacks", "preemption", "metrics_log", "checkpoint"],
+        "plugins": {"only": ["callbacks", "preemption", "metrics_log", "checkpoint"]},
         "reproducibility": {"experiment_seed": 7},
     }
     config.update(overrides)

@@ -265,7 +265,7 @@ def run_spec(spec: Dict[str, Any]) -> Dict[str, Any]:
     hparams = dict(spec["hparams"])
     exp_conf = {
         "hyperparameters": hparams,
-        "plugins": list(spec.get("plugins", PLUGINS)),
+        "plugins": {"only": list(spec.get("plugins", PLUGINS))},
         "searcher": {"name": "single", "metric": "validation_loss", "smaller_is_better": True,
                      "max_length": {"batches": spec["max_batches"]}},
         "reproducibility": {"experiment_seed": 3},

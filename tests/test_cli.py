@@ -52,7 +52,7 @@ def test_determined_trial_runs_through_trainer_fit(tmp_path: Path) -> None:
     from hookdet import pytorch
 
     hparams = {"learning_rate": 1.0, "global_batch_size": 32, "n_filters1": 8, "n_filters2": 16, "dropout1": 0.25, "dropout2": 0.5}
-    with pytorch.init(hparams=hparams, exp_conf={"plugins": ["callbacks"]}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=hparams, exp_conf={"plugins": {"only": ["callbacks"]}}, run_dir=tmp_path) as context:
         trial = model_def.MNistTrial(context)
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Epoch(1), validation_period=pytorch.Epoch(1))
     assert trial.epoch_counter.epochs == 1
@@ -71,7 +71,7 @@ def test_export_writes_a_bare_state_dict(tmp_path: Path) -> None:
     from tests.trials import OneWeightTrial
 
     hparams = {"lr": 0.1, "records": 4, "global_batch_size": 1}
-    with pytorch.init(hparams=hparams, exp_conf={"plugins": ["checkpoint"]}, run_dir=tmp_path / "run") as context:
+    with pytorch.init(hparams=hparams, exp_conf={"plugins": {"only": ["checkpoint"]}}, run_dir=tmp_path / "run") as context:
         trial = OneWeightTrial(context)
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(3))
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "weights.pt")]) == 0
@@ -122,7 +122,7 @@ hyperparameters:
 searcher:
   max_length:
     batches: 4
-plugins: [callbacks, checkpoint, metrics_log]
+plugins: {{only: [callbacks, checkpoint, metrics_log]}}
 """
 
 

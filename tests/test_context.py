@@ -19,7 +19,7 @@ def test_getters(tmp_path: Path) -> None:
         "hyperparameters": HP,
         "data": {"path": "/data"},
         "reproducibility": {"experiment_seed": 7},
-        "plugins": [],
+        "plugins": {"only": []},
     }
     with pytorch.init(hparams=HP, exp_conf=exp_conf, run_dir=tmp_path) as context:
         assert context.get_hparams() == HP and context.get_hparam("lr") == 0.1
@@ -39,7 +39,7 @@ def test_getters(tmp_path: Path) -> None:
 def test_trial_seed_is_applied_before_the_trial_is_built(tmp_path: Path) -> None:
     draws = []
     for run in range(2):
-        with pytorch.init(hparams=HP, exp_conf={"plugins": [], "reproducibility": {"experiment_seed": 3}}, run_dir=tmp_path / str(run)):
+        with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}, "reproducibility": {"experiment_seed": 3}}, run_dir=tmp_path / str(run)):
             draws.append(torch.rand(3))
     assert torch.equal(draws[0], draws[1])
 
@@ -79,7 +79,7 @@ def test_step_optimizer_with_an_unwrapped_optimizer_is_an_error(tmp_path: Path) 
 
 
 def test_wrap_model_refuses_non_modules(tmp_path: Path) -> None:
-    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         with pytest.raises(TypeError, match="wrap_model takes a torch.nn.Module, got str"):
             context.wrap_model("model")
         with pytest.raises(TypeError, match="no plugin takes them"):

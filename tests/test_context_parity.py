@@ -95,7 +95,7 @@ def test_average_aggregated_gradients_is_per_optimizer(
 
 
 def test_wrap_optimizer_refuses_non_bool_flags(tmp_path: Path) -> None:
-    with pytorch.init(hparams={}, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams={}, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         optimizer = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
         with pytest.raises(TypeError, match="wrap_optimizer: average_aggregated_gradients"):
             context.wrap_optimizer(optimizer, average_aggregated_gradients="no")
@@ -109,7 +109,7 @@ def halves(values: List[Any]) -> float:
 
 
 def test_reduce_metrics_reset_reducers_and_cross_slot_reduction(tmp_path: Path) -> None:
-    with pytorch.init(hparams={}, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams={}, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         training = context.wrap_reducer(halves, name="half", for_validation=False)
         validation = context.wrap_reducer(halves, name="vhalf", for_training=False)
         for value in (1.0, 2.0, 5.0):
@@ -141,7 +141,7 @@ def test_set_enable_tensorboard_logging_switches_metric_writing(tmp_path: Path) 
 
     hparams = {"lr": 0.1, "records": 4, "global_batch_size": 2}
     for trial_class, name in ((OneWeightTrial, "on"), (Quiet, "off")):
-        fit(trial_class, hparams, tmp_path / name, config={"plugins": ["callbacks", "tensorboard"]},
+        fit(trial_class, hparams, tmp_path / name, config={"plugins": {"only": ["callbacks", "tensorboard"]}},
             max_length=pytorch.Batch(4), reporting_period=pytorch.Batch(1))
     tags = {}
     for name in ("on", "off"):
@@ -153,7 +153,7 @@ def test_set_enable_tensorboard_logging_switches_metric_writing(tmp_path: Path) 
             tags[name] = accumulator.Tags()["scalars"]
     assert "training/loss" in tags["on"] and tags["off"] == []
 
-    with pytorch.init(hparams={}, exp_conf={"plugins": []}, run_dir=tmp_path / "late") as context:
+    with pytorch.init(hparams={}, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path / "late") as context:
         assert not context.get_enable_tensorboard_logging()
         with pytest.raises(TypeError, match="set_enable_tensorboard_logging takes a bool"):
             context.set_enable_tensorboard_logging(1)  # type: ignore[arg-type]
@@ -167,7 +167,7 @@ def test_autocast_forward_pass_runs_the_forward_under_autocast(tmp_path: Path) -
             self.autocast_on = torch.is_autocast_enabled("cpu")
             return super().forward(x)
 
-    with pytorch.init(hparams={}, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams={}, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         model = Probe(2, 2)
         wrapped = context.autocast_forward_pass(model)
         output = wrapped(torch.ones(1, 2))
@@ -182,7 +182,7 @@ def test_cluster_only_names_say_what_they_do(tmp_path: Path, caplog: pytest.LogC
 
     assert pytorch.PyTorchTrial.trial_context_class is pytorch.PyTorchTrialContext
     assert pytorch.PyTorchTrial.trial_controller_class is TrainingLoop
-    with pytorch.init(hparams={}, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams={}, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         trainer = pytorch.Trainer(OneWeightTrial.__new__(OneWeightTrial), context)
         with caplog.at_level(logging.ERROR, logger="hookdet"):
             trainer.configure_profiler(enabled=True)

@@ -153,7 +153,7 @@ def record_fit(tmp_path: Path, records: int = 4, resume: Any = None, stop_at: An
     recorder = HookRecorder(RECORDED)
     # Synchronous checkpoints: each one's hooks fire together, at the boundary (the sequence
     # with background writes is tested in tests/builtin_plugins/test_async_checkpoint.py).
-    exp_conf = {"plugins": ["checkpoint"], "plugin_config": {"checkpoint": {"async": False}}}
+    exp_conf = {"plugins": {"only": ["checkpoint"]}, "plugin_config": {"checkpoint": {"async": False}}}
     with pytorch.init(hparams=hp, exp_conf=exp_conf, run_dir=tmp_path) as context:
         context._run.plugins.register("recorder", recorder)
         trial = OneWeightTrial(context)
@@ -280,7 +280,7 @@ def test_test_mode_trains_and_validates_one_batch(tmp_path: Path) -> None:
 
     observer = ValidationOutputs()
     hp = hparams(records=100)
-    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         context._run.plugins.register("observer", observer)
         pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(50), test_mode=True)
         assert context._run.state.batches_trained == 1
@@ -334,7 +334,7 @@ def test_should_exit_checkpoints_unless_skipped(tmp_path: Path) -> None:
     for skip in (False, True):
         hp = hparams(records=100, skip=skip)
         recorder = HookRecorder(["hookdet_save_checkpoint"])
-        with pytorch.init(hparams=hp, exp_conf={"plugins": ["checkpoint"]}, run_dir=tmp_path / str(skip)) as context:
+        with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": ["checkpoint"]}}, run_dir=tmp_path / str(skip)) as context:
             context._run.plugins.register("recorder", recorder)
             pytorch.Trainer(ExitingTrial(context), context).fit(max_length=pytorch.Batch(10))
             assert context._run.state.batches_trained == 2
@@ -349,7 +349,7 @@ def test_should_exit_checkpoints_unless_skipped(tmp_path: Path) -> None:
 def test_unimplemented_per_batch_hooks_are_never_called(tmp_path: Path) -> None:
     calls: List[str] = []
     hp = hparams()
-    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         plugins = context._run.plugins
         plugins.pluggy_manager.add_hookcall_monitoring(lambda name, impls, kwargs: calls.append(name), lambda *a: None)
         trial = OneWeightTrial(context)
@@ -375,7 +375,7 @@ def test_implemented_per_batch_hook_fires_every_batch(tmp_path: Path) -> None:
             seen.append(batch_idx)
 
     hp = hparams()
-    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         context._run.plugins.register("counter", BatchCounter())
         pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(7))
     assert seen == list(range(7))
@@ -408,7 +408,7 @@ def test_previous_batch_graph_lives_until_the_next_forward_and_not_into_validati
             alive_at_validation.append(losses[-1]() is not None)
 
     hp = hparams(records=6)  # one epoch: stretches end only at the validations
-    with pytorch.init(hparams=hp, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         context._run.plugins.register("watcher", ValidationWatcher())
         pytorch.Trainer(GraphWatchingTrial(context), context).fit(
             max_length=pytorch.Batch(6), validation_period=pytorch.Batch(3)

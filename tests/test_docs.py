@@ -269,7 +269,7 @@ def test_relative_links_resolve() -> None:
 
 def test_checkpoint_format_tables_match_a_real_checkpoint(tmp_path: Path) -> None:
     hparams: Dict[str, Any] = {"lr": 0.1, "records": 4, "global_batch_size": 1}
-    with pytorch.init(hparams=hparams, exp_conf={"plugins": ["callbacks", "checkpoint"]}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=hparams, exp_conf={"plugins": {"only": ["callbacks", "checkpoint"]}}, run_dir=tmp_path) as context:
         trial = OneWeightTrial(context)
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(3), validation_period=pytorch.Batch(3))
     directory = resolve_checkpoint_dir(tmp_path)
@@ -351,7 +351,7 @@ def test_writing_plugins_wrapper_example_times_every_batch(tmp_path: Path) -> No
     exec(compile(source, "BatchTimer", "exec"), namespace)
     timer = namespace["BatchTimer"]()
     hparams: Dict[str, Any] = {"lr": 0.1, "records": 4, "global_batch_size": 1}
-    with pytorch.init(hparams=hparams, exp_conf={"plugins": []}, run_dir=tmp_path, plugins=[timer]) as context:
+    with pytorch.init(hparams=hparams, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path, plugins=[timer]) as context:
         trial = OneWeightTrial(context)
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(3))
     assert timer.seconds > 0

@@ -7,7 +7,11 @@ from typing import Any, Dict
 
 import torch
 
+import pytest
+
 from hookdet import hookspecs, pytorch
+from hookdet.markers import hookimpl
+from hookdet.plugin_manager import PluginError, installed_plugins
 from hookdet.builtin_plugins.callbacks import LIFECYCLE_METHODS
 from tests.hook_recorder import SPEC_NAMES, HookRecorder
 from tests.trials import OneWeightTrial
@@ -41,7 +45,7 @@ def test_per_batch_hooks_are_specs() -> None:
 def test_every_spec_fires(tmp_path: Path) -> None:
     """A fit, a checkpoint and a resume with a plugin that implements every hook fire them all."""
     hparams: Dict[str, Any] = {"lr": 0.1, "records": 4, "global_batch_size": 1}
-    exp_conf = {"hyperparameters": hparams, "plugins": ["callbacks", "checkpoint", "metrics_log"]}
+    exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["callbacks", "checkpoint", "metrics_log"]}}
     fired = set()
     for run_dir, resume in ((tmp_path / "first", None), (tmp_path / "second", tmp_path / "first")):
         recorder = HookRecorder()
@@ -54,4 +58,100 @@ def test_every_spec_fires(tmp_path: Path) -> None:
             )
         fired.update(recorder.names())
         assert isinstance(trial.model.weight, torch.Tensor)
-    assert fired == set(SPEC_NAMES), f"never fired: {sorted(set(SPEC_NAMES) - fired)}"
+    expected = set(SPEC_NAMES) - set(TRIAL_API_PROVIDERS)
+    assert fired >= expected, f"never fired: {sorted(expected - fired)}"
+
+
+#: Provider hooks only the trial's own calls reach (fired by the test below).
+TRIAL_API_PROVIDERS = (
+    "hookdet_use_amp",
+    "hookdet_wrap_scaler",
+    "hookdet_configure_apex_amp",
+    "hookdet_set_profiler",
+    "hookdet_make_tensorboard_writer",
+    "hookdet_resume_point",
+)
+
+
+class AnswersTheTrialApi:
+    """Answers every provider hook of the trial API, so no built-in is loaded for them."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.writer = object()
+
+    @hookimpl
+    def hookdet_use_amp(self, context: Any) -> bool:
+        self.calls.append("hookdet_use_amp")
+        return True
+
+    @hookimpl
+    def hookdet_wrap_scaler(self, context: Any, scaler: Any) -> Any:
+        self.calls.append("hookdet_wrap_scaler")
+        return scaler
+
+    @hookimpl
+    def hookdet_configure_apex_amp(self, context: Any, models: Any, optimizers: Any, args: Any, kwargs: Any) -> Any:
+        self.calls.append(("hookdet_configure_apex_amp", tuple(args), dict(kwargs)))
+        return models, optimizers
+
+    @hookimpl
+    def hookdet_set_profiler(self, context: Any, args: Any, kwargs: Any) -> bool:
+        self.calls.append(("hookdet_set_profiler", tuple(args), dict(kwargs)))
+        return True
+
+    @hookimpl
+    def hookdet_make_tensorboard_writer(self, run: Any) -> Any:
+        self.calls.append("hookdet_make_tensorboard_writer")
+        return self.writer
+
+    @hookimpl
+    def hookdet_resume_point(self, run: Any, checkpoint: str) -> int:
+        self.calls.append(("hookdet_resume_point", checkpoint))
+        return 7
+
+
+def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
+    """The context reaches plugins only through hooks: a plugin answering them replaces amp,
+    apex, the profiler, TensorBoard's writer and the resume point, and none of those loads."""
+    provider = AnswersTheTrialApi()
+    exp_conf = {"plugins": {"only": []}}
+    with pytorch.init(hparams={"lr": 0.1}, exp_conf=exp_conf, run_dir=tmp_path, plugins=[provider]) as context:
+        run = context._run
+        run.resume_from = "some-checkpoint"
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        context.experimental.use_amp()
+        assert context.wrap_scaler(scaler) is scaler
+        assert context.configure_apex_amp(model, optimizer, opt_level="O2") == (model, optimizer)
+        context.set_profiler(record_shapes=True)
+        assert context.get_tensorboard_writer() is provider.writer
+        assert context.get_enable_tensorboard_logging()
+        assert context.get_initial_batch() == 7
+        loaded = set(run.plugins.named_plugins())
+    assert provider.calls == [
+        "hookdet_use_amp",
+        "hookdet_wrap_scaler",
+        ("hookdet_configure_apex_amp", (), {"opt_level": "O2"}),
+        ("hookdet_set_profiler", (), {"record_shapes": True}),
+        "hookdet_make_tensorboard_writer",
+        ("hookdet_resume_point", "some-checkpoint"),
+    ]
+    assert loaded == {"AnswersTheTrialApi"}, "a built-in was loaded although a plugin answered"
+
+
+def test_a_trial_api_call_loads_the_builtin_provider_unless_removed(tmp_path: Path) -> None:
+    with pytorch.init(hparams={"lr": 0.1}, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path / "a") as context:
+        context.experimental.use_amp()
+        assert "amp" in context._run.plugins.named_plugins()
+    with pytorch.init(hparams={"lr": 0.1}, exp_conf={"plugins": ["no:amp"]}, run_dir=tmp_path / "b") as context:
+        with pytest.raises(PluginError, match=r"plugin 'amp' is needed here but the experiment file removes it \(no:amp\)"):
+            context.experimental.use_amp()
+
+
+def test_every_provider_with_a_builtin_answer_names_an_installed_plugin() -> None:
+    installed = installed_plugins()
+    for hook_name, plugin_name in hookspecs.DEFAULT_PROVIDERS.items():
+        assert hook_name in SPEC_NAMES and getattr(hookspecs, hook_name).hookdet_spec["firstresult"], hook_name
+        assert plugin_name in installed, plugin_name

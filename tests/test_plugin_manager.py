@@ -17,6 +17,7 @@ from hookdet.plugin_manager import (
     installed_plugins,
     resolve_plugin_names,
 )
+from hookdet.plugin_list import resolve_plugin_list
 from tests.trials import OneWeightTrial
 
 HP = {"lr": 0.1, "records": 4, "global_batch_size": 1}
@@ -28,24 +29,34 @@ def test_every_builtin_is_an_installed_entry_point() -> None:
         assert installed[name].startswith("hookdet.builtin_plugins."), name
 
 
+DEFAULTS_AND_STORAGE = ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "progress"]
+
+
 @pytest.mark.parametrize(
     "requested, expected",
     [
-        (None, ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "progress"]),
+        (None, DEFAULTS_AND_STORAGE),
+        ([], DEFAULTS_AND_STORAGE),
         (["no:progress", "no:tensorboard"], ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage"]),
-        (["checkpoint", "amp"], ["checkpoint", "local_storage", "amp"]),
-        ([], []),
-        (["amp", "amp"], ["amp"]),
+        # pytest's -p: a bare name adds to the defaults, exactly as +name does
+        (["mlflow"], [*DEFAULTS_AND_STORAGE, "mlflow"]),
         (["+hook_timing", "no:progress"], ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "hook_timing"]),
+        (["amp", "+hook_timing"], [*DEFAULTS_AND_STORAGE, "amp", "hook_timing"]),
+        (["checkpoint"], DEFAULTS_AND_STORAGE),
+        # the one spelling for "exactly these"
+        ({"only": ["checkpoint", "amp"]}, ["checkpoint", "local_storage", "amp"]),
+        ({"only": []}, []),
     ],
 )
 def test_resolve_plugin_names(requested: Any, expected: list) -> None:
     assert resolve_plugin_names(requested, "local_storage") == expected
 
 
-def test_adding_and_replacing_in_one_list_is_refused() -> None:
-    with pytest.raises(PluginError, match=r"\+amp adds to the defaults, but the list also names checkpoint"):
-        resolve_plugin_names(["+amp", "checkpoint"], "local_storage")
+def test_the_selection_keeps_what_no_removed_and_whether_it_was_exact() -> None:
+    selection = resolve_plugin_list(["amp", "no:progress"], "local_storage")
+    assert selection.removed == frozenset({"progress"}) and not selection.exact
+    assert "amp" in selection and "progress" not in selection
+    assert resolve_plugin_list({"only": ["amp"]}, "local_storage").exact
 
 
 def test_unknown_plugin_lists_installed_ones() -> None:
@@ -103,7 +114,7 @@ def test_exception_in_a_plugin_names_plugin_and_hook(tmp_path: Path) -> None:
         def on_validation_end(self, metrics: dict) -> None:
             raise ZeroDivisionError("boom")
 
-    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         context._run.plugins.register("broken", Broken())
         with pytest.raises(PluginError, match=r"plugin 'broken' failed in hook on_validation_end: ZeroDivisionError\('boom'\)"):
             pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(2))
@@ -114,7 +125,7 @@ def test_exception_in_a_callback_names_the_callback(tmp_path: Path) -> None:
         def on_training_start(self) -> None:
             raise RuntimeError("callback trouble")
 
-    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         trial = OneWeightTrial(context)
         trial.build_callbacks = lambda: {"failing": Failing()}  # type: ignore[method-assign]
         with pytest.raises(Exception, match="callback 'failing' failed in on_training_start"):
@@ -131,14 +142,14 @@ def test_trial_errors_are_not_blamed_on_plugins(tmp_path: Path) -> None:
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
             raise KeyError("the trial's own bug")
 
-    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         context._run.plugins.register("wrapping", Wrapping())
         with pytest.raises(KeyError, match="the trial's own bug"):
             pytorch.Trainer(FailingTrial(context), context).fit(max_length=pytorch.Batch(2))
 
 
 def test_trial_switches_a_plugin_on_by_name(tmp_path: Path) -> None:
-    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         assert context._run.plugins.get("metrics_log") is None
         plugin = context._run.plugins.load("metrics_log")
         assert context._run.plugins.get("metrics_log") is plugin
@@ -152,7 +163,7 @@ def test_trace_logs_every_hook_with_plugin_and_time(tmp_path: Path) -> None:
         "from hookdet import pytorch\n"
         "from tests.trials import OneWeightTrial\n"
         f"hp = {HP!r}\n"
-        f"with pytorch.init(hparams=hp, exp_conf={{'plugins': ['metrics_log']}}, run_dir={str(tmp_path)!r}) as c:\n"
+        f"with pytorch.init(hparams=hp, exp_conf={{'plugins': {{'only': ['metrics_log']}}}}, run_dir={str(tmp_path)!r}) as c:\n"
         "    pytorch.Trainer(OneWeightTrial(c), c).fit(max_length=pytorch.Batch(2))\n"
     )
     result = subprocess.run(
@@ -179,6 +190,6 @@ def test_misspelt_hook_name_is_refused() -> None:
 
 
 def test_trial_switches_a_plugin_on_through_the_public_call(tmp_path: Path) -> None:
-    with pytorch.init(hparams=HP, exp_conf={"plugins": []}, run_dir=tmp_path) as context:
+    with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         plugin = context.experimental.use_plugin("metrics_log")
         assert context._run.plugins.get("metrics_log") is plugin

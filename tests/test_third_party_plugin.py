@@ -68,7 +68,7 @@ def test_a_yaml_plugins_list_loads_it_by_name_with_its_options(
         searcher: {name: single, metric: validation_loss, max_length: {batches: 10}}
         min_validation_period: {batches: 5}
         scheduling_unit: 5
-        plugins: [metrics_log, sample]
+        plugins: {only: [metrics_log, sample]}
         plugin_config:
           sample: {greeting: bonjour}
         """

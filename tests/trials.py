@@ -89,7 +89,7 @@ def fit(
     **fit_kwargs: Any,
 ) -> Any:
     """Train ``trial_class`` through the Trainer API; return the trial (its run is ``trial.context._run``)."""
-    exp_conf = {"hyperparameters": hparams, "plugins": ["callbacks", "checkpoint"], **(config or {})}
+    exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["callbacks", "checkpoint"]}, **(config or {})}
     with pytorch.init(hparams=hparams, exp_conf=exp_conf, run_dir=run_dir) as context:
         trial = trial_class(context)
         fit_kwargs.setdefault("reporting_period", pytorch.Batch(10))

@@ -32,14 +32,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import types
-import warnings
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import PluginError, check_known_options, option_error
+from hookdet.mixed_precision import (
+    autocast_forward,
+    dtype_name,
+    patch_forward,
+    read_dtype_option,
+    resolve_half_dtype,
+)
+from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.trial import TrialError
 
 logger = logging.getLogger("hookdet")
@@ -47,148 +52,6 @@ logger = logging.getLogger("hookdet")
 NAME = "amp"
 STEPS_NAME = "amp:steps"
 BY_FILE = "the experiment file"
-
-#: Names accepted for ``dtype`` options; ``auto`` picks by device.
-DTYPE_NAMES: Dict[str, Optional[torch.dtype]] = {
-    "auto": None,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers shared with the apex plugin
-# ---------------------------------------------------------------------------------------------
-
-
-def read_dtype_option(plugin: str, value: Any) -> str:
-    """Validate a ``dtype`` option (a name from :data:`DTYPE_NAMES`)."""
-    if not isinstance(value, str) or value.lower() not in DTYPE_NAMES:
-        raise option_error(plugin, "dtype", "one of " + ", ".join(DTYPE_NAMES), value)
-    return value.lower()
-
-
-def autocast_supported(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether this torch build can autocast to ``dtype`` on ``device_type``.
-
-    Asked of torch itself: an unsupported pair either raises or silently disables autocast
-    (with a warning), depending on the version and device.
-    """
-    if not torch.amp.is_autocast_available(device_type):
-        return False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with torch.autocast(device_type, dtype=dtype):
-                return torch.is_autocast_enabled(device_type)
-    except RuntimeError:
-        return False
-
-
-def resolve_half_dtype(plugin: str, requested: str, device: torch.device) -> torch.dtype:
-    """The reduced precision for ``device``: the requested one, or float16 on CUDA and bfloat16
-    elsewhere; refused (naming ``plugin_config.<plugin>.dtype``) when torch cannot autocast it."""
-    dtype = DTYPE_NAMES[requested]
-    if dtype is None:
-        dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    if not autocast_supported(device.type, dtype):
-        raise PluginError(
-            f"plugin_config.{plugin}.dtype: torch {torch.__version__} cannot autocast to "
-            f"{dtype_name(dtype)} on {device.type}; choose another dtype"
-        )
-    return dtype
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).replace("torch.", "")
-
-
-def cast_tensors(
-    value: Any, to: torch.dtype, only_from: Optional[torch.dtype] = None, warned: Optional[set] = None
-) -> Any:
-    """``value`` with its floating tensors cast to ``to`` (only those of dtype ``only_from`` when
-    given), looking inside dicts, lists, tuples and named tuples.
-
-    Any other object passes through unchanged; with a ``warned`` set, once per type with a
-    warning, since tensors inside it keep their dtype (compute the loss inside the model, or
-    autocast it yourself).
-    """
-    if isinstance(value, torch.Tensor):
-        if not value.is_floating_point() or value.dtype == to:
-            return value
-        if only_from is not None and value.dtype != only_from:
-            return value
-        return value.to(to)
-    if isinstance(value, dict):
-        items = {k: cast_tensors(v, to, only_from, warned) for k, v in value.items()}
-        try:
-            return type(value)(items)
-        except TypeError:
-            return items
-    if isinstance(value, list):
-        return [cast_tensors(v, to, only_from, warned) for v in value]
-    if isinstance(value, tuple):
-        items = [cast_tensors(v, to, only_from, warned) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if warned is not None and value is not None and not isinstance(value, (str, bytes, int, float)):
-        if type(value) not in warned:
-            warned.add(type(value))
-            logger.warning(
-                "mixed precision: the model returned a %s; tensors inside it keep their dtype",
-                type(value).__name__,
-            )
-    return value
-
-
-#: ``around(inner_forward, args, kwargs) -> output``: what a patched forward runs.
-Around = Callable[[Callable, tuple, dict], Any]
-
-
-def patch_forward(model: torch.nn.Module, around: Around) -> None:
-    """Make ``model(...)`` run ``around(previous forward, args, kwargs)``, on this instance only.
-
-    The patch is a method bound to ``model`` and stored on the instance, shadowing the class's
-    ``forward``: hooks, attributes and ``state_dict`` keys are unchanged. The previous forward is
-    looked up on whichever instance is called, so a ``copy.deepcopy`` of the model (an EMA or
-    ``AveragedModel`` copy, say) runs its own weights, not the original's. Patches stack.
-    """
-    previous = model.__dict__.get("forward")
-
-    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if previous is None:
-            inner = type(self).forward.__get__(self, type(self))
-        elif isinstance(previous, types.MethodType):
-            inner = previous.__func__.__get__(self, type(self))
-        else:
-            inner = previous
-        return around(inner, args, kwargs)
-
-    model.forward = types.MethodType(forward, model)
-
-
-def autocast_forward(
-    device_type: str, dtype: torch.dtype, output_dtype: Optional[torch.dtype] = torch.float32
-) -> Around:
-    """Run the forward under ``torch.autocast(device_type, dtype)``, then cast its outputs of
-    dtype ``dtype`` to ``output_dtype`` (every floating output when ``output_dtype`` is not
-    float32: apex's ``cast_model_outputs``), so a loss computed outside the model runs in full
-    precision; ``output_dtype=None`` leaves the outputs as they are."""
-    warned: set = set()
-    only_from = dtype if output_dtype == torch.float32 else None
-
-    def around(inner: Callable, args: tuple, kwargs: dict) -> Any:
-        with torch.autocast(device_type, dtype=dtype):
-            output = inner(*args, **kwargs)
-        if output_dtype is None:
-            return output
-        return cast_tensors(output, output_dtype, only_from, warned)
-
-    return around
-
 
 # ---------------------------------------------------------------------------------------------
 # Settings
@@ -255,22 +118,27 @@ class AmpPlugin:
         self._switched_on_by: Optional[str] = None
         self._listed_in_config = False
         self._device_type = "cpu"
+        self._run: Any = None
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
         """Note whether the experiment file lists ``amp`` (automatic mode for every model)."""
-        self._listed_in_config = NAME in (run.config.plugins or ())
+        self._run = run
+        self._listed_in_config = NAME in run.plugin_names
 
     # ------------------------------------------------------------------ the trial's calls
 
-    def use_amp(self, context: Any) -> None:
+    @hookimpl
+    def hookdet_use_amp(self, context: Any) -> bool:
         """``context.experimental.use_amp()``: automatic mixed precision with a fresh scaler."""
         if self._switched_on_by == BY_FILE and self.mode == "auto":
-            return
+            return True
         self._check_can_register(context, "use_amp")
         self._switch_on_auto(context, "use_amp()")
+        return True
 
-    def wrap_scaler(self, context: Any, scaler: Any) -> Any:
+    @hookimpl
+    def hookdet_wrap_scaler(self, context: Any, scaler: Any) -> Any:
         """``context.wrap_scaler(scaler)``: the trial drives ``scaler``; hookdet checkpoints it."""
         missing = [m for m in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict")
                    if not callable(getattr(scaler, m, None))]
@@ -286,19 +154,20 @@ class AmpPlugin:
         logger.info("amp: the trial's %s is registered (manual mixed precision)", type(scaler).__name__)
         return scaler
 
-    def autocast_forward_pass(self, context: Any, to_wrap: torch.nn.Module) -> torch.nn.Module:
+    @hookimpl
+    def hookdet_autocast_forward_pass(self, context: Any, module: torch.nn.Module) -> torch.nn.Module:
         """``context.autocast_forward_pass(model)``: ``model``'s forward under autocast, its
         half-precision outputs cast back to float32; no scaler is registered. The dtype is the
         one automatic mode uses (``plugin_config.amp.dtype``); disabled amp leaves it as is."""
-        if not isinstance(to_wrap, torch.nn.Module):
+        if not isinstance(module, torch.nn.Module):
             raise TypeError(
-                f"autocast_forward_pass takes a torch.nn.Module, got {type(to_wrap).__name__}"
+                f"autocast_forward_pass takes a torch.nn.Module, got {type(module).__name__}"
             )
         if not self.settings.enabled:
-            return to_wrap
+            return module
         dtype = resolve_half_dtype(NAME, self.settings.dtype, context.device)
-        patch_forward(to_wrap, autocast_forward(context.device.type, dtype))
-        return to_wrap
+        patch_forward(module, autocast_forward(context.device.type, dtype))
+        return module
 
     # ------------------------------------------------------------------ hooks
 
@@ -375,7 +244,7 @@ class AmpPlugin:
             by, dtype_name(self.dtype), self._device_type, scaling,
         )
         if self.scaler.is_enabled():
-            context._run.plugins.register(STEPS_NAME, _AutoScalerSteps(self.scaler))
+            self._run.plugins.register(STEPS_NAME, _AutoScalerSteps(self.scaler))
 
 
 class _AutoScalerSteps:

@@ -48,14 +48,9 @@ class CallbacksPlugin:
 
     def __init__(self) -> None:
         self.callbacks: Dict[str, PyTorchCallback] = {}
-        self._run: Any = None
 
     @hookimpl
-    def hookdet_configure(self, run: Any) -> None:
-        """Remember the run, to register the adapter when callbacks arrive."""
-        self._run = run
-
-    def add_callbacks(self, callbacks: Dict[str, PyTorchCallback]) -> None:
+    def hookdet_add_callbacks(self, run: Any, callbacks: Dict[str, PyTorchCallback]) -> bool:
         """Register ``callbacks`` (from ``build_callbacks``) as hook implementations."""
         for name, callback in callbacks.items():
             if not isinstance(callback, PyTorchCallback):
@@ -64,10 +59,9 @@ class CallbacksPlugin:
                     "not a PyTorchCallback"
                 )
         self.callbacks.update(callbacks)
-        plugins = self._run.plugins
-        if plugins.get(ADAPTER_NAME) is not None:
-            plugins.pluggy_manager.unregister(name=ADAPTER_NAME)
-        plugins.register(ADAPTER_NAME, _build_adapter(self.callbacks))
+        run.plugins.unregister(ADAPTER_NAME)
+        run.plugins.register(ADAPTER_NAME, _build_adapter(self.callbacks))
+        return True
 
 
 def _overrides(callback: PyTorchCallback, method: str) -> bool:

@@ -58,7 +58,6 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from hookdet import checkpoint_format as fmt
-from hookdet.builtin_plugins.callbacks import ADAPTER_NAME
 from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.cluster_info import get_cluster_info
 from hookdet.markers import hookimpl
@@ -91,10 +90,11 @@ class CheckpointPlugin:
         self._run: Any = None
         #: Checkpoints of this trial that retention tracks: uuid, batches trained, metric.
         self._saved: List[Dict[str, Any]] = []
-        #: Batches trained in each checkpoint named to ``resume_point`` or restored.
+        #: Batches trained in each checkpoint asked about (``hookdet_resume_point``) or restored.
         self._resume_points: Dict[str, int] = {}
 
-    def resume_point(self, run: Any, checkpoint: str) -> int:
+    @hookimpl
+    def hookdet_resume_point(self, run: Any, checkpoint: str) -> int:
         """Batches trained in ``checkpoint`` (what ``context.get_initial_batch()`` reports).
 
         Exact once the checkpoint is restored; before that, read from its metadata without
@@ -462,7 +462,7 @@ def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, 
     if gradients:
         _restore_gradients(context, gradients[rank % len(gradients)], directory)
     for name, plugin_state in state.get("plugins", {}).items():
-        plugin = run.plugins.get(name)
+        plugin = run.plugins.named_plugins().get(name)
         if plugin is not None and callable(getattr(plugin, "load_state_dict", None)):
             plugin.load_state_dict(plugin_state)
         else:
@@ -562,8 +562,8 @@ def _restore_gradients(context: Any, saved: Optional[List[Dict[str, torch.Tensor
 
 
 def _callbacks(run: Any) -> Dict[str, Any]:
-    plugin = run.plugins.get("callbacks")
-    return plugin.callbacks if plugin is not None and run.plugins.get(ADAPTER_NAME) else {}
+    """The trial's callbacks that run (``run.callbacks``, set when a plugin adopted them)."""
+    return run.callbacks
 
 
 def _validation_at(state: Any, batches: int) -> Optional[float]:

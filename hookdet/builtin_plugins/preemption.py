@@ -15,12 +15,10 @@ import signal
 import threading
 from typing import Any, Dict
 
+from hookdet.exit_codes import PREEMPTED_EXIT_CODE  # noqa: F401 (``hookdet run``'s status after a stop)
 from hookdet.markers import hookimpl
 
 logger = logging.getLogger("hookdet")
-
-#: ``hookdet run``'s exit status after a signal stopped training with a checkpoint (EX_TEMPFAIL).
-PREEMPTED_EXIT_CODE = 75
 
 #: SIGHUP (the terminal closed, ``ssh`` dropped) stops like SIGTERM, as it does under the launcher.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())

@@ -138,12 +138,18 @@ class ProfilerPlugin:
             str(self._run.tensorboard_dir), worker_name=f"{socket.gethostname()}_rank{rank}"
         )
 
-    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+    @hookimpl
+    def hookdet_set_profiler(self, context: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
         """``context.set_profiler``: profile with ``torch.profiler.profile(*args, **kwargs)``.
 
         The trial's arguments replace the experiment file's schedule. Traces go to the run's
         TensorBoard directory unless ``on_trace_ready`` is given.
         """
+        self.set_profiler(*args, **kwargs)
+        return self.profiler
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Profile with ``torch.profiler.profile(*args, **kwargs)`` (see :meth:`hookdet_set_profiler`)."""
         if self._running:
             raise RuntimeError("set_profiler must be called before training starts (in the trial's __init__)")
         kwargs.setdefault("on_trace_ready", self.trace_handler())

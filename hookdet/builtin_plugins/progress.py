@@ -166,8 +166,8 @@ class ProgressPlugin:
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
-        if self._run is not None and self._run.plugins.get(COUNTER_NAME) is not None:
-            self._run.plugins.pluggy_manager.unregister(name=COUNTER_NAME)
+        if self._run is not None:
+            self._run.plugins.unregister(COUNTER_NAME)
 
 
 class _ValidationCounter:

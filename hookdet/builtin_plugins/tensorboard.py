@@ -43,9 +43,6 @@ NAME = "tensorboard"
 #: Default seconds between hand-overs of kept training reports to TensorBoard's writer.
 WRITE_EVERY_S = 5.0
 
-#: The plugin of the run in progress in this process, for :class:`TorchWriter`.
-_active_plugin: Optional["TensorBoardPlugin"] = None
-
 
 def metric_tag(group: str, name: str) -> str:
     """The TensorBoard tag of metric ``name`` reported in ``group`` (``training/loss``)."""
@@ -97,20 +94,20 @@ class TensorBoardPlugin:
         # Reports not yet handed to the writer: (step, wall time, [(tag, value), ...]).
         self._kept: List[Tuple[int, float, List[Tuple[str, float]]]] = []
         self._next_write = 0.0
-        #: Whether reported metrics are written (``context.set_enable_tensorboard_logging``);
-        #: the trial's own writer works either way.
-        self.write_metrics = True
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
         """Refuse the run at once when TensorBoard is missing (not at the first report)."""
-        global _active_plugin
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError as error:
             raise PluginError(f"{INSTALL_HINT} [{error}]") from error
         self._run = run
-        _active_plugin = self
+
+    @hookimpl
+    def hookdet_make_tensorboard_writer(self, run: Any) -> Any:
+        """``context.get_tensorboard_writer()``: the run's shared writer."""
+        return self.get_writer()
 
     def get_writer(self) -> Any:
         """The run's ``SummaryWriter`` (created on first use), or a discarding one off the chief."""
@@ -147,7 +144,7 @@ class TensorBoardPlugin:
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
         """Keep the numeric metrics under ``<group>/<name>``; write when due (fires on the chief)."""
-        if not self.write_metrics:
+        if not run.tensorboard_metrics:
             return
         scalars = [(metric_tag(group, name), value) for name, value in metrics.items() if _is_scalar(value)]
         if scalars:
@@ -183,40 +180,12 @@ class TensorBoardPlugin:
     @hookimpl
     def hookdet_unconfigure(self, run: Any) -> None:
         """Write what is kept, flush and close the writer."""
-        global _active_plugin
         if self._kept:
             self.write_kept(flush=False)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if _active_plugin is self:
-            _active_plugin = None
 
 
-class TorchWriter:
-    """Determined's legacy ``determined.tensorboard.metric_writers.pytorch.TorchWriter``.
-
-    Create it in the trial's ``__init__``; ``writer`` is the run's ``SummaryWriter`` (the one
-    ``context.get_tensorboard_writer()`` returns), ``add_scalar(name, value, step)`` writes one
-    scalar. New code should use ``context.get_tensorboard_writer()``.
-    """
-
-    def __init__(self) -> None:
-        if _active_plugin is None:
-            raise RuntimeError(
-                "TorchWriter() needs a run with the 'tensorboard' plugin: create it inside the "
-                "trial after pytorch.init(...) (or use context.get_tensorboard_writer())"
-            )
-        self.writer: Any = _active_plugin.get_writer()
-
-    def add_scalar(self, name: str, value: Any, step: int) -> None:
-        """Write ``value`` under tag ``name`` at ``step``."""
-        self.writer.add_scalar(name, value, step)
-
-    def reset(self) -> None:
-        """Flush pending events to disk."""
-        self.writer.flush()
-
-    def flush(self) -> None:
-        """Flush pending events to disk."""
-        self.writer.flush()
+# Determined's legacy writer lives at its Determined path; kept importable from here too.
+from hookdet.tensorboard.metric_writers.pytorch import TorchWriter  # noqa: E402,F401

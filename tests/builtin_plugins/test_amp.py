@@ -59,7 +59,7 @@ def test_use_amp_runs_the_forward_in_bfloat16_on_cpu(tmp_path: Path, caplog: Any
 
 
 def test_listing_amp_in_the_experiment_file_autocasts_an_unmodified_trial(tmp_path: Path) -> None:
-    config = {"plugins": ["callbacks", "checkpoint", "amp"]}
+    config = {"plugins": {"only": ["callbacks", "checkpoint", "amp"]}}
     trial = fit(RegressionTrial, HP, tmp_path, config, max_length=pytorch.Batch(2))
     assert trial.hidden_dtypes == [torch.bfloat16] * 2
     assert trial.output_dtypes == [torch.float32] * 2
@@ -195,7 +195,7 @@ def test_wrap_scaler_rejects_what_is_not_a_scaler(tmp_path: Path) -> None:
     ],
 )
 def test_bad_settings_name_the_field(tmp_path: Path, options: Dict[str, Any], culprit: str) -> None:
-    conf = {"hyperparameters": HP, "plugins": ["amp"], "plugin_config": {"amp": options}}
+    conf = {"hyperparameters": HP, "plugins": {"only": ["amp"]}, "plugin_config": {"amp": options}}
     with pytest.raises(PluginError, match=culprit.replace(".", r"\.")):
         with pytorch.init(hparams=HP, exp_conf=conf, run_dir=tmp_path):
             pass
@@ -214,7 +214,7 @@ def test_disabled_amp_trains_in_float32(tmp_path: Path) -> None:
 
 
 def test_amp_and_apex_listed_together_are_refused_before_training(tmp_path: Path) -> None:
-    conf = {"hyperparameters": HP, "plugins": ["callbacks", "amp", "apex"]}
+    conf = {"hyperparameters": HP, "plugins": {"only": ["callbacks", "amp", "apex"]}}
     with pytest.raises(PluginError, match="'amp' and 'apex' cannot run together"):
         with pytorch.init(hparams=HP, exp_conf=conf, run_dir=tmp_path):
             pass

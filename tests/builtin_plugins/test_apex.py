@@ -252,7 +252,7 @@ def test_unwrapped_models_and_optimizers_are_refused(tmp_path: Path) -> None:
     ],
 )
 def test_bad_settings_name_the_field(tmp_path: Path, options: Dict[str, Any], match: str) -> None:
-    conf = {"hyperparameters": HP, "plugins": ["apex"], "plugin_config": {"apex": options}}
+    conf = {"hyperparameters": HP, "plugins": {"only": ["apex"]}, "plugin_config": {"apex": options}}
     with pytest.raises(PluginError, match=match):
         with pytorch.init(hparams=HP, exp_conf=conf, run_dir=tmp_path):
             pass

@@ -99,7 +99,7 @@ def fit(
 ) -> Any:
     exp_conf = {
         "hyperparameters": HPARAMS,
-        "plugins": ["callbacks", "checkpoint"],
+        "plugins": {"only": ["callbacks", "checkpoint"]},
         "plugin_config": {"checkpoint": {"async": asynchronous}},
         "checkpoint_storage": {"type": "directory", "container_path": str(tmp_path / "ckpt"),
                                "save_trial_latest": 100},
@@ -257,7 +257,7 @@ def test_a_failed_write_fails_the_run_naming_the_checkpoint_and_the_cause(tmp_pa
     ],
 )
 def test_the_async_option_is_checked(tmp_path: Path, options: Dict[str, Any], message: str) -> None:
-    exp_conf = {"plugins": ["checkpoint"], "plugin_config": {"checkpoint": options}}
+    exp_conf = {"plugins": {"only": ["checkpoint"]}, "plugin_config": {"checkpoint": options}}
     with pytest.raises(PluginError, match=message):
         with pytorch.init(exp_conf=exp_conf, run_dir=tmp_path):
             pass

@@ -92,7 +92,7 @@ class WrapInDataParallel:
 
 def test_wrapped_models_are_saved_unwrapped(tmp_path: Path) -> None:
     hparams = {**SPEC["hparams"]}
-    exp_conf = {"hyperparameters": hparams, "plugins": ["callbacks", "checkpoint"]}
+    exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["callbacks", "checkpoint"]}}
     with pytorch.init(hparams=hparams, exp_conf=exp_conf, run_dir=tmp_path) as context:
         context._run.plugins.register("wrap_in_data_parallel", WrapInDataParallel())
         trial = RegressionTrial(context)
@@ -289,7 +289,7 @@ def run_scripted(
         "searcher": {"name": "single", "metric": "validation_loss", "smaller_is_better": smaller_is_better,
                      "max_length": {"batches": 6}},
         "checkpoint_storage": {"type": "directory", "container_path": str(tmp_path / "ckpt"), **retention},
-        "plugins": ["checkpoint"],
+        "plugins": {"only": ["checkpoint"]},
         "plugin_config": {"checkpoint": {"async": asynchronous}},
     }
     # Under hookdet run's cluster info: policy "best" is honoured (run bare, it falls back to "all").

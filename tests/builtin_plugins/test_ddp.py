@@ -119,7 +119,7 @@ def test_two_ranks_match_one_process(tmp_path: Path, aggregation: int, launch: s
                   "max_length": {"batches": BATCHES}},
         min_validation_period={"batches": 5},
         optimizations={"aggregation_frequency": aggregation},
-        plugins=["callbacks", "preemption", "metrics_log", "checkpoint", "ddp"],
+        plugins={"only": ["callbacks", "preemption", "metrics_log", "checkpoint", "ddp"]},
         plugin_config={"ddp": {"bucket_cap_mb": 1, "find_unused_parameters": False}},
     )
     _single_process(config, tmp_path / "one")
@@ -340,7 +340,7 @@ def test_one_process_with_ddp_listed_trains_unwrapped(tmp_path: Path) -> None:
     config = write_config(
         tmp_path / "experiment.yaml",
         dict(HPARAMS, ddp_options={"find_unused_parameters": True}),
-        plugins=["callbacks", "metrics_log", "ddp"],
+        plugins={"only": ["callbacks", "metrics_log", "ddp"]},
     )
     _single_process(config, tmp_path / "run")
     record = read_rank(tmp_path / "run", 0)
@@ -381,7 +381,7 @@ def test_launcher_exit_status_reflects_the_ranks() -> None:
 
 def test_torchrun_options_are_refused_for_horovod(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = write_config(
-        tmp_path / "experiment.yaml", HPARAMS, plugins=["callbacks", "horovod"], resources={"slots_per_trial": 2}
+        tmp_path / "experiment.yaml", HPARAMS, plugins={"only": ["callbacks", "horovod"]}, resources={"slots_per_trial": 2}
     )
     status = cli.main(["run", str(config), "--nnodes=2", "--run-dir", str(tmp_path / "run")])
     assert status == 2

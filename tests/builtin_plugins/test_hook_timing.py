@@ -99,7 +99,7 @@ class SlowTrial(OneWeightTrial):
 
 def test_wrappers_are_timed_around_the_yield_only(tmp_path: Path) -> None:
     around = AroundTheStep()
-    with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP, "plugins": ["metrics_log", "hook_timing"]},
+    with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP, "plugins": {"only": ["metrics_log", "hook_timing"]}},
                       run_dir=tmp_path) as context:
         context._run.plugins.register("around", around)
         trial = SlowTrial(context)
@@ -132,7 +132,7 @@ class Faulty:
 
 def test_a_failing_plugin_is_still_named_while_timed(tmp_path: Path) -> None:
     with pytest.raises(PluginError, match=r"plugin 'faulty' failed in hook on_training_epoch_end: ValueError"):
-        with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP, "plugins": ["hook_timing"]},
+        with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP, "plugins": {"only": ["hook_timing"]}},
                           run_dir=tmp_path) as context:
             context._run.plugins.register("faulty", Faulty())
             pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(8))
@@ -140,7 +140,7 @@ def test_a_failing_plugin_is_still_named_while_timed(tmp_path: Path) -> None:
 
 
 def test_nothing_is_wrapped_when_the_plugin_is_not_listed(tmp_path: Path) -> None:
-    trial = fit(OneWeightTrial, HP, tmp_path, config={"plugins": ["callbacks", "metrics_log"]},
+    trial = fit(OneWeightTrial, HP, tmp_path, config={"plugins": {"only": ["callbacks", "metrics_log"]}},
                 max_length=pytorch.Batch(2))
     manager = trial.context._run.plugins.pluggy_manager
     implementations = [impl for caller in vars(manager.hook).values() for impl in getattr(caller, "get_hookimpls", list)()]
@@ -156,7 +156,7 @@ def test_hookdet_trace_logs_every_hook_call_with_its_plugins(
 ) -> None:
     monkeypatch.setenv("HOOKDET_TRACE", "1")
     caplog.set_level(logging.INFO, logger="hookdet")
-    fit(OneWeightTrial, HP, tmp_path, config={"plugins": ["callbacks", "metrics_log"]},
+    fit(OneWeightTrial, HP, tmp_path, config={"plugins": {"only": ["callbacks", "metrics_log"]}},
         max_length=pytorch.Batch(8), validation_period=pytorch.Batch(4), reporting_period=pytorch.Batch(4))
     traced = [TRACE_LINE.match(record.getMessage()) for record in caplog.records if record.getMessage().startswith("hook ")]
     assert traced and all(traced), [record.getMessage() for record in caplog.records]
@@ -173,5 +173,5 @@ def test_hookdet_trace_logs_every_hook_call_with_its_plugins(
 def test_hookdet_trace_is_silent_when_unset(tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:
     monkeypatch.delenv("HOOKDET_TRACE", raising=False)
     caplog.set_level(logging.INFO, logger="hookdet")
-    fit(OneWeightTrial, HP, tmp_path, config={"plugins": ["metrics_log"]}, max_length=pytorch.Batch(2))
+    fit(OneWeightTrial, HP, tmp_path, config={"plugins": {"only": ["metrics_log"]}}, max_length=pytorch.Batch(2))
     assert not any(record.getMessage().startswith("hook ") for record in caplog.records)

@@ -49,7 +49,7 @@ def test_two_horovod_ranks_match_one_process(
                   "max_length": {"batches": BATCHES}},
         min_validation_period={"batches": 5},
         optimizations={"aggregation_frequency": aggregation, "gradient_compression": compression},
-        plugins=["callbacks", "preemption", "metrics_log", "checkpoint", "horovod"],
+        plugins={"only": ["callbacks", "preemption", "metrics_log", "checkpoint", "horovod"]},
     )
     one_process = write_config(
         tmp_path / "one.yaml",

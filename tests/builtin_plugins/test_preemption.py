@@ -47,7 +47,7 @@ def write_config(path: Path, hparams: Dict[str, Any], **fields: Any) -> Path:
                      "max_length": {"batches": 30}},
         "min_validation_period": {"batches": 7},
         "scheduling_unit": 1,
-        "plugins": ["callbacks", "preemption", "metrics_log", "checkpoint"],
+        "plugins": {"only": ["callbacks", "preemption", "metrics_log", "checkpoint"]},
         "reproducibility": {"experiment_seed": 11},
         **fields,
     }
@@ -281,7 +281,7 @@ class TrialThatSignals(RegressionTrial):
 
 def fit_with_signal(tmp_path: Path, when: str) -> Any:
     hparams = {"records": 32, "global_batch_size": 8, "lr": 0.05, "signal_when": when}
-    exp_conf = {"hyperparameters": hparams, "plugins": ["callbacks", "preemption", "checkpoint"]}
+    exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["callbacks", "preemption", "checkpoint"]}}
     before = signal.getsignal(signal.SIGTERM)
     with pytorch.init(hparams=hparams, exp_conf=exp_conf, run_dir=tmp_path) as context:
         trial = TrialThatSignals(context)

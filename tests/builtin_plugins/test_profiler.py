@@ -40,7 +40,7 @@ def no_directory_named_none(*roots: Path) -> bool:
 def test_experiment_file_schedule_records_only_the_chosen_batches(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     config = {
-        "plugins": ["callbacks", "profiler"],
+        "plugins": {"only": ["callbacks", "profiler"]},
         "plugin_config": {"profiler": {"begin_on_batch": 3, "end_after_batch": 5, "activities": ["cpu"]}},
     }
     fit(OneWeightTrial, HP, tmp_path / "run", config=config, max_length=pytorch.Batch(10))
@@ -90,7 +90,7 @@ def test_a_trials_own_trace_handler_is_kept(tmp_path: Path) -> None:
 
 def test_resumed_run_profiles_the_same_batches_as_a_fresh_one(tmp_path: Path) -> None:
     options = {"begin_on_batch": 5, "end_after_batch": 6, "activities": ["cpu"]}
-    config = {"plugins": ["callbacks", "checkpoint", "profiler"], "plugin_config": {"profiler": options}}
+    config = {"plugins": {"only": ["callbacks", "checkpoint", "profiler"]}, "plugin_config": {"profiler": options}}
     fit(OneWeightTrial, HP, tmp_path / "first", config=config, max_length=pytorch.Batch(4))
     assert traces(tmp_path / "first") == []
     fit(OneWeightTrial, HP, tmp_path / "resumed", config=config, max_length=pytorch.Batch(8),
@@ -117,7 +117,7 @@ def test_profiling_enabled_uses_the_default_schedule(tmp_path: Path) -> None:
     ],
 )
 def test_bad_options_name_the_plugin_and_the_field(tmp_path: Path, options: dict, culprit: str) -> None:
-    config = {"plugins": ["profiler"], "plugin_config": {"profiler": options}}
+    config = {"plugins": {"only": ["profiler"]}, "plugin_config": {"profiler": options}}
     with pytest.raises(PluginError) as error:
         fit(OneWeightTrial, HP, tmp_path, config=config, max_length=pytorch.Batch(2))
     assert "plugin 'profiler'" in str(error.value) and "plugin_config.profiler" in str(error.value)

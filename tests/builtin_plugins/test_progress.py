@@ -236,7 +236,7 @@ def terminal_as_stderr() -> Iterator[TerminalStderr]:
 def test_resumed_training_bar_starts_at_the_resume_point(tmp_path: Path) -> None:
     fit(OneWeightTrial, HP, tmp_path / "first", max_length=pytorch.Batch(4))
     with terminal_as_stderr() as terminal:
-        fit(OneWeightTrial, HP, tmp_path / "resumed", config={"plugins": ["callbacks", "checkpoint", "progress"]},
+        fit(OneWeightTrial, HP, tmp_path / "resumed", config={"plugins": {"only": ["callbacks", "checkpoint", "progress"]}},
             max_length=pytorch.Batch(8), latest_checkpoint=str(tmp_path / "first"))
     bars = [line for line in screen_lines(terminal.screen) if line.startswith("epoch ")]
     assert bars and re.match(r"epoch 2/2 .* 4/8 batches", bars[0]), bars
@@ -246,7 +246,7 @@ def test_resumed_training_bar_starts_at_the_resume_point(tmp_path: Path) -> None
 
 def test_other_ranks_show_nothing(tmp_path: Path) -> None:
     """A rank-1 process (its collectives are the identity: only its rank matters here)."""
-    exp_conf = {"hyperparameters": HP, "plugins": ["progress"]}
+    exp_conf = {"hyperparameters": HP, "plugins": {"only": ["progress"]}}
     with terminal_as_stderr() as terminal:
         with pytorch.init(hparams=HP, exp_conf=exp_conf, run_dir=tmp_path,
                           distributed=DistributedContext(rank=1, size=2)) as context:
@@ -258,7 +258,7 @@ def test_other_ranks_show_nothing(tmp_path: Path) -> None:
 
 def test_the_chief_in_the_same_setting_shows_bars(tmp_path: Path) -> None:
     """The control for the test above: rank 0, same setting, the bar is there."""
-    exp_conf = {"hyperparameters": HP, "plugins": ["progress"]}
+    exp_conf = {"hyperparameters": HP, "plugins": {"only": ["progress"]}}
     with terminal_as_stderr() as terminal:
         with pytorch.init(hparams=HP, exp_conf=exp_conf, run_dir=tmp_path,
                           distributed=DistributedContext(rank=0, size=2)) as context:
@@ -293,7 +293,7 @@ class ProbedTrial(OneWeightTrial):
 
 def test_the_live_view_calls_no_per_batch_hook_in_training(tmp_path: Path) -> None:
     """Its thread reads the loop's counter: training batches call no hook, in a terminal or not."""
-    config = {"plugins": ["callbacks", "progress"]}
+    config = {"plugins": {"only": ["callbacks", "progress"]}}
     plain = fit(ProbedTrial, HP, tmp_path / "plain", config=config, max_length=pytorch.Batch(2))
     with terminal_as_stderr() as terminal:
         viewed = fit(ProbedTrial, HP, tmp_path / "view", config=config, max_length=pytorch.Batch(2))

@@ -171,7 +171,7 @@ def test_missing_tensorboard_package_refuses_the_run_with_one_message(tmp_path: 
         entrypoint: tests.trials:OneWeightTrial
         hyperparameters: {lr: 0.1, records: 4, global_batch_size: 2}
         searcher: {name: single, metric: validation_loss, max_length: {batches: 4}}
-        plugins: [metrics_log, tensorboard]
+        plugins: {only: [metrics_log, tensorboard]}
         """
     ))
     child = (
@@ -222,7 +222,7 @@ def _train_on_rank(rank: int, port: int, run_dir: str, results: Any) -> None:
     )
     try:
         distributed = GlooContext(rank=rank, size=2, local_rank=rank, local_size=2)
-        exp_conf = {"hyperparameters": HP, "plugins": ["metrics_log", "tensorboard"]}
+        exp_conf = {"hyperparameters": HP, "plugins": {"only": ["metrics_log", "tensorboard"]}}
         with pytorch.init(hparams=HP, exp_conf=exp_conf, run_dir=run_dir, distributed=distributed) as context:
             trial = OneWeightTrial(context)
             writer = context.get_tensorboard_writer()

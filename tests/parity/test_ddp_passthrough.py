@@ -22,7 +22,7 @@ def test_two_ranks_read_the_wrapped_modules_attributes(tmp_path: Path) -> None:
         entrypoint="ddp_attribute_trial:AttributeTrial",
         searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
                   "max_length": {"batches": 3}},
-        plugins=["callbacks", "ddp"],
+        plugins={"only": ["callbacks", "ddp"]},
     )
     run_dir = tmp_path / "run"
     result = run_command(

@@ -31,8 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from hookdet import hookimpl
-from hookdet.plugin_manager import PluginError
+from hookdet import PluginError, hookimpl
 
 logger = logging.getLogger("hookdet")
 

@@ -102,7 +102,7 @@ def train(run_dir: Path, mlflow_options: Dict[str, Any], max_batches: int, resum
     exp_conf = {
         "name": "tiny",
         "hyperparameters": hparams,
-        "plugins": ["metrics_log", "checkpoint", "mlflow"],
+        "plugins": {"only": ["metrics_log", "checkpoint", "mlflow"]},
         "plugin_config": {"mlflow": mlflow_options},
     }
     with pytorch.init(exp_conf=exp_conf, run_dir=run_dir, distributed=distributed) as context:
@@ -258,7 +258,7 @@ def test_missing_mlflow_refuses_the_run_with_one_message(tmp_path: Path) -> None
         entrypoint: tiny_trial:TinyTrial
         hyperparameters: {lr: 0.1, records: 4, global_batch_size: 2}
         searcher: {name: single, metric: validation_loss, max_length: {batches: 2}}
-        plugins: [metrics_log, mlflow]
+        plugins: {only: [metrics_log, mlflow]}
         """
     ))
     child = (

@@ -1,0 +1,182 @@
+"""The plugin contract, checked on the source: plugins reach the core only through public names,
+no built-in plugin imports another, and no host module calls a plugin by name.
+
+* Plugins (``hookdet/builtin_plugins/``, every package under ``plugins-contrib/``, its tests
+  aside, and the replacement package in ``tests/fixtures/hookdet-replacements``) touch no underscore attribute of an object that is not their own (``self``/``cls``),
+  import no underscore name from hookdet, and import no built-in plugin (a built-in may not
+  import another; a contrib plugin none). The few reaches left are listed in
+  :data:`ALLOWED_REACHES`, each with its reason: torch functions with no public equivalent, and
+  a plugin's companion object in the same module.
+* Host modules (everything else in ``hookdet/``) import no built-in plugin, never ask the plugin
+  manager for a built-in by name, compare nothing with a built-in's name, and call no method
+  that only a particular plugin has. The names of built-ins live in two places by design:
+  :mod:`hookdet.plugin_list` (the defaults and join rules) and ``hookspecs.DEFAULT_PROVIDERS``.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+from hookdet.plugin_manager import installed_plugins
+
+REPO = Path(__file__).resolve().parent.parent
+HOOKDET = REPO / "hookdet"
+BUILTINS = HOOKDET / "builtin_plugins"
+
+#: ``(file relative to the repo, expression)`` -> why the underscore reach stays.
+ALLOWED_REACHES: Dict[Tuple[str, str], str] = {
+    ("hookdet/builtin_plugins/apex/backends.py", "torch._amp_update_scale_"):
+        "GradScaler's own scale update; torch has no public per-scaler function for apex's N losses",
+    ("hookdet/builtin_plugins/apex/backends.py", "torch._amp_foreach_non_finite_check_and_unscale_"):
+        "GradScaler's own fused unscale-and-check; no public equivalent",
+    ("hookdet/builtin_plugins/apex/backends.py", "torch._foreach_copy_"):
+        "one fused copy of every master weight back into the model; the public way is a Python loop per parameter",
+    ("hookdet/builtin_plugins/progress.py", "self._progress._training_bar"):
+        "the progress plugin's own per-batch companion (same module) reading the plugin's bar",
+    ("hookdet/builtin_plugins/progress.py", "self._progress._validation_bar"):
+        "the progress plugin's own per-batch companion (same module) reading the plugin's bar",
+    ("hookdet/builtin_plugins/tensorboard.py", "self.get_writer()._get_file_writer"):
+        "SummaryWriter's file writer, reopened if the trial closed it; what add_scalar itself calls",
+}
+
+#: Methods only a particular plugin has: the host reaches them through hooks instead.
+PLUGIN_METHODS = {"use_amp", "wrap_scaler", "configure_apex_amp", "get_writer", "set_profiler",
+                  "add_callbacks", "resume_point", "callbacks"}
+
+#: Host modules that name built-ins by design (see the module docstring).
+NAMING_MODULES = {"hookdet/plugin_list.py", "hookdet/hookspecs.py"}
+
+
+def builtin_names() -> Set[str]:
+    return {name for name, target in installed_plugins().items() if target.startswith("hookdet.builtin_plugins.")}
+
+
+def plugin_sources() -> List[Path]:
+    contrib = [
+        path for path in sorted((REPO / "plugins-contrib").glob("*/**/*.py"))
+        if "tests" not in path.relative_to(REPO / "plugins-contrib").parts
+    ]
+    replacements = sorted((REPO / "tests" / "fixtures" / "hookdet-replacements").glob("*.py"))
+    return sorted(BUILTINS.rglob("*.py")) + contrib + replacements
+
+
+def host_sources() -> List[Path]:
+    return [path for path in sorted(HOOKDET.rglob("*.py")) if BUILTINS not in path.parents]
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+def imported_modules(tree: ast.AST) -> Iterator[Tuple[int, str, List[str]]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module, [alias.name for alias in node.names]
+
+
+def test_the_walk_sees_the_plugins_and_the_host() -> None:
+    names = {relative(path) for path in plugin_sources()}
+    assert {"hookdet/builtin_plugins/checkpoint.py", "hookdet/builtin_plugins/amp.py"} <= names
+    assert any(name.startswith("plugins-contrib/hookdet-mlflow/") for name in names)
+    assert "hookdet/core_loop.py" in {relative(path) for path in host_sources()}
+
+
+def test_plugins_touch_no_underscore_attribute_of_a_hookdet_object() -> None:
+    problems = []
+    used_allowances = set()
+    for path in plugin_sources():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            key = (relative(path), ast.unparse(node))
+            if key in ALLOWED_REACHES:
+                used_allowances.add(key)
+                continue
+            problems.append(f"{key[0]}:{node.lineno}: {key[1]}")
+    assert problems == [], "plugins reach into private attributes:\n" + "\n".join(problems)
+    assert used_allowances == set(ALLOWED_REACHES), f"stale allowances: {set(ALLOWED_REACHES) - used_allowances}"
+
+
+def test_plugins_import_no_other_plugin_and_no_private_name() -> None:
+    problems = []
+    for path in plugin_sources():
+        # A plugin is a module of builtin_plugins/ or a package there (whose modules import each other).
+        own = None
+        if BUILTINS in path.parents:
+            top = path.relative_to(BUILTINS).parts[0]
+            own = f"hookdet.builtin_plugins.{top[:-3] if top.endswith('.py') else top}"
+        for line, module, names in imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{relative(path)}:{line}"
+            if module.startswith("hookdet.builtin_plugins") and not (own and (module == own or module.startswith(own + "."))):
+                problems.append(f"{where}: imports {module}")
+            if module.startswith("hookdet") and any(part.startswith("_") for part in module.split(".")):
+                problems.append(f"{where}: imports the private module {module}")
+            if module.startswith("hookdet") and any(n.startswith("_") for n in names):
+                problems.append(f"{where}: imports private names {names} from {module}")
+    assert problems == [], "\n".join(problems)
+
+
+def test_host_modules_import_no_builtin_plugin() -> None:
+    problems = [
+        f"{relative(path)}:{line}: imports {module}"
+        for path in host_sources()
+        for line, module, _ in imported_modules(ast.parse(path.read_text(encoding="utf-8")))
+        if module.startswith("hookdet.builtin_plugins")
+    ]
+    assert problems == [], "\n".join(problems)
+
+
+def test_host_modules_call_no_plugin_by_name() -> None:
+    builtins = builtin_names()
+    assert {"checkpoint", "amp", "tensorboard", "callbacks"} <= builtins
+    problems = []
+    for path in host_sources():
+        if relative(path) in NAMING_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{relative(path)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                method = node.func.attr
+                if method in PLUGIN_METHODS:
+                    problems.append(f"{where}: calls .{method}() of a plugin")
+                arguments = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                if method in ("get", "load", "register", "unregister") and "plugins" in ast.unparse(node.func.value):
+                    named = [a for a in arguments if a in builtins]
+                    if named:
+                        problems.append(f"{where}: asks the plugin manager for {named[0]!r} by name")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+                names = [a.value for a in node.args[1:2] if isinstance(a, ast.Constant)]
+                if names and names[0] in PLUGIN_METHODS:
+                    problems.append(f"{where}: getattr(..., {names[0]!r})")
+            if isinstance(node, ast.Compare):
+                constants = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                named = [c for c in constants if c in builtins]
+                if named:
+                    problems.append(f"{where}: compares with the plugin name {named[0]!r}")
+    assert problems == [], "host modules reach plugins by name:\n" + "\n".join(problems)
+
+
+def test_the_loop_uses_only_the_named_context_interface() -> None:
+    """core_loop.py reaches into the context only through :mod:`hookdet.loop_interface`."""
+    from hookdet import loop_interface
+
+    declared = {
+        name
+        for protocol in (loop_interface.ContextForLoop, loop_interface.ContextExperimentalForLoop)
+        for name in (*protocol.__annotations__, *vars(protocol))
+        if name.startswith("_") and not name.startswith("__") and name not in ("_abc_impl", "_is_protocol")
+    }
+    assert declared == loop_interface.LOOP_MEMBERS
+    used = set()
+    for node in ast.walk(ast.parse((HOOKDET / "core_loop.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = ast.unparse(node.value)
+            if base.endswith("context") or base.endswith("context.experimental"):
+                used.add(node.attr)
+    assert used and used <= loop_interface.LOOP_MEMBERS, used - loop_interface.LOOP_MEMBERS

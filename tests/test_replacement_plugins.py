@@ -1,0 +1,66 @@
+"""Built-ins are replaceable: a third-party package (``tests/fixtures/hookdet-replacements``),
+installed with pip and found through its entry points, replaces the checkpoint storage, the
+TensorBoard writer provider, the mixed-precision provider and the progress reporter using only
+hookdet's public API; a run with it passes the checks the built-ins pass, resume included.
+
+One child process (tests/replacement_run.py) trains three runs: 8 batches straight, 4 batches
+and a checkpoint, and 4 more resumed from that checkpoint by its storage id.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "tests" / "fixtures" / "hookdet-replacements"
+
+
+@pytest.mark.slow
+def test_replacements_pass_the_builtins_checks(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(PACKAGE, source)  # pip's build writes into the source tree
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(site), str(source)],
+        check=True, capture_output=True, text=True,
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "replacement_run.py"), str(tmp_path / "runs")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    whole, stopped, resumed = summary["whole"], summary["stopped"], summary["resumed"]
+
+    # Resume is exact through the replacement storage, and starts where the checkpoint was taken.
+    assert summary["exact"] and summary["stopped_differs"]
+    assert (whole["initial_batch"], stopped["initial_batch"], resumed["initial_batch"]) == (0, 0, 4)
+    # (retention, as with the built-in storage, deleted the resumed-from checkpoint once newer ones existed)
+    assert resumed["latest_checkpoint"] in summary["storage_ids"]
+    assert not any(name.startswith(".incoming-") for name in summary["storage_ids"])
+
+    # Only the replacements ran: the built-ins they replace were never even imported.
+    assert summary["builtins_imported"] == []
+    for result_ in (whole, stopped, resumed):
+        assert {"flat_storage", "csv_writer", "bf16_autocast", "line_progress"} <= set(result_["loaded"])
+        assert not {"amp", "tensorboard", "progress", "local_storage"} & set(result_["loaded"])
+        assert result_["tensorboard_enabled"] is True
+        # use_amp() answered by the replacement: every forward ran under bfloat16 autocast.
+        assert result_["autocast_in_forward"] == ["torch.bfloat16"]
+
+    # The trial's writer is the replacement's; each run wrote one row per batch it trained.
+    assert [int(step) for tag, step, _ in whole["scalars"]] == list(range(8))
+    assert [int(step) for tag, step, _ in resumed["scalars"]] == [4, 5, 6, 7]
+    assert {tag for tag, _, _ in whole["scalars"]} == {"trial/loss"}
+
+    # The progress reporter saw where training starts and every report, as metrics.jsonl did.
+    assert whole["progress"][0] == "start 0 of 8" and resumed["progress"][0] == "start 4 of 8"
+    assert [int(line.split()[1]) for line in resumed["progress"][1:]] == resumed["reports"] == [6, 8, 8]
