@@ -25,8 +25,6 @@ from hookdet.config import load_experiment_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trainer_script"
 VENV_BIN = Path(sys.executable).parent
-#: The real Determined's interpreter (its own virtual environment); the Determined test skips without it.
-DETERMINED_PYTHON = os.environ.get("HOOKDET_DETERMINED_PYTHON", "/work/detvenv/det/bin/python")
 
 pytestmark = pytest.mark.slow
 
@@ -174,12 +172,15 @@ def tensorboard_for_determined(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.skipif(not Path(DETERMINED_PYTHON).exists(), reason="the real Determined is not installed")
 def test_the_fixture_is_a_determined_script(tmp_path: Path) -> None:
+    """The real Determined (the parity suite's environment) runs the fixture as its tutorial."""
+    from tests.parity.harness import require_determined
+
+    determined_python = str(require_determined())
     directory = determined_copy(tmp_path)
     env = environment(tmp_path, PYTHONPATH=str(tensorboard_for_determined(tmp_path)))
     result = subprocess.run(
-        [DETERMINED_PYTHON, "train.py", "--epochs", "1"], cwd=directory, env=env,
+        [determined_python, "train.py", "--epochs", "1"], cwd=directory, env=env,
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]

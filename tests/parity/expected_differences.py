@@ -116,33 +116,14 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "a stop request, a preemption signal's in particular, must be honoured within a batch",
         "test_parity.py::test_set_stop_requested_between_boundaries",
     ),
-    # ---- pending: found by the suite, fixed on another branch of issue 14 ----
-    "wrap-optimizer-average-aggregated-gradients": Difference(
-        "PENDING_OTHER_BRANCH",
-        "wrap_optimizer(..., average_aggregated_gradients=False) sums the aggregated gradients",
-        "wrap_optimizer has no average_aggregated_gradients parameter (TypeError)",
-        "parity-surface adds the parameter; the suite then compares it (xfail until then)",
-        "test_parity.py::test_average_aggregated_gradients",
-    ),
-    "trainer-fit-parameter-order": Difference(
-        "PENDING_OTHER_BRANCH",
-        "Trainer.fit(checkpoint_period, validation_period, max_length, ...)",
-        "Trainer.fit(max_length, validation_period, checkpoint_period, ...); the suite passes keywords",
-        "parity-surface matches the order",
-        "the public-surface test of parity-surface",
-    ),
-    "checkpoint-policy-best-locally": Difference(
-        "PENDING_OTHER_BRANCH",
-        "checkpoint_policy='best' (the default) warns that it is unsupported locally and acts as 'all'",
-        "checkpoints only after a validation that improved the searcher metric",
-        "parity-scripts handles checkpoint_policy=best; the suite passes checkpoint_policy explicitly",
-        "parity-scripts' tests",
-    ),
     "shuffle-order": Difference(
-        "PENDING_OTHER_BRANCH",
-        "DataLoader(shuffle=True) draws its order from the global torch generator",
-        "draws another order (a pure function of the trial seed and the epoch, for exact resume)",
-        "parity-surface works on the samplers' order; the suite compares it (xfail until equal)",
+        "determined-bug",
+        "DataLoader(shuffle=True) draws its order from the global torch generator (RandomSampler), "
+        "so a resumed run sees another order",
+        "the order of Determined's ReproducibleShuffleSampler seeded with the trial seed, a pure "
+        "function of the seed and the epoch",
+        "a shuffled run must resume exactly (DESIGN section 7); the samplers themselves match "
+        "Determined's index for index",
         "test_parity.py::test_shuffled_data_order",
     ),
 }

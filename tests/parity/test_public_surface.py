@@ -11,8 +11,8 @@ only add keyword-only parameters (or ``**kwargs``) after them; every sampler, ``
 and ``DataLoader.get_data_loader`` yield Determined's indices and lengths.
 
 Determined's interpreter: ``HOOKDET_PARITY_DET_PYTHON``, else ``.venv-determined/bin/python`` at
-the repository root (what ``.ci/run`` builds), else ``/work/detvenv/det/bin/python``. Missing, the
-tests fail under ``CI=true`` and are skipped otherwise.
+the repository root (what ``.ci/run`` builds). Missing, the tests fail under ``CI=true`` and are
+skipped otherwise.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from tests.parity.harness import require_determined
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-DEFAULT_DET_PYTHONS = [REPO / ".venv-determined" / "bin" / "python"]
 
 #: Differences another branch of issue 14 fixes; each must still differ here (so the entry is
 #: removed when that branch is merged) and nothing else may.
@@ -36,18 +36,8 @@ PENDING_ELSEWHERE: Dict[str, str] = {}
 
 
 def determined_python() -> str:
-    configured = os.environ.get("HOOKDET_PARITY_DET_PYTHON")
-    candidates = [Path(configured)] if configured else DEFAULT_DET_PYTHONS
-    for candidate in candidates:
-        if candidate.exists():
-            return str(candidate)
-    reason = (
-        f"no Determined interpreter (looked for {', '.join(map(str, candidates))}; set "
-        "HOOKDET_PARITY_DET_PYTHON or let .ci/run build .venv-determined)"
-    )
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    """The Determined interpreter (fails in CI, skips locally, when there is none)."""
+    return str(require_determined())
 
 
 def run_json(python: str, script: str, root: str, cwd: Path) -> Any:
