@@ -114,6 +114,8 @@ class PluginManager:
             on_missing_entrypoints_callback=on_missing,
             on_load_failure_callback=on_failure,
         )
+        if failures:  # a plugin that failed to import is installed, not unknown: say why
+            raise PluginError("; ".join(failures))
         if unknown:
             installed = ", ".join(sorted(installed_plugins())) or "none"
             raise PluginError(

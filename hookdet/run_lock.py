@@ -78,10 +78,14 @@ def sweep_stale_writes(run: Any) -> int:
         return 0  # a store shared with other runs: a leftover may be a live write
     removed = 0
     for entry in storage.root.iterdir():
-        if entry.name.startswith(TEMP_DIR_PREFIX) and entry.is_dir():
-            # Every name here is hidden from readers, so a kill mid-removal leaves nothing visible.
+        if not entry.name.startswith(TEMP_DIR_PREFIX):
+            continue
+        # Every name here is hidden from readers, so a kill mid-removal leaves nothing visible.
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
-            removed += 1
+        else:  # a storage probe file of a killed start-up
+            entry.unlink(missing_ok=True)
+        removed += 1
     if removed:
         logger.info("removed %d unfinished checkpoint write(s) left by a killed run", removed)
     return removed

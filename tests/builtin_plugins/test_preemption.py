@@ -229,6 +229,31 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
         assert fmt.resolve_checkpoint_dir(run_dir) == newest
         expected_start = {"first_batch_idx": newest_steps, "checkpoint_uuid": newest.name}
 
+    # Kills while a resume starts: once it holds the run directory's lock, and in the middle of
+    # sweeping stale writes (a planted leftover of many files, so the sweep takes a while).
+    # Neither may cost a checkpoint or leave anything a reader would take for one.
+    survivors_before = sorted(p.name for p in visible_and_hidden(checkpoints)[0])
+    lock_file = run_dir / ".hookdet.lock"
+    for moment in ("holding the lock", "mid-sweep"):
+        leftover = checkpoints / f".tmp-planted-{moment.replace(' ', '-')}"
+        leftover.mkdir()
+        for index in range(4000):
+            (leftover / f"part{index}").write_bytes(b"x")
+        process = hookdet_run(config, run_dir, resume=run_dir)
+        if moment == "holding the lock":
+            wait_for(lambda: lock_file.exists() and f"pid {process.pid} " in lock_file.read_text(), process, "the lock")
+        else:
+            wait_for(lambda: not leftover.exists() or len(os.listdir(leftover)) < 4000, process, "the sweep")
+        process.send_signal(signal.SIGKILL)
+        finish(process)
+        assert process.returncode == -signal.SIGKILL
+        visible, hidden = visible_and_hidden(checkpoints)
+        assert sorted(p.name for p in visible) == survivors_before
+        for directory in visible:
+            fmt.verify(directory)
+        assert all(p.name.startswith(".tmp-") for p in hidden)
+        assert fmt.resolve_checkpoint_dir(run_dir).name == expected_start["checkpoint_uuid"]
+
     final = hookdet_run(config, run_dir, resume=run_dir)
     output = finish(final)
     assert final.returncode == 0, output[-3000:]
@@ -239,6 +264,11 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
     assert_states_equal(final_state(tmp_path / "straight"), final_state(run_dir))
     assert killed_mid_write >= 2, "kills did not land during checkpoint writes; the test proved less than it should"
     assert trained_beside_a_write >= 2, "the writes did not run in the background"
+    assert not visible_and_hidden(checkpoints)[1], "the final resume swept every stale write"
+    # One run, one history: the killed runs' reports after their checkpoints were dropped, so
+    # every batch (a checkpoint each, so a report each) and every validation appears once.
+    steps = {group: [r[1] for r in reports(run_dir) if r[0] == group] for group in ("training", "validation")}
+    assert steps == {"training": list(range(1, 61)), "validation": [10, 20, 30, 40, 50, 60]}
     resumed_at = [json.loads(line)["first_batch_idx"] for line in startup_log.read_text().splitlines()]
     assert resumed_at == sorted(resumed_at) and len(resumed_at) == len(KILL_DELAYS) + 1
     print(f"{killed_mid_write} of {len(KILL_DELAYS)} kills interrupted a checkpoint write; resumed at {resumed_at}")

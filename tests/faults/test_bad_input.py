@@ -155,3 +155,24 @@ def test_non_finite_loss_is_warned_and_can_stop(tmp_path: Path, capsys: pytest.C
     assert len(warned) == 1 and "loss=" in warned[0], warned
     trained = max(m["steps_completed"] for m in checkpoint_metadata(tmp_path / "run" / "checkpoints"))
     assert (trained < 12) if stop else (trained == 12)
+
+
+def test_a_plugin_that_fails_to_import_is_named_with_its_error(tmp_path: Path) -> None:
+    """Issue 19 case 9: the ImportError is shown, not 'unknown plugin'."""
+    from tests.faults.harness import REPO, run
+
+    site = tmp_path / "site"
+    (site / "broken_plugin").mkdir(parents=True)
+    (site / "broken_plugin" / "__init__.py").write_text("import a_module_nobody_installed\n")
+    info = site / "hookdet_broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hookdet-broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[hookdet.plugins]\nbroken = broken_plugin\n")
+    config = write_config(tmp_path / "exp.yaml", plugins=["broken"])
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    status, _, stderr = run(["run", str(config), "--run-dir", str(tmp_path / "run")], "plugin fails to import", env=env)
+    assert status == 2, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("hookdet: error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert "plugin 'broken'" in lines[0] and "failed to import" in lines[0] and "a_module_nobody_installed" in lines[0]
+    assert "unknown plugin" not in lines[0]

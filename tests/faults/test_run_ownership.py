@@ -130,9 +130,9 @@ def test_sigterm_then_resume_is_one_run_with_one_history(tmp_path: Path) -> None
     parent_checkpoints = sorted(m["uuid"] for m in checkpoint_metadata(run_dir / "checkpoints"))
     longer = write_config(tmp_path / "longer.yaml", {"sleep": 0.0}, searcher={
         "name": "single", "metric": "validation_loss", "smaller_is_better": True, "max_length": {"batches": 16}})
-    status, _, stderr = run(["run", str(longer), "--resume", str(run_dir), "--fork", "--run-dir", str(tmp_path / "fork", fault=False)], "fork", fault=False)
+    status, _, stderr = run(["run", str(longer), "--resume", str(run_dir), "--fork", "--run-dir", str(tmp_path / "fork")], "fork", fault=False)
     assert status == 0, stderr[-3000:]
-    fork, parent = read_identity(tmp_path / "fork", fault=False), read_identity(run_dir)
+    fork, parent = read_identity(tmp_path / "fork"), read_identity(run_dir)
     assert fork["parent"]["run_id"] == parent["run_id"] != fork["run_id"]
     assert sorted(m["uuid"] for m in checkpoint_metadata(run_dir / "checkpoints")) == parent_checkpoints
     assert "retention deleted" not in stderr or all(u not in stderr for u in parent_checkpoints)
