@@ -66,6 +66,7 @@ class TrainingLoop:
         self._register_callbacks()
         train_loader = self.trial.build_training_data_loader()
         self.validation_loader = self.trial.build_validation_data_loader()
+        self.run.validation_length = _chief_validation_length(self.validation_loader, self.distributed.size)
         self.state.epoch_length = self._epoch_length(train_loader)
         if self.state.epoch_length < 1:
             raise TrialError("build_training_data_loader returned a loader with no batches")
@@ -442,6 +443,16 @@ class TrainingLoop:
         if improved:
             self.state.best_validation = float(value)
         return improved
+
+
+def _chief_validation_length(loader: Any, ranks: int) -> Optional[int]:
+    """Batches the chief validates per pass (a hookdet DataLoader's batches are dealt round-robin
+    to the ranks, the chief's share the largest), or None for a loader without a length."""
+    try:
+        length = len(loader)
+    except TypeError:
+        return None
+    return -(-length // ranks) if isinstance(loader, data_module.DataLoader) else length
 
 
 def _next_boundary(periods: Tuple[Optional[TrainUnit], ...], batches: int, max_batches: int) -> int:

@@ -66,6 +66,9 @@ class Run:
     resume_from: Optional[str] = None
     #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set before training starts.
     max_batches: Optional[int] = None
+    #: Batches the chief validates per pass, when the validation loader has a length; set before
+    #: training starts (for progress displays).
+    validation_length: Optional[int] = None
     exit_reason: Optional[str] = None
     #: Which run this is: made when the run directory is first used, kept across resumes into it.
     run_id: Optional[str] = None

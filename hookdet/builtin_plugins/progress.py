@@ -108,12 +108,18 @@ class ProgressPlugin:
 
     @hookimpl
     def on_validation_start(self) -> None:
-        """Count this validation's batches; its total is the previous validation's count."""
+        """Count this validation's batches; its total is the previous validation's count, or
+        before the first one the validation loader's length."""
         self.validation_batches = 0
         self.validating = True
         self.phase_started["validation"] = (time.monotonic(), 0)
         if self._view is not None:
-            self._view.validation_started(self.validation_total)
+            self._view.validation_started(self.expected_validation_batches)
+
+    @property
+    def expected_validation_batches(self) -> Optional[int]:
+        """How many batches this validation has: the last one's count, else the loader's length."""
+        return self.validation_total or (self._run.validation_length if self._run is not None else None)
 
     @hookimpl
     def on_validation_end(self, metrics: Dict[str, Any]) -> None:
@@ -210,8 +216,8 @@ class _Heartbeat(threading.Thread):
         progress, run = self._progress, self._progress._run
         if progress.validating:
             done = progress.validation_batches
-            line = "validation: " + progress.where(done, progress.validation_total or 0)
-            rate, remaining = self._rate("validation", done, progress.validation_total)
+            line = "validation: " + progress.where(done, progress.expected_validation_batches or 0)
+            rate, remaining = self._rate("validation", done, progress.expected_validation_batches)
         else:
             done = run.state.batches_trained
             line = "training: " + progress.where(done)
