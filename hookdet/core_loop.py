@@ -105,8 +105,8 @@ class TrainingLoop:
         """The storage id of the checkpoint this run resumes from (None for a fresh run)."""
         if self.run.resume_from is None:
             return None
-        resume_uuid = getattr(self.run.plugins.get("checkpoint"), "resume_uuid", None)
-        return resume_uuid(self.run, self.run.resume_from) if resume_uuid is not None else self.run.resume_from
+        storage_id = self.hook.hookdet_resume_uuid(run=self.run, checkpoint=self.run.resume_from)
+        return storage_id if storage_id is not None else self.run.resume_from
 
     @property
     def _checks_disabled(self) -> bool:

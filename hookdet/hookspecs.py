@@ -16,14 +16,16 @@ the default behaviour, ``<first>`` a provider whose first non-None answer wins::
         context.set_profiler(...)       -> hookdet_set_profiler(context, ...)      <first>
         context.get_tensorboard_writer() -> hookdet_make_tensorboard_writer(run)  <first>
         context.get_initial_batch()     -> hookdet_resume_point(run, checkpoint)  <first>
+        context.autocast_forward_pass(m) -> hookdet_autocast_forward_pass(...)    <first>
         context.wrap_model(m)      -> hookdet_wrap_model(...)      <first>{wrap} DDP; autocast
         context.wrap_optimizer(o)  -> hookdet_wrap_optimizer(...)  <first> Horovod
     hookdet_add_callbacks(run, trial.build_callbacks()) <first> each adapted into lifecycle hooks
+    if resuming: hookdet_resume_uuid(run, checkpoint) <first>  the id on_trial_startup gets
+    on_trial_startup(first_batch_idx, checkpoint_uuid)
     if resuming: hookdet_load_checkpoint(run, ...) <first>
                    on_checkpoint_load_start(checkpoint)
-    on_trial_startup(first_batch_idx, checkpoint_uuid)
-    [step-zero validation]
     on_training_start()
+    [step-zero validation]
     for each batch:
         if first batch of an epoch: on_training_epoch_start(epoch_idx)
         hookdet_train_batch(...)                   {wrap} calls trial.train_batch
@@ -197,6 +199,13 @@ def hookdet_resume_point(run: "Run", checkpoint: str) -> Optional[int]:
     """Return the number of batches trained in ``checkpoint`` (where a resumed run starts), for
     ``context.get_initial_batch()``; may be asked before the checkpoint is restored. The plugin
     that answers ``hookdet_load_checkpoint`` answers this too (built-in: ``checkpoint``)."""
+
+
+@hookspec(firstresult=True)
+def hookdet_resume_uuid(run: "Run", checkpoint: str) -> Optional[str]:
+    """Return the storage id of ``checkpoint`` (a run directory, checkpoint directory or storage
+    id), read before its state is loaded: the ``checkpoint_uuid`` that ``on_trial_startup``
+    gets, which Determined fires before the checkpoint loads. The checkpoint plugin answers."""
 
 
 @hookspec(firstresult=True)

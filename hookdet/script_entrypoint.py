@@ -42,6 +42,8 @@ logger = logging.getLogger("hookdet")
 
 #: Determined's launch layers (``python3 -m determined.launch.<name>``) and what replaces each.
 LAUNCH_LAYERS = ("torch_distributed", "horovod", "deepspeed")
+#: Each launch layer by its role (a launch layer's module name, not a plugin's).
+TORCH_LAYER, HOROVOD_LAYER, DEEPSPEED_LAYER = LAUNCH_LAYERS
 
 #: How long a plain command's leftover processes (a script under a shell that died of the
 #: signal) are waited for after the command itself exited.
@@ -100,14 +102,14 @@ def script_command(
             f"{source}: entrypoint {entrypoint!r}: unknown launch layer 'determined.launch.{layer}' "
             f"(hookdet runs {', '.join('determined.launch.' + name for name in LAUNCH_LAYERS[:2])})"
         )
-    if layer == "deepspeed":
+    if layer == DEEPSPEED_LAYER:
         raise EntrypointError(
             f"{source}: entrypoint {entrypoint!r}: DeepSpeed trials are not supported by hookdet "
             "(it runs PyTorchTrial); use determined.launch.torch_distributed"
         )
     if not script:
         raise EntrypointError(f"{source}: entrypoint {entrypoint!r}: the launch layer wraps no script")
-    if layer == "horovod":
+    if layer == HOROVOD_LAYER:
         return horovod_command(script, overrides, slots, source), True, {"USE_HOROVOD": "1"}
     command, _ = torchrun_command([], slots, torchrun_options)
     command = command[: command.index("-m", 3)]  # drop torchrun_command's "-m hookdet"
@@ -174,7 +176,7 @@ def exit_status(status: int, outcomes: Dict[int, Optional[str]], ranks: int, is_
     """``hookdet run``'s status: 75 when training stopped for a signal with a checkpoint on every
     rank (torchrun itself reports a failure after passing a signal on, so a launcher's status
     does not count then), else the command's status (128 + N for a death by signal N)."""
-    from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     preempted = len(outcomes) >= ranks and "preempted" in outcomes.values()
     if preempted and (status == 0 or is_launcher):

@@ -68,6 +68,7 @@ TRIAL_API_PROVIDERS = (
     "hookdet_wrap_scaler",
     "hookdet_configure_apex_amp",
     "hookdet_set_profiler",
+    "hookdet_autocast_forward_pass",
     "hookdet_make_tensorboard_writer",
     "hookdet_resume_point",
 )
@@ -101,6 +102,11 @@ class AnswersTheTrialApi:
         return True
 
     @hookimpl
+    def hookdet_autocast_forward_pass(self, context: Any, module: Any) -> Any:
+        self.calls.append("hookdet_autocast_forward_pass")
+        return module
+
+    @hookimpl
     def hookdet_make_tensorboard_writer(self, run: Any) -> Any:
         self.calls.append("hookdet_make_tensorboard_writer")
         return self.writer
@@ -109,6 +115,14 @@ class AnswersTheTrialApi:
     def hookdet_resume_point(self, run: Any, checkpoint: str) -> int:
         self.calls.append(("hookdet_resume_point", checkpoint))
         return 7
+
+
+#: ``configure_apex_amp``'s parameters after models and optimizers, with Determined's defaults.
+APEX_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(pytorch.PyTorchTrialContext.configure_apex_amp).parameters.items()
+    if name not in ("self", "models", "optimizers")
+}
 
 
 def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
@@ -126,6 +140,7 @@ def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
         assert context.wrap_scaler(scaler) is scaler
         assert context.configure_apex_amp(model, optimizer, opt_level="O2") == (model, optimizer)
         context.set_profiler(record_shapes=True)
+        assert context.autocast_forward_pass(model) is model
         assert context.get_tensorboard_writer() is provider.writer
         assert context.get_enable_tensorboard_logging()
         assert context.get_initial_batch() == 7
@@ -133,8 +148,10 @@ def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
     assert provider.calls == [
         "hookdet_use_amp",
         "hookdet_wrap_scaler",
-        ("hookdet_configure_apex_amp", (), {"opt_level": "O2"}),
+        # Determined's named parameters, every one passed on (opt_level as given).
+        ("hookdet_configure_apex_amp", (), dict(APEX_DEFAULTS, opt_level="O2")),
         ("hookdet_set_profiler", (), {"record_shapes": True}),
+        "hookdet_autocast_forward_pass",
         "hookdet_make_tensorboard_writer",
         ("hookdet_resume_point", "some-checkpoint"),
     ]

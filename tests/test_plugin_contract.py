@@ -32,10 +32,6 @@ ALLOWED_REACHES: Dict[Tuple[str, str], str] = {
         "GradScaler's own fused unscale-and-check; no public equivalent",
     ("hookdet/builtin_plugins/apex/backends.py", "torch._foreach_copy_"):
         "one fused copy of every master weight back into the model; the public way is a Python loop per parameter",
-    ("hookdet/builtin_plugins/progress.py", "self._progress._training_bar"):
-        "the progress plugin's own per-batch companion (same module) reading the plugin's bar",
-    ("hookdet/builtin_plugins/progress.py", "self._progress._validation_bar"):
-        "the progress plugin's own per-batch companion (same module) reading the plugin's bar",
     ("hookdet/builtin_plugins/tensorboard.py", "self.get_writer()._get_file_writer"):
         "SummaryWriter's file writer, reopened if the trial closed it; what add_scalar itself calls",
 }

@@ -98,7 +98,8 @@ def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path)
     assert {r["local"] for r in local} == {True} and {r["local"] for r in on_cluster} == {False}
     # DistributedContext.from_torch_distributed() given to pytorch.init: models are DDP-wrapped, so
     # gradients are averaged and every rank ends with the same weights; the same as under hookdet run.
-    assert {r["wrapped"] for r in local + on_cluster} == {"DistributedDataParallel"}
+    # DDP, or hookdet's subclass of it that passes attribute reads through as Determined's does.
+    assert all(r["wrapped"].endswith("DistributedDataParallel") for r in local + on_cluster)
     assert len({r["weights"] for r in local + on_cluster}) == 1
 
 

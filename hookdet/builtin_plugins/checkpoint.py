@@ -29,6 +29,9 @@ existing, as in Determined); files it adds are sealed into the manifest by an at
 ``metadata.json``. ``plugin_config: {checkpoint: {async: false}}`` writes synchronously instead.
 With remote storage (S3) and an ``on_checkpoint_write_end`` implementation, writes are
 synchronous and the hook gets the local staging directory before upload (as Determined's).
+A trial whose callbacks override ``on_checkpoint_write_end``, ``on_checkpoint_upload_end`` or
+``on_checkpoint_end`` also writes synchronously, so its callbacks see them in Determined's order,
+right after ``on_checkpoint_save_start`` and before the next batch.
 
 A corrupt, foreign or mismatched checkpoint is refused before anything is applied, with a
 message saying what does not match.
@@ -65,6 +68,7 @@ from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.resume_report import report_resume
 from hookdet.run_identity import locate_for_resume
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
+from hookdet.trial import PyTorchCallback
 
 logger = logging.getLogger("hookdet")
 
@@ -104,7 +108,8 @@ class CheckpointPlugin:
             self._resume_points[checkpoint] = int(self._metadata(run, checkpoint).get("steps_completed", 0))
         return self._resume_points[checkpoint]
 
-    def resume_uuid(self, run: Any, checkpoint: str) -> Optional[str]:
+    @hookimpl
+    def hookdet_resume_uuid(self, run: Any, checkpoint: str) -> Optional[str]:
         """The storage id of ``checkpoint`` (what ``on_trial_startup`` gets), read from its
         metadata before its state is loaded."""
         return self._metadata(run, checkpoint).get("uuid")
@@ -138,8 +143,10 @@ class CheckpointPlugin:
         rank_states = run.distributed.gather(
             {"rng": fmt.rank_rng_state(), "gradients": _gradients(run.context)}
         )
-        in_background = self.asynchronous and (
-            isinstance(run.storage, LocalStorage) or not run.plugins.implemented("on_checkpoint_write_end")
+        in_background = (
+            self.asynchronous
+            and not _callbacks_await_completion(run.callbacks)
+            and (isinstance(run.storage, LocalStorage) or not run.plugins.implemented("on_checkpoint_write_end"))
         )
         storage_id = location = None
         if run.is_chief:
@@ -191,7 +198,9 @@ class CheckpointPlugin:
                 failure, outcome = error, (None, str(error))
         if distributed.size > 1:
             outcome = distributed.broadcast(outcome)
-        location, message = outcome
+        # A broadcast that brought nothing (a distributed context whose collectives are the
+        # identity) leaves this rank nothing to report, as a synchronous write would.
+        location, message = outcome if outcome is not None else (None, None)
         if message is not None:
             self._pending = None
             raise failure if failure is not None else fmt.CheckpointError(message)
@@ -372,6 +381,19 @@ class CheckpointPlugin:
             gone.add(storage_id)
             logger.info("retention deleted checkpoint %s", storage_id)
         self._saved = [entry for entry in self._saved if entry["uuid"] not in gone]
+
+
+#: The callback methods that tell a trial a checkpoint is complete.
+COMPLETION_CALLBACKS = ("on_checkpoint_write_end", "on_checkpoint_upload_end", "on_checkpoint_end")
+
+
+def _callbacks_await_completion(callbacks: Dict[str, Any]) -> bool:
+    """Whether any of the trial's callbacks overrides a checkpoint-completion method."""
+    return any(
+        getattr(type(callback), method, None) is not getattr(PyTorchCallback, method)
+        for callback in callbacks.values()
+        for method in COMPLETION_CALLBACKS
+    )
 
 
 def _shown(location: str, run_dir: Path) -> str:

@@ -117,6 +117,11 @@ class ProgressPlugin:
             self._view.validation_started(self.expected_validation_batches)
 
     @property
+    def run(self) -> Any:
+        """The run this plugin shows (None before ``hookdet_configure``)."""
+        return self._run
+
+    @property
     def expected_validation_batches(self) -> Optional[int]:
         """How many batches this validation has: the last one's count, else the loader's length."""
         return self.validation_total or (self._run.validation_length if self._run is not None else None)
@@ -213,7 +218,7 @@ class _Heartbeat(threading.Thread):
                 self._progress.say("%s", self._line())
 
     def _line(self) -> str:
-        progress, run = self._progress, self._progress._run
+        progress, run = self._progress, self._progress.run
         if progress.validating:
             done = progress.validation_batches
             line = "validation: " + progress.where(done, progress.expected_validation_batches or 0)

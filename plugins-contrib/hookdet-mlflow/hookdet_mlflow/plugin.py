@@ -107,6 +107,7 @@ class MLflowPlugin:
         self._client: Any = None
         self._run: Any = None
         self._checkpoint_uuid: Optional[str] = None
+        self._resumed_from: Optional[str] = None
 
     # ------------------------------------------------------------------ state (saved in checkpoints)
 
@@ -141,10 +142,16 @@ class MLflowPlugin:
 
     @hookimpl
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
-        """Reopen the checkpoint's MLflow run, or start one with params and tags (chief only)."""
+        """Remember the checkpoint a resumed run starts from (it loads after this hook)."""
+        self._resumed_from = checkpoint_uuid
+
+    @hookimpl
+    def on_training_start(self) -> None:
+        """Reopen the checkpoint's MLflow run (its id came with the checkpoint's state), or start
+        one with params and tags (chief only)."""
         if not self._run.is_chief:
             return
-        if self.run_id is not None and self._reopen(checkpoint_uuid):
+        if self.run_id is not None and self._reopen(self._resumed_from):
             return
         self._start()
 
