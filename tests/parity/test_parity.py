@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.parity import harness
+from tests.parity import compare, harness
 from tests.parity.checks import (
     COMPARED,
     PERIODS,
@@ -272,7 +272,9 @@ def test_shuffled_data_order(tmp_path):
     orders = [[e["records"]["values"] for e in events(record, "train_batch")] for record in (determined, hookdet)]
     for order in orders:  # each epoch is a permutation of the 16 records
         assert sorted(sum(order[:4], [])) == sorted(sum(order[4:], [])) == list(range(16))
-    # shuffle-order (expected_differences): Determined's order comes from the global generator.
+    # shuffle-order (expected_differences): Determined's order comes from torch's global
+    # generator, hookdet's from the trial seed; the data differ, so only the calls are compared.
     assert orders[0] != orders[1]
     assert_local_only_getters("shuffle", determined, hookdet)
-    assert_same_records("shuffle", determined, hookdet)
+    assert compare.sequence(determined["events"]) == compare.sequence(hookdet["events"])
+    COMPARED["shuffle"] = COMPARED.get("shuffle", 0) + 1
