@@ -460,9 +460,11 @@ class StatefulPlugin(Protocol):
     Values must load with ``torch.load(weights_only=True)`` (tensors, numbers, strings, lists,
     dicts)."""
 
-    def state_dict(self) -> Dict[str, Any]: ...
+    def state_dict(self) -> Dict[str, Any]:
+        """The plugin's state, plain values and tensors only (it loads with ``weights_only``)."""
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, before training resumes."""
 
 
 @runtime_checkable
@@ -484,11 +486,14 @@ class TensorBoardWriter(Protocol):
     """What ``hookdet_make_tensorboard_writer`` returns and the trial may call
     (``torch.utils.tensorboard.SummaryWriter`` is one)."""
 
-    def add_scalar(self, tag: str, scalar_value: Any, global_step: Optional[int] = None) -> Any: ...
+    def add_scalar(self, tag: str, scalar_value: Any, global_step: Optional[int] = None) -> Any:
+        """Record one scalar under ``tag`` at ``global_step``."""
 
-    def flush(self) -> None: ...
+    def flush(self) -> None:
+        """Write what is pending to storage."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush and release the writer."""
 
 
 #: Hooks the loop may call on every batch; it calls one only when some plugin implements it.
