@@ -12,11 +12,9 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -243,7 +241,7 @@ def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
 
 def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status."""
-    from hookdet.launcher import child_setup_for, pump_filtered
+    from hookdet.launcher import child_setup_for, pump_filtered, stop_signals_passed_on
 
     process = subprocess.Popen(
         list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
@@ -251,22 +249,16 @@ def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
     )
     pump = pump_filtered(process.stderr, sys.stderr)
 
-    def pass_on(signum: int, frame: Any) -> None:
-        logger.warning("received %s: passing it on to the ranks", signal.Signals(signum).name)
+    def send(signum: int) -> None:
         if process.poll() is None:
-            process.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            process.send_signal(signum)
 
-    previous: Dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, pass_on)
     try:
-        status = process.wait()
+        with stop_signals_passed_on(send, "the ranks"):
+            status = process.wait()
         pump.join(timeout=5)
         return status
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         if process.poll() is None:  # this process is dying of something else: take the ranks along
             process.kill()
             process.wait()

@@ -13,16 +13,23 @@
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import os
 import re
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Dict, Iterable, Iterator, List, Optional
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional
+
+logger = logging.getLogger("hookdet")
 
 PR_SET_PDEATHSIG = 1
+
+#: The signals a launcher passes on to what it started instead of stopping (SIGHUP as SIGTERM).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _TORCHRUN_LOG = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/")
 _TORCHRUN_EXCEPTIONS = ("ChildFailedError", "SignalException")
@@ -135,3 +142,24 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int) 
             "(killed by a signal, or out of memory); the other ranks were stopped"
         )
     return lines
+
+
+@contextlib.contextmanager
+def stop_signals_passed_on(send: Callable[[int], None], to_whom: str) -> Iterator[None]:
+    """While the block runs, SIGTERM, SIGINT and SIGHUP received here go to ``send`` (SIGHUP as
+    SIGTERM) instead of stopping this process: a launcher hands them to what it started, which
+    checkpoints and stops. Installed on the main thread only; the previous handlers come back."""
+
+    def pass_on(signum: int, frame: Any) -> None:
+        logger.warning("received %s: passing it on to %s", signal.Signals(signum).name, to_whom)
+        send(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    previous: Dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, pass_on)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

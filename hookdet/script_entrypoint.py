@@ -30,13 +30,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet import cluster_info
 from hookdet.cli import UsageError, torchrun_command
+from hookdet.launcher import stop_signals_passed_on
 
 logger = logging.getLogger("hookdet")
 
@@ -193,30 +193,23 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, 
     """
     process = subprocess.Popen(list(command), env=env, cwd=str(cwd), start_new_session=True)
 
-    def pass_on(signum: int, frame: Any) -> None:
-        forwarded = signal.SIGTERM if signum == signal.SIGHUP else signum
-        logger.warning("received %s: passing it on to the entrypoint", signal.Signals(signum).name)
+    def send(signum: int) -> None:
         try:
             if to_group:
-                os.killpg(process.pid, forwarded)
+                os.killpg(process.pid, signum)
             elif process.poll() is None:
-                process.send_signal(forwarded)
+                process.send_signal(signum)
         except ProcessLookupError:
             pass
 
-    previous: Dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, pass_on)
     try:
-        status = process.wait()
-        deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
-        while to_group and _group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        with stop_signals_passed_on(send, "the entrypoint"):
+            status = process.wait()
+            deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
+            while to_group and _group_alive(process.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
         return status
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         if process.poll() is None:  # this process is dying of something else: take the script along
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
