@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -150,6 +150,50 @@ class WorkerFailed(RuntimeError):
     """A worker process exited non-zero; the message holds the end of its log."""
 
 
+#: The pseudo-terminal's size with ``--terminal`` (rows, columns): a roomy terminal window.
+TERMINAL_SIZE = (40, 120)
+
+
+def spawn(command: List[str], cwd: Path, env: Dict[str, str], log: IO[bytes], terminal: bool) -> int:
+    """Run a worker to its end with its output in ``log``; return its exit status.
+
+    With ``terminal`` its stdout and stderr are a pseudo-terminal, so that hookdet's progress
+    plugin draws its live view (rich, redrawn by its own thread) as it would for a person
+    watching; a thread here copies what the terminal shows into the log."""
+    if not terminal:
+        return subprocess.call(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    controller, worker_side = pty.openpty()
+    fcntl.ioctl(worker_side, termios.TIOCSWINSZ, struct.pack("HHHH", *TERMINAL_SIZE, 0, 0))
+    env = dict(env, TERM="xterm-256color", COLUMNS=str(TERMINAL_SIZE[1]), LINES=str(TERMINAL_SIZE[0]))
+    try:
+        process = subprocess.Popen(command, cwd=cwd, stdout=worker_side, stderr=worker_side, env=env)
+    finally:
+        os.close(worker_side)
+
+    def copy_screen() -> None:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the worker closed its side of the terminal
+                return
+            if not chunk:
+                return
+            log.write(chunk)
+
+    copier = threading.Thread(target=copy_screen, daemon=True)
+    copier.start()
+    returncode = process.wait()
+    copier.join(timeout=10)
+    os.close(controller)
+    return returncode
+
+
 def run_worker(
     mode: str,
     workload: str,
@@ -158,6 +202,7 @@ def run_worker(
     warmup: Optional[int],
     keep: Optional[Path],
     tag: str,
+    terminal: bool = False,
 ) -> Tuple[Dict[str, Any], List[Any]]:
     """Run one worker in a fresh scratch directory; return its result (plus the start-up and
     process wall time seen from here) and its final weights."""
@@ -173,11 +218,9 @@ def run_worker(
     if warmup is not None:
         command += ["--warmup", str(warmup)]
     try:
-        with open(scratch / "worker.log", "w") as log:
+        with open(scratch / "worker.log", "wb") as log:
             spawned_at = time.time()
-            returncode = subprocess.call(
-                command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(data)
-            )
+            returncode = spawn(command, cwd, _worker_env(data), log, terminal)
             process_wall = time.time() - spawned_at
         if returncode != 0:
             tail = (scratch / "worker.log").read_text(errors="replace").splitlines()[-25:]
@@ -354,6 +397,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="skip the short untimed run of each mode that warms disk caches first")
     parser.add_argument("--json", type=Path, help="write every measurement and the summary here")
     parser.add_argument("--keep", type=Path, help="keep each run's scratch folder (logs, checkpoints) here")
+    parser.add_argument("--terminal", action="store_true",
+                        help="give every worker a pseudo-terminal, so hookdet's live view runs as a "
+                        "person watching would see it (default: output to a log file)")
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     unknown = [w for w in args.workloads if w not in WORKLOADS]
@@ -402,13 +448,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "per-step ratios then compare torch builds too", flush=True)
     modes = [m for m in args.modes if m in interpreters]
     machine = machine_description()
-    print(f"machine: {machine['cpu']}, {machine['cpus']} CPUs, load average {machine['load_average']}", flush=True)
+    machine["output"] = "pseudo-terminal (live view)" if args.terminal else "log file"
+    print(f"machine: {machine['cpu']}, {machine['cpus']} CPUs, load average {machine['load_average']}; "
+          f"workers' output to a {machine['output']}", flush=True)
 
     if not args.no_prime:
         for workload in args.workloads:
             for mode in modes:
                 try:
-                    run_worker(mode, workload, interpreters[mode], 30, 5, None, f"prime-{mode}-{workload}")
+                    run_worker(mode, workload, interpreters[mode], 30, 5, None, f"prime-{mode}-{workload}",
+                               args.terminal)
                 except WorkerFailed as failure:
                     print(f"error: {failure}", file=sys.stderr)
                     return 1
@@ -425,7 +474,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 tag = f"r{round_index}-{workload}-{mode}"
                 try:
                     result, weights = run_worker(
-                        mode, workload, interpreters[mode], args.steps, args.warmup, args.keep, tag
+                        mode, workload, interpreters[mode], args.steps, args.warmup, args.keep, tag,
+                        args.terminal,
                     )
                 except WorkerFailed as failure:
                     print(f"error: {failure}", file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 
 ::
 
-    epoch 2/5 ━━━━━━━━━━━━━━━━━━━━━╺━━━━━━━━━━━━━━━━━━ 59/100 batches 7.83 batch/s  ETA 0:00:05 loss=0.1791
+    epoch 2/5  ━━━━━━━━━━━━━━━━━━━━━╺━━━━━━━━━━━━━━━━━━ 59/100 batches 7.83 batch/s  ETA 0:00:05 loss=0.1791
     validation ━━━━━━━━━━━━━━━━━━━━━━━━━╸━━━━━━━━━━━━━━ 12/25 batches
       training  @ batch 50  loss=0.1807  g_loss=1.066  d_loss=0.3365
     validation  @ batch 40  validation_loss=0.1234  accuracy=0.972
@@ -17,23 +17,33 @@ it a few times a second (:data:`REFRESHES_PER_SECOND`), reading what already liv
 the loop's ``batches_trained``, a validation batch count, the reported metrics (plain numbers by
 then) — through the callables it was given. The latest batch's loss comes from the run's
 ``workload_metrics`` list without a device synchronisation (see :class:`LatestBatchValue`).
+
+The frame is assembled as plain :class:`rich.text.Text` lines rather than with rich's
+``Progress`` table, because a redraw holds the interpreter lock while the training thread waits
+for it: the table layout took 1.5–2 ms a redraw, these lines take about a third of that, and at
+:data:`REFRESHES_PER_SECOND` the view costs the loop well under 0.1 % of its time.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import numbers
-from typing import IO, Any, Callable, Dict, List, Optional
+import time
+from typing import IO, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
-from rich.table import Table
+from rich.console import Console, Group
+from rich.live import Live
 from rich.text import Text
 
-#: Redraws per second: often enough to watch every batch of a slow run, rarely enough to cost
-#: nothing measurable (the redraw runs on rich's thread, not the loop's).
-REFRESHES_PER_SECOND = 5
+#: Redraws per second: several a second to watch a fast run, at least one a batch once batches
+#: take longer than a quarter of a second; each redraw runs on rich's thread, not the loop's.
+REFRESHES_PER_SECOND = 4
+#: Seconds of recent progress the rate and ETA are estimated from.
+RATE_WINDOW_S = 10.0
+#: The widest bar, in characters (narrower in a narrow terminal, never under 10).
+BAR_WIDTH = 40
 
 
 def format_number(value: Any) -> Optional[str]:
@@ -94,24 +104,47 @@ class LatestBatchValue:
         return self.text
 
 
-class _RateAndEta(ProgressColumn):
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS``, rounded up."""
+    minutes, whole = divmod(int(math.ceil(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{whole:02d}"
+
+
+class RateMeter:
+    """Batches per second over the last :data:`RATE_WINDOW_S` seconds of samples."""
+
+    def __init__(self) -> None:
+        self._samples: Deque[Tuple[float, int]] = collections.deque()
+
+    def sample(self, completed: int) -> Optional[float]:
+        """Record ``completed`` now; the rate since the oldest sample in the window, or None."""
+        now = time.monotonic()
+        samples = self._samples
+        samples.append((now, completed))
+        while len(samples) > 2 and now - samples[0][0] > RATE_WINDOW_S:
+            samples.popleft()
+        seconds, batches = now - samples[0][0], completed - samples[0][1]
+        return batches / seconds if seconds > 0 and batches > 0 else None
+
+
+def rate_and_eta(rate: Optional[float], remaining: Optional[int]) -> str:
     """``7.83 batch/s  ETA 0:00:05`` (``4.2 s/batch`` when slower than one batch a second)."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.speed
-        if not speed:
-            return Text("")
-        rate = f"{speed:.3g} batch/s" if speed >= 1 else f"{1 / speed:.3g} s/batch"
-        remaining = task.time_remaining
-        if task.total is None or remaining is None:
-            return Text(rate)
-        minutes, seconds = divmod(int(math.ceil(remaining)), 60)
-        hours, minutes = divmod(minutes, 60)
-        return Text(f"{rate}  ETA {hours}:{minutes:02d}:{seconds:02d}")
+    if not rate:
+        return ""
+    text = f"{rate:.3g} batch/s" if rate >= 1 else f"{1 / rate:.3g} s/batch"
+    return text if remaining is None else f"{text}  ETA {format_duration(remaining / rate)}"
 
 
-class LiveView(Progress):
-    """The bars and the metrics table of one run, redrawn by rich's refresh thread."""
+def bar(completed: int, total: Optional[int], width: int) -> Text:
+    """A bar of ``width`` characters, filled to ``completed`` of ``total`` (empty when unknown)."""
+    filled = min(width, int(width * completed / total)) if total else 0
+    style = "bar.finished" if total and completed >= total else "bar.complete"
+    return Text.assemble(("━" * filled, style), ("━" * (width - filled), "bar.back"))
+
+
+class LiveView:
+    """The bars and the metric rows of one run, redrawn by rich's refresh thread."""
 
     def __init__(
         self,
@@ -125,31 +158,23 @@ class LiveView(Progress):
         self._batches_trained = batches_trained
         self._validation_batches = validation_batches
         self._searcher_metric = searcher_metric
-        self._metrics: Dict[str, tuple] = {}
-        self._training: Any = None
-        self._validation: Any = None
+        self._metrics: Dict[str, Tuple[int, List[str]]] = {}
+        self._training_shown = False
+        self._validation: Optional[Tuple[Optional[int], RateMeter]] = None
+        self._training_rate = RateMeter()
         self._epoch_length = 0
         self._max_batches: Optional[int] = None
         self._redirected: List[logging.StreamHandler] = []
-        console = Console(file=stream, highlight=False)
-        super().__init__(
-            TextColumn("{task.description}", justify="left"),
-            # Room for the counts, rate, ETA and loss on the same line, however wide the terminal.
-            BarColumn(bar_width=max(10, min(40, console.width - 75))),
-            MofNCompleteColumn(),
-            TextColumn("batches"),
-            _RateAndEta(),
-            TextColumn("{task.fields[latest]}"),
-            console=console,
-            refresh_per_second=REFRESHES_PER_SECOND,
-            speed_estimate_period=10.0,
+        self.console = Console(file=stream, highlight=False)
+        self._live = Live(
+            _Frame(self), console=self.console, refresh_per_second=REFRESHES_PER_SECOND
         )
 
     # ---------------------------------------------------------------- what the plugin tells it
 
     def open(self) -> None:
         """Start drawing; log messages to the terminal go above the view from now on."""
-        self.start()
+        self._live.start()
         self._route_logging_above()
 
     def close(self) -> None:
@@ -157,73 +182,95 @@ class LiveView(Progress):
         for handler in self._redirected:
             handler.setStream(self.console.file)
         self._redirected = []
-        self.stop()
+        self._live.stop()
 
     def training_started(self, max_batches: Optional[int], epoch_length: int) -> None:
         """Show the training bar, starting at the batch training starts from."""
         self._epoch_length, self._max_batches = epoch_length, max_batches
-        if self._training is None:
-            self._training = self.add_task(
-                self._epoch_text(), total=max_batches, completed=self._batches_trained(), latest=""
-            )
+        self._training_shown = True
+        self._live.refresh()
 
     def validation_started(self, total: Optional[int]) -> None:
         """Show a validation bar below the training bar (``total`` None: not yet known)."""
-        if self._validation is None:
-            self._validation = self.add_task("validation", total=total, latest="")
+        self._validation = (total, RateMeter())
+        self._live.refresh()
 
     def validation_ended(self) -> None:
         """Take the validation bar away."""
-        validation, self._validation = self._validation, None
-        if validation is not None:
-            self.remove_task(validation)
+        self._validation = None
 
     def show_metrics(self, group: str, steps_completed: int, metrics: Dict[str, Any]) -> None:
         """Show a report's metrics in the row of its group."""
         first = self._searcher_metric if group == "validation" else None
         self._metrics[group] = (steps_completed, ordered_metrics(metrics, first))
-        self.refresh()
+        self._live.refresh()
 
     # ---------------------------------------------------------------- drawing (rich's thread)
 
-    def get_renderables(self) -> Any:
+    def lines(self) -> List[Text]:
         """The frame: the bars, brought up to the counters, then a row per metric group."""
-        training, validation = self._training, self._validation
-        if training is not None:
-            self.update(
-                training,
-                completed=self._batches_trained(),
-                description=self._epoch_text(),
-                latest=self._latest_batch.poll(),
-            )
+        width = self.console.width
+        bar_width = max(10, min(BAR_WIDTH, width - 75))
+        bars = []
+        if self._training_shown:
+            done, total = self._batches_trained(), self._max_batches
+            rate = self._training_rate.sample(done)
+            remaining = None if total is None else max(total - done, 0)
+            bars.append((self._epoch_text(done), done, total, rate_and_eta(rate, remaining),
+                         self._latest_batch.poll()))
+        validation = self._validation
         if validation is not None:
-            try:
-                self.update(validation, completed=self._validation_batches())
-            except KeyError:  # the validation ended while this frame was being drawn
-                pass
-        yield self.make_tasks_table(self.tasks)
-        if self._metrics:
-            yield self._metrics_table()
+            total, meter = validation
+            done = self._validation_batches()
+            remaining = None if total is None else max(total - done, 0)
+            bars.append(("validation", done, total, rate_and_eta(meter.sample(done), remaining), ""))
+        label_width = max((len(row[0]) for row in bars), default=0)
+        count_width = max((len(str(row[2] or "?")) for row in bars), default=0)
+        frame = [self._bar_line(row, label_width, count_width, bar_width) for row in bars]
+        return frame + self._metric_rows(width)
 
-    def _epoch_text(self) -> str:
+    @staticmethod
+    def _bar_line(row: tuple, label_width: int, count_width: int, bar_width: int) -> Text:
+        label, done, total, speed, latest = row
+        counts = f"{done:>{count_width}}/{total if total is not None else '?'}"
+        line = Text.assemble(f"{label:<{label_width}} ", bar(done, total, bar_width), f" {counts} batches")
+        for part in (speed, latest):
+            if part:
+                line.append(" " + part)
+        line.no_wrap, line.overflow = True, "ellipsis"
+        return line
+
+    def _epoch_text(self, done: int) -> str:
         if not self._epoch_length:
             return "training"
-        epoch = min(self._batches_trained(), max((self._max_batches or 1) - 1, 0)) // self._epoch_length
+        epoch = min(done, max((self._max_batches or 1) - 1, 0)) // self._epoch_length
         text = f"epoch {epoch + 1}"
         if self._max_batches:
             text += f"/{math.ceil(self._max_batches / self._epoch_length)}"
         return text
 
-    def _metrics_table(self) -> Table:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(justify="right", no_wrap=True)
-        table.add_column(no_wrap=True)
-        table.add_column(ratio=1)
-        for group in ("training", "validation"):
-            if group in self._metrics:
-                steps, shown = self._metrics[group]
-                table.add_row(Text(group, style="bold"), f"@ batch {steps}", Text("  ".join(shown)))
-        return table
+    def _metric_rows(self, width: int) -> List[Text]:
+        """``  training  @ batch 50  loss=0.18  …``, the metrics wrapped under themselves."""
+        groups = [group for group in ("training", "validation") if group in self._metrics]
+        where = {group: f"@ batch {self._metrics[group][0]}" for group in groups}
+        where_width = max((len(text) for text in where.values()), default=0)
+        rows = []
+        for group in groups:
+            prefix = f"{group:>10}  {where[group]:<{where_width}}  "
+            room = max(width - len(prefix), 20)
+            lines, current = [], ""
+            for item in self._metrics[group][1]:
+                candidate = f"{current}  {item}" if current else item
+                if current and len(candidate) > room:
+                    lines.append(current)
+                    candidate = item
+                current = candidate
+            lines.append(current)
+            row = Text.assemble((f"{group:>10}", "bold"), prefix[10:] + lines[0])
+            for more in lines[1:]:
+                row.append("\n" + " " * len(prefix) + more)
+            rows.append(row)
+        return rows
 
     def _route_logging_above(self) -> None:
         """Point console log handlers at rich's stream proxy, which prints above the view."""
@@ -235,3 +282,13 @@ class LiveView(Progress):
                 if type(handler) is logging.StreamHandler and handler.stream is self.console.file:
                     handler.setStream(proxy)
                     self._redirected.append(handler)
+
+
+class _Frame:
+    """What rich's Live draws: the view's lines, built afresh at each redraw."""
+
+    def __init__(self, view: LiveView) -> None:
+        self._view = view
+
+    def __rich__(self) -> Group:
+        return Group(*self._view.lines())

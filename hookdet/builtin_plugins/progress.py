@@ -31,7 +31,7 @@ import threading
 import time
 from typing import IO, Any, Dict, Optional
 
-from hookdet.live_view import LiveView, ordered_metrics
+from hookdet.live_view import LiveView, format_duration, ordered_metrics
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, read_seconds_option
 
@@ -48,13 +48,6 @@ def format_metrics(metrics: Dict[str, Any], first: Optional[str] = None) -> str:
     """``name=value`` pairs, numbers to 4 significant digits, non-numbers left out, ``first``
     (the searcher metric) first."""
     return " ".join(ordered_metrics(metrics, first))
-
-
-def format_duration(seconds: float) -> str:
-    """``H:MM:SS``."""
-    minutes, seconds = divmod(int(math.ceil(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{seconds:02d}"
 
 
 class ProgressPlugin:
