@@ -1,0 +1,200 @@
+"""Screening a file before validation: Determined's cluster-only fields are dropped (and
+listed), unknown fields refused with the closest known name; and pydantic's errors reworded for
+someone editing YAML."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple, Union, get_args, get_origin
+
+from pydantic import ValidationError
+
+from hookdet.config.problems import ConfigError, FieldPath, FieldProblem, Reporter, as_written, did_you_mean, dotted
+from hookdet.config.sections import STORAGE_PLUGIN_FOR_TYPE, Section
+
+CLUSTER_ONLY_FIELDS: Tuple[str, ...] = (
+    "bind_mounts",
+    "data_layer",
+    "debug",
+    "environment",
+    "integrations",
+    "internal",
+    "labels",
+    "log_policies",
+    "max_restarts",
+    "pbs",
+    "profiling",
+    "project",
+    "retention_policy",
+    "security",
+    "slurm",
+    "tensorboard_storage",
+    "workspace",
+    "checkpoint_storage.checkpoint_path",
+    "checkpoint_storage.tensorboard_path",
+    "resources.agent_label",
+    "resources.devices",
+    "resources.is_single_node",
+    "resources.max_slots",
+    "resources.native_parallel",
+    "resources.priority",
+    "resources.resource_pool",
+    "resources.shm_size",
+    "resources.slots",
+    "resources.weight",
+    "searcher.bracket_rungs",
+    "searcher.budget",
+    "searcher.divisor",
+    "searcher.explore_function",
+    "searcher.length_per_round",
+    "searcher.max_concurrent_trials",
+    "searcher.max_rungs",
+    "searcher.max_time",
+    "searcher.max_trials",
+    "searcher.mode",
+    "searcher.num_rounds",
+    "searcher.num_rungs",
+    "searcher.population_size",
+    "searcher.replace_function",
+    "searcher.source_checkpoint_uuid",
+    "searcher.source_trial_id",
+    "searcher.stop_once",
+    "searcher.time_metric",
+    "searcher.train_stragglers",
+    "searcher.unit",
+)
+"""Determined fields that only mean something on a Determined cluster (scheduling, containers,
+multi-trial searches, the master's bookkeeping). They are accepted, dropped, and listed in
+:attr:`ExperimentConfig.ignored_fields`; a whole block such as ``environment`` is one entry."""
+
+
+def _group_by_parent() -> Dict[FieldPath, frozenset]:
+    grouped: Dict[FieldPath, set] = {}
+    for field in CLUSTER_ONLY_FIELDS:
+        *parent, name = field.split(".")
+        grouped.setdefault(tuple(parent), set()).add(name)
+    return {parent: frozenset(names) for parent, names in grouped.items()}
+
+
+CLUSTER_ONLY_BY_PARENT = _group_by_parent()
+
+
+def _union_members(annotation: Any) -> Tuple[Any, ...]:
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) is Union:
+        members: Tuple[Any, ...] = ()
+        for member in get_args(annotation):
+            members += _union_members(member)
+        return members
+    return (annotation,)
+
+
+def _section_model_of(
+    model: type, key: str, value: Any, key_path: FieldPath, reporter: Reporter
+) -> Optional[type]:
+    """The section model a field holds, for screening its keys; None for leaf and free-form
+    fields. A tagged union (checkpoint_storage) picks its member by ``type``, which must be
+    present and known."""
+    candidates = [
+        member
+        for member in _union_members(model.model_fields[key].annotation)
+        if isinstance(member, type) and issubclass(member, Section)
+    ]
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    if not isinstance(value, Mapping):
+        return None
+    by_tag = {get_args(member.model_fields["type"].annotation)[0]: member for member in candidates}
+    tag = value.get("type")
+    choices = ", ".join(by_tag)
+    if tag is None:
+        raise reporter.error(key_path, f"{dotted(key_path)}.type is required: one of {choices}")
+    if tag not in by_tag:
+        raise reporter.error(
+            key_path + ("type",),
+            f"{dotted(key_path)}.type {as_written(tag)} is not a storage hookdet has; use one of "
+            f"{choices}{did_you_mean(str(tag), list(by_tag))}",
+        )
+    return by_tag[tag]
+
+
+def screen(
+    section: Mapping, model: type, path: FieldPath, ignored: List[str], reporter: Reporter
+) -> Dict[str, Any]:
+    """``section`` without its cluster-only fields (recorded in ``ignored``), its sub-sections
+    screened likewise; the first unknown field raises, with the closest known name."""
+    cluster_only = CLUSTER_ONLY_BY_PARENT.get(path, frozenset())
+    known = list(model.model_fields)
+    kept: Dict[str, Any] = {}
+    for key, value in section.items():
+        key_path = path + (str(key),)
+        if not isinstance(key, str):
+            raise reporter.error(key_path, f"field names must be strings; got {as_written(key)}")
+        if key in cluster_only:
+            ignored.append(dotted(key_path))
+            continue
+        if key not in model.model_fields:
+            suggestion = did_you_mean(key, known + sorted(cluster_only))
+            listing = "" if suggestion else f"; known fields here: {', '.join(known)}"
+            raise reporter.error(
+                key_path, f"unknown field '{dotted(key_path)}'{suggestion}{listing}"
+            )
+        sub_model = _section_model_of(model, key, value, key_path, reporter)
+        if sub_model is not None and isinstance(value, Mapping):
+            value = screen(value, sub_model, key_path, ignored, reporter)
+        kept[key] = value
+    return kept
+
+
+_FRIENDLY_MESSAGES = {
+    "bool_type": "expected true or false",
+    "int_type": "expected a whole number",
+    "float_type": "expected a number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+}
+
+
+def _problem_from_pydantic(error: Mapping[str, Any]) -> Tuple[FieldPath, str]:
+    """One pydantic error as (field path, message worded for someone editing YAML)."""
+    loc = [str(part) for part in error["loc"]]
+    if len(loc) >= 2 and loc[0] == "checkpoint_storage" and loc[1] in STORAGE_PLUGIN_FOR_TYPE:
+        del loc[1]
+    path = tuple(loc)
+    kind = error["type"]
+    context = error.get("ctx") or {}
+    if kind == "value_error":
+        cause = context.get("error")
+        if isinstance(cause, FieldProblem):
+            path += tuple(str(part) for part in cause.subpath)
+            return path, f"{dotted(path)}: {cause.message}"
+        return path, f"{dotted(path)}: {cause}"
+    if kind == "missing":
+        return path, f"{dotted(path)} is required"
+    if kind == "extra_forbidden":
+        return path, f"unknown field '{dotted(path)}'"
+    if kind == "literal_error":
+        message = f"expected one of {context.get('expected')}"
+    elif kind == "greater_than_equal":
+        message = f"must be at least {context.get('ge')}"
+    elif kind == "less_than_equal":
+        message = f"must be at most {context.get('le')}"
+    else:
+        message = _FRIENDLY_MESSAGES.get(kind, error["msg"])
+    return path, f"{dotted(path)}: {message}; got {as_written(error.get('input'))}"
+
+
+def config_error_from(exc: ValidationError, reporter: Reporter) -> ConfigError:
+    """The first problem in file order as a ConfigError, with a count of any others."""
+    problems = [_problem_from_pydantic(error) for error in exc.errors(include_url=False)]
+    position = {id(problem): index for index, problem in enumerate(problems)}
+    problems.sort(
+        key=lambda problem: (reporter.index.line_of(problem[0]) or 0, position[id(problem)])
+    )
+    path, message = problems[0]
+    if len(problems) > 1:
+        others = len(problems) - 1
+        message += f" (and {others} more problem{'s' if others > 1 else ''})"
+    return reporter.error(path, message)

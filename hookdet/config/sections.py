@@ -1,0 +1,260 @@
+"""The typed sections of an experiment file: training lengths, ``searcher``, ``optimizations``,
+``resources``, ``reproducibility`` and ``checkpoint_storage``, as pydantic models with
+Determined's defaults (strict YAML types, no unknown keys, ``null`` meaning the default)."""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Annotated, Any, Dict, Literal, Mapping, Optional, Tuple, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+
+from hookdet.config.problems import FieldProblem, as_written, did_you_mean
+
+STORAGE_PLUGIN_FOR_TYPE: Mapping[str, str] = MappingProxyType(
+    {"shared_fs": "local_storage", "directory": "local_storage", "s3": "s3_storage"}
+)
+"""``checkpoint_storage.type`` -> the name of the storage plugin that serves it."""
+
+LENGTH_UNITS: Tuple[str, ...] = ("batches", "epochs", "records")
+MAX_EXPERIMENT_SEED = 2**31 - 1
+
+
+class Length(BaseModel):
+    """A training length in one of Determined's units, e.g. ``{batches: 937}`` in the file.
+
+    Stored as ``unit`` and ``value``; serialised back to Determined's one-key mapping so a
+    config snapshot reads like the file it came from. Convert to batches with
+    :func:`length_in_batches` once the batch size and epoch length are known.
+    """
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    unit: Literal["batches", "epochs", "records"]
+    value: int = Field(ge=0)
+
+    @model_serializer
+    def _as_determined_mapping(self) -> Dict[str, int]:
+        return {self.unit: self.value}
+
+    def __str__(self) -> str:
+        return f"{self.value} {self.unit}"
+
+    @classmethod
+    def parse(cls, raw: Any, *, allow_bare_int: bool = False, minimum: int = 0) -> "Length":
+        """Read Determined's forms: ``{batches: n}``, ``{epochs: n}``, ``{records: n}``, and
+        (where Determined allows it, ``searcher.max_length``) a bare int meaning batches.
+
+        Raises ValueError with a message fit for the user on any other shape.
+        """
+        if isinstance(raw, Length):
+            value, unit = raw.value, raw.unit
+        elif allow_bare_int and isinstance(raw, int) and not isinstance(raw, bool):
+            value, unit = raw, "batches"
+        elif isinstance(raw, Mapping):
+            if len(raw) != 1:
+                keys = ", ".join(str(key) for key in raw) or "none"
+                raise ValueError(
+                    "a length has exactly one of batches, epochs or records "
+                    f"(like {{batches: 100}}); got keys: {keys}"
+                )
+            ((unit, value),) = raw.items()
+            if unit not in LENGTH_UNITS:
+                raise ValueError(
+                    f"unknown length unit {as_written(unit)}"
+                    f"{did_you_mean(str(unit), list(LENGTH_UNITS))}"
+                    " (use batches, epochs or records)"
+                )
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"the number of {unit} must be a whole number; got {as_written(value)}")
+        else:
+            also = " or a number of batches" if allow_bare_int else ""
+            raise ValueError(
+                "expected a length like {batches: 100}, {epochs: 2} or {records: 6400}"
+                f"{also}; got {as_written(raw)}"
+            )
+        if value < minimum:
+            raise ValueError(f"the number of {unit} must be at least {minimum}; got {value}")
+        return cls(unit=unit, value=value)
+
+
+def length_in_batches(
+    length: Length,
+    *,
+    global_batch_size: Optional[int] = None,
+    epoch_length_batches: Optional[int] = None,
+) -> int:
+    """``length`` as a number of batches, the unit hookdet's loop counts in.
+
+    Batches are themselves. Records become ``max(records // global_batch_size, 1)``, as
+    Determined's ``Batch._from_records`` does: a partial batch is dropped, but a nonzero length
+    shorter than one batch still trains one batch. Epochs are ``epochs * epoch_length_batches``
+    (the training loader's length, which Determined also uses for PyTorchTrial rather than
+    ``records_per_epoch``). A length of 0 is 0 in every unit.
+
+    Raises ValueError naming the missing argument when a unit needs one that was not given.
+    """
+    if length.value == 0 or length.unit == "batches":
+        return length.value
+    if length.unit == "records":
+        if global_batch_size is None or global_batch_size < 1:
+            raise ValueError(
+                f"converting {length} to batches needs a global_batch_size of at least 1, "
+                f"got {global_batch_size!r}"
+            )
+        return max(length.value // global_batch_size, 1)
+    if epoch_length_batches is None or epoch_length_batches < 1:
+        raise ValueError(
+            f"converting {length} to batches needs epoch_length_batches of at least 1, "
+            f"got {epoch_length_batches!r}"
+        )
+    return length.value * epoch_length_batches
+
+
+class Section(BaseModel):
+    """A block of the file: strict types (YAML's own), no unknown keys, null means default."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """Determined's schema accepts ``null`` for an optional field and applies the default;
+        so does hookdet."""
+        if isinstance(data, Mapping):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class SearcherConfig(Section):
+    """``searcher``: hookdet runs one trial, so it uses the metric settings and ``max_length``
+    (Determined's trial length; deprecated there in 0.38 in favour of ``Trainer.fit``, still
+    the way an experiment file says how long to train). The other searchers' fields are
+    cluster-only."""
+
+    name: Literal[
+        "single",
+        "random",
+        "grid",
+        "adaptive_asha",
+        "pbt",
+        "async_halving",
+        "adaptive",
+        "adaptive_simple",
+        "sync_halving",
+        "custom",
+    ] = "single"
+    metric: str = "validation_loss"
+    smaller_is_better: bool = True
+    max_length: Optional[Length] = None
+
+    @field_validator("max_length", mode="before")
+    @classmethod
+    def _read_max_length(cls, raw: Any) -> Length:
+        return Length.parse(raw, allow_bare_int=True, minimum=1)
+
+
+class OptimizationsConfig(Section):
+    """``optimizations``, with Determined's defaults. ``aggregation_frequency`` and
+    ``average_aggregated_gradients`` drive gradient aggregation; the rest is read by the
+    plugins that care (mixed precision, Horovod's fusion and compression)."""
+
+    aggregation_frequency: int = Field(1, ge=1)
+    average_aggregated_gradients: bool = True
+    average_training_metrics: bool = True
+    gradient_compression: bool = False
+    mixed_precision: Literal["O0", "O1", "O2", "O3"] = "O0"
+    auto_tune_tensor_fusion: bool = False
+    tensor_fusion_threshold: int = Field(64, ge=0)
+    tensor_fusion_cycle_time: int = Field(5, ge=0)
+
+
+class ResourcesConfig(Section):
+    """``resources``: only ``slots_per_trial`` (processes to train with; more than 1 means
+    distributed training) matters off a cluster."""
+
+    slots_per_trial: int = Field(1, ge=0)
+
+
+class ReproducibilityConfig(Section):
+    """``reproducibility.experiment_seed``, 0 to 2**31-1.
+
+    Determined's master draws a missing seed from the clock when it creates the experiment,
+    once, in one process. hookdet reads the file in every rank of a distributed run and again
+    on resume, where a clock-drawn seed would differ between readers; so a missing seed is 0,
+    every run is repeatable by default, and a different seed is one line in the file.
+    """
+
+    experiment_seed: int = Field(0, ge=0, le=MAX_EXPERIMENT_SEED)
+
+
+class _StorageConfig(Section):
+    """Determined's checkpoint garbage-collection counts, common to every storage type."""
+
+    save_experiment_best: int = Field(0, ge=0)
+    save_trial_best: int = Field(1, ge=0)
+    save_trial_latest: int = Field(1, ge=0)
+
+    @property
+    def plugin_name(self) -> str:
+        """The storage plugin that serves this type (:data:`STORAGE_PLUGIN_FOR_TYPE`)."""
+        return STORAGE_PLUGIN_FOR_TYPE[self.type]  # type: ignore[attr-defined]
+
+
+class SharedFSStorageConfig(_StorageConfig):
+    """``type: shared_fs``: checkpoints under ``host_path`` (joined with ``storage_path``).
+    ``container_path`` and ``propagation`` describe a cluster container's mount; kept so the
+    file round-trips, unused locally."""
+
+    type: Literal["shared_fs"] = "shared_fs"
+    host_path: str
+    storage_path: Optional[str] = None
+    container_path: Optional[str] = None
+    propagation: str = "rprivate"
+
+
+class DirectoryStorageConfig(_StorageConfig):
+    """``type: directory``: checkpoints in ``container_path``, a local directory."""
+
+    type: Literal["directory"] = "directory"
+    container_path: str
+
+
+class S3StorageConfig(_StorageConfig):
+    """``type: s3``: Amazon S3 or a compatible store at ``endpoint_url``.
+
+    Determined requires ``access_key``/``secret_key``; hookdet lets both be absent so boto3's
+    usual credential chain applies, but not just one. ``region`` is hookdet's addition.
+    """
+
+    type: Literal["s3"] = "s3"
+    bucket: str
+    prefix: Optional[str] = None
+    endpoint_url: Optional[str] = None
+    access_key: Optional[str] = None
+    secret_key: Optional[str] = None
+    region: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _keys_come_in_pairs(self) -> "S3StorageConfig":
+        if (self.access_key is None) != (self.secret_key is None):
+            if self.secret_key is None:
+                given, missing = "access_key", "secret_key"
+            else:
+                given, missing = "secret_key", "access_key"
+            raise FieldProblem(
+                (missing,),
+                f"{given} is set but {missing} is not; give both, or neither to use boto3's "
+                "usual credentials (environment, ~/.aws)",
+            )
+        if self.prefix is not None and ".." in self.prefix.split("/"):
+            raise FieldProblem(
+                ("prefix",), f"prefix must not contain '..'; got {as_written(self.prefix)}"
+            )
+        return self
+
+
+CheckpointStorageConfig = Annotated[
+    Union[SharedFSStorageConfig, DirectoryStorageConfig, S3StorageConfig],
+    Field(discriminator="type"),
+]
+"""``checkpoint_storage``, one of the three types hookdet can store to, chosen by ``type``."""
