@@ -12,7 +12,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from hookdet import data as data_module
-from hookdet import reducers
+from hookdet import workload_metrics
+from hookdet.metric_values import MetricError, check_metrics_serialisable
 from hookdet.trial import (
     Batch,
     Epoch,
@@ -290,12 +291,12 @@ class TrainingLoop:
             return
         allgather = self.distributed.allgather
         first_batch = self.state.batches_trained - len(workload)
-        reduced = reducers.reduce_training_metrics(
+        reduced = workload_metrics.reduce_training_metrics(
             workload, allgather, first_batch_idx=first_batch, per_batch=self.call_workload_end
         )
         avg_metrics = dict(reduced.avg_metrics)
         avg_metrics.update(self.context._reducers.reduce(for_training=True, allgather=allgather))
-        avg_metrics = reducers.check_metrics_serialisable(avg_metrics, "train_batch")
+        avg_metrics = check_metrics_serialisable(avg_metrics, "train_batch")
         if self.call_workload_end:
             self.hook.on_training_workload_end(
                 avg_metrics=avg_metrics, batch_metrics=reduced.batch_metrics
@@ -344,7 +345,7 @@ class TrainingLoop:
                     metrics, outputs = self._evaluate_batches()
         finally:
             self._set_train_mode(True)
-        metrics = reducers.check_metrics_serialisable(metrics, self.evaluation_method)
+        metrics = check_metrics_serialisable(metrics, self.evaluation_method)
         hook.on_validation_end(metrics=metrics)
         self.state.last_validation_batch = self.state.batches_trained
         is_best = self._record_validation(metrics)
@@ -381,7 +382,7 @@ class TrainingLoop:
                 )
             if outputs and output.keys() != outputs[0].keys():
                 # Determined refuses here, before on_validation_epoch_end.
-                raise reducers.MetricError(
+                raise MetricError(
                     f"{type(trial).__qualname__}.evaluate_batch must return the same metric names "
                     f"for every batch: batch {batch_idx} returned {sorted(output)}, batch 0 "
                     f"{sorted(outputs[0])}"
@@ -393,7 +394,7 @@ class TrainingLoop:
                 break
         hook.on_validation_epoch_end(outputs=outputs)
         allgather = self.distributed.allgather
-        metrics = reducers.reduce_validation_metrics(
+        metrics = workload_metrics.reduce_validation_metrics(
             outputs, len(outputs), trial.evaluation_reducer(), allgather
         )
         metrics.update(context._reducers.reduce(for_training=False, allgather=allgather))
@@ -419,7 +420,7 @@ class TrainingLoop:
                     f"{type(trial).__qualname__}.evaluate_full_dataset must return a dict of "
                     f"metrics, got {type(metrics).__name__}"
                 )
-            metrics = reducers.check_metrics_serialisable(metrics, "evaluate_full_dataset")
+            metrics = check_metrics_serialisable(metrics, "evaluate_full_dataset")
         metrics = self.distributed.broadcast(metrics)
         return metrics, [metrics]
 

@@ -18,18 +18,20 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hookdet.metric_values import check_metrics_serialisable
 from hookdet.reducers import (
     FunctionReducer,
     MetricError,
     MetricReducer,
     Reducer,
     ReducerRegistry,
+    single_process_allgather,
+)
+from hookdet.workload_metrics import (
     TrainingMetrics,
     average_training_metrics,
-    check_metrics_serialisable,
     reduce_training_metrics,
     reduce_validation_metrics,
-    single_process_allgather,
 )
 
 
