@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 import torch
 
-from hookdet.data import to_device as _to_device
+from hookdet.batch_moving import to_device as _to_device
 from hookdet.lr_scheduler import LRScheduler
 from hookdet.reducers import MetricReducer, ReducerRegistry
 

@@ -11,7 +11,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from hookdet import data as data_module
+from hookdet import loader_adapters
+from hookdet.batch_moving import batch_mover
+from hookdet.data import DataLoader
 from hookdet import workload_metrics
 from hookdet.metric_values import MetricError, check_metrics_serialisable
 from hookdet.trial import (
@@ -77,7 +79,7 @@ class TrainingLoop:
         self.context._bind_hooks()
         # One mover for the run's batches, training and validation: device resolved, unknown
         # types warned about once.
-        self.move_batch = data_module.batch_mover(self.run.device)
+        self.move_batch = batch_mover(self.run.device)
         try:
             # As Determined: on_trial_startup sees where training will start and the checkpoint
             # it will resume from before that checkpoint is loaded (callbacks' load_state_dict).
@@ -86,7 +88,7 @@ class TrainingLoop:
             )
             if self.run.resume_from is not None:
                 self.hook.hookdet_load_checkpoint(run=self.run, checkpoint=self.run.resume_from)
-            batches = data_module.adapt_training_loader(
+            batches = loader_adapters.adapt_training_loader(
                 train_loader,
                 disable_checks=self._checks_disabled,
                 repeat=True,
@@ -115,10 +117,10 @@ class TrainingLoop:
 
     def _epoch_length(self, train_loader: Any) -> int:
         """Batches per epoch on each rank: the chief's, so every rank agrees on epoch ends."""
-        if isinstance(train_loader, data_module.DataLoader):
+        if isinstance(train_loader, DataLoader):
             length = train_loader.epoch_length(self.distributed.size)
         else:
-            data_module.adapt_training_loader(train_loader, disable_checks=self._checks_disabled)
+            loader_adapters.adapt_training_loader(train_loader, disable_checks=self._checks_disabled)
             length = len(train_loader)
         return int(self.distributed.broadcast(length))
 
@@ -362,7 +364,7 @@ class TrainingLoop:
         trial, hook, context = self.trial, self.hook, self.context
         call_batch_end = self.run.plugins.implemented("hookdet_validation_batch_end")
         takes_index = evaluate_batch_takes_index(trial)
-        loader = data_module.adapt_validation_loader(
+        loader = loader_adapters.adapt_validation_loader(
             self.validation_loader,
             disable_checks=self._checks_disabled,
             num_replicas=self.distributed.size,
@@ -407,7 +409,7 @@ class TrainingLoop:
         trial = self.trial
         metrics: Optional[Dict[str, Any]] = None
         if self.distributed.is_chief:
-            loader = data_module.adapt_validation_loader(
+            loader = loader_adapters.adapt_validation_loader(
                 self.validation_loader,
                 disable_checks=self._checks_disabled,
                 num_replicas=1,
@@ -453,7 +455,7 @@ def _chief_validation_length(loader: Any, ranks: int) -> Optional[int]:
         length = len(loader)
     except TypeError:
         return None
-    return -(-length // ranks) if isinstance(loader, data_module.DataLoader) else length
+    return -(-length // ranks) if isinstance(loader, DataLoader) else length
 
 
 def _next_boundary(periods: Tuple[Optional[TrainUnit], ...], batches: int, max_batches: int) -> int:

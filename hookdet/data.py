@@ -21,32 +21,13 @@ What is not exact: random augmentation done *inside* DataLoader worker processes
 Augmentation in the main process (``num_workers=0``) draws from the global RNGs, which the
 checkpoint restores.
 
-Also here: :data:`TorchData`, :func:`to_device` (and :func:`batch_mover`, its per-run form) and
-:func:`data_length`, with Determined's names and semantics.
+What a trial's ``build_*_data_loader`` returned becomes the loop's loader in
+:mod:`hookdet.loader_adapters`; batches move to the device in :mod:`hookdet.batch_moving`.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import itertools
-import logging
-import numbers
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    Iterable,
-    Iterator,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Set,
-    Tuple,
-    Type,
-    Union,
-)
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 import numpy as np
 import torch
@@ -58,30 +39,18 @@ from hookdet.samplers import (
     RepeatBatchSampler,
     ReproducibleShuffleSampler,
     SkipBatchSampler,
-    _check_shard,
-    _require_non_negative_int,
+    check_shard,
+    require_non_negative_int,
     set_sampler_epoch,
 )
 
 __all__ = [
-    "TorchData",
     "DataLoader",
     "DatasetReproducibilityError",
-    "PlainLoaderAdapter",
     "adapt_batch_sampler",
-    "adapt_training_loader",
-    "adapt_validation_loader",
-    "to_device",
-    "batch_mover",
-    "data_length",
 ]
 
-logger = logging.getLogger("hookdet.data")
 
-TorchData = Union[Dict[str, torch.Tensor], Sequence[torch.Tensor], torch.Tensor]
-"""What a batch is (Determined's alias): a tensor, a sequence of tensors or a dict of them."""
-
-_NUMPY_KINDS_TORCH_CAN_HOLD = "fciub"
 _LOADER_SEED_DOMAIN = 0x6C6F6164  # keeps the loader's seed stream apart from the shuffle's
 
 
@@ -246,9 +215,9 @@ class DataLoader:
         seed: int,
         pinned_epoch: Optional[int],
     ) -> torch.utils.data.DataLoader:
-        skip = _require_non_negative_int("DataLoader.get_data_loader", "skip", skip)
-        seed = _require_non_negative_int("DataLoader.get_data_loader", "seed", seed)
-        _check_shard("DataLoader.get_data_loader", num_replicas, rank)
+        skip = require_non_negative_int("DataLoader.get_data_loader", "skip", skip)
+        seed = require_non_negative_int("DataLoader.get_data_loader", "seed", seed)
+        check_shard("DataLoader.get_data_loader", num_replicas, rank)
 
         chain = self._base_batch_sampler(seed)
         if pinned_epoch is not None:
@@ -322,7 +291,7 @@ class DataLoader:
 
         Under distribution the chief's value defines epochs for every rank.
         """
-        _check_shard("DataLoader.epoch_length", num_replicas, 0)
+        check_shard("DataLoader.epoch_length", num_replicas, 0)
         return -(-len(self) // num_replicas)
 
     def __iter__(self) -> Iterator[Any]:
@@ -409,347 +378,3 @@ def _reject_bad_loader_arguments(
             "DataLoader: batch_sampler is mutually exclusive with batch_size, shuffle, sampler "
             "and drop_last"
         )
-
-
-def _reproducibility_message(method_name: str, loader: Any) -> str:
-    """Why a non-hookdet loader is refused, and the two ways out."""
-    loader_type = f"{type(loader).__module__}.{type(loader).__qualname__}"
-    return (
-        f"{method_name}() returned a {loader_type}, not a hookdet.pytorch.DataLoader "
-        "(Determined's det.pytorch.DataLoader). hookdet.pytorch.DataLoader takes the same "
-        "arguments as torch.utils.data.DataLoader and makes the data order reproducible, "
-        "sharded across ranks and exactly resumable; return one from "
-        f"{method_name}(). If you cannot, call "
-        "context.experimental.disable_dataset_reproducibility_checks() in your trial's "
-        "__init__(): hookdet then uses your loader as it is (repeated epoch after epoch for "
-        "training, already-trained batches skipped on resume) but does not shard it across "
-        "ranks, and a shuffled loader will not resume in the same order."
-    )
-
-
-class PlainLoaderAdapter:
-    """Iterate a user's own loader (not a hookdet :class:`DataLoader`) the way the loop needs.
-
-    Used only when reproducibility checks are disabled. With ``repeat`` it yields the loader's
-    batches epoch after epoch, forever; it first drops ``skip`` batches. Whole epochs are skipped
-    without touching the loader when it has a length; the rest of the current epoch is skipped by
-    drawing and discarding batches, which does load their data. Before each training epoch the
-    epoch number is passed to any sampler in the loader that has ``set_epoch`` (a
-    ``torch.utils.data.DistributedSampler``, say), so such samplers resume in the right epoch.
-
-    Not resume-exact for loaders that shuffle with ``RandomSampler``: its order comes from a
-    generator hookdet does not control. Nothing is sharded: the loader must do that itself.
-    """
-
-    def __init__(self, loader: Iterable[Any], *, repeat: bool, skip: int, method_name: str) -> None:
-        self.loader = loader
-        self.repeat = repeat
-        self.skip = skip
-        self.method_name = method_name
-
-    def _epoch_length(self) -> Optional[int]:
-        try:
-            return len(self.loader)  # type: ignore[arg-type]
-        except TypeError:
-            return None
-
-    def __len__(self) -> int:
-        """Batches per epoch of the wrapped loader; ``TypeError`` when it has no length."""
-        length = self._epoch_length()
-        if length is None:
-            raise TypeError(
-                f"{self.method_name}() returned a {type(self.loader).__name__} without a length, "
-                "so the epoch length is unknown"
-            )
-        return length
-
-    def __iter__(self) -> Iterator[Any]:
-        epoch_length = self._epoch_length()
-        start_epoch, skip_in_epoch = 0, self.skip
-        if self.repeat and epoch_length:
-            start_epoch, skip_in_epoch = divmod(self.skip, epoch_length)
-        return itertools.islice(self._passes(start_epoch), skip_in_epoch, None)
-
-    def _passes(self, start_epoch: int) -> Iterator[Any]:
-        epochs = itertools.count(start_epoch) if self.repeat else iter([start_epoch])
-        for epoch in epochs:
-            if self.repeat:
-                set_sampler_epoch(self.loader, epoch)
-            yielded_any = False
-            for batch in self.loader:
-                yielded_any = True
-                yield batch
-            if not yielded_any and self.repeat:
-                raise ValueError(
-                    f"{self.method_name}() returned a loader that yielded no batches in epoch "
-                    f"{epoch}; an empty loader cannot be trained on"
-                )
-
-
-def _refuse_or_accept_plain_loader(loader: Any, disable_checks: bool, method_name: str) -> None:
-    """Raise :class:`DatasetReproducibilityError` unless checks are off; ``TypeError`` if not iterable."""
-    if not disable_checks:
-        raise DatasetReproducibilityError(_reproducibility_message(method_name, loader))
-    if not isinstance(loader, Iterable):
-        raise TypeError(
-            f"{method_name}() returned a {type(loader).__name__}, which is not iterable; return "
-            "a hookdet.pytorch.DataLoader"
-        )
-
-
-def adapt_training_loader(
-    loader: Any,
-    *,
-    disable_checks: bool = False,
-    repeat: bool = True,
-    skip: int = 0,
-    num_replicas: int = 1,
-    rank: int = 0,
-    seed: int = 0,
-) -> Iterable[Any]:
-    """Turn what ``build_training_data_loader()`` returned into this rank's stream of batches.
-
-    A hookdet :class:`DataLoader` becomes its endless, sharded, resumed torch loader
-    (``get_data_loader(repeat, skip, num_replicas, rank, seed=seed)``); ``len()`` of the result is
-    what this rank gets of one pass (the loop's epoch length is :meth:`DataLoader.epoch_length`).
-    Anything else raises :class:`DatasetReproducibilityError` unless ``disable_checks`` (set by
-    ``context.experimental.disable_dataset_reproducibility_checks()``), in which case it is
-    wrapped in a :class:`PlainLoaderAdapter`.
-    """
-    if isinstance(loader, DataLoader):
-        return loader.get_data_loader(
-            repeat=repeat, skip=skip, num_replicas=num_replicas, rank=rank, seed=seed
-        )
-    _refuse_or_accept_plain_loader(loader, disable_checks, "build_training_data_loader")
-    skip = _require_non_negative_int("adapt_training_loader", "skip", skip)
-    return PlainLoaderAdapter(
-        loader, repeat=repeat, skip=skip, method_name="build_training_data_loader"
-    )
-
-
-def adapt_validation_loader(
-    loader: Any,
-    *,
-    disable_checks: bool = False,
-    num_replicas: int = 1,
-    rank: int = 0,
-    seed: int = 0,
-) -> Iterable[Any]:
-    """Turn what ``build_validation_data_loader()`` returned into this rank's validation batches.
-
-    A hookdet :class:`DataLoader` becomes one unrepeated pass, sharded round-robin when
-    ``num_replicas > 1`` (every batch exactly once across ranks; ranks ``>= len % num_replicas``
-    get one batch fewer, see :mod:`hookdet.samplers`). Every pass has the same order, so a resumed
-    run validates exactly like the run that never stopped. For ``evaluate_full_dataset`` pass
-    ``num_replicas=1`` on the chief, as Determined does. Anything else raises
-    :class:`DatasetReproducibilityError` unless ``disable_checks``, and is then returned as is:
-    Determined does not shard a user's own validation loader either.
-    """
-    if isinstance(loader, DataLoader):
-        return loader._build(
-            repeat=False, skip=0, num_replicas=num_replicas, rank=rank, seed=seed, pinned_epoch=0
-        )
-    _refuse_or_accept_plain_loader(loader, disable_checks, "build_validation_data_loader")
-    return loader  # type: ignore[no-any-return]
-
-
-def _is_namedtuple(value: Any) -> bool:
-    return isinstance(value, tuple) and hasattr(type(value), "_fields")
-
-
-def to_device(
-    data: Any, device: Union[torch.device, str, int], warned_types: Optional[Set[Type]] = None
-) -> Any:
-    """Move every tensor in a batch to ``device``, keeping the batch's structure.
-
-    Handles, nested to any depth: tensors; numpy arrays of numbers or bools (made tensors, as
-    Determined does; other dtypes are left alone); dicts and other mappings; lists; tuples and
-    namedtuples (kept namedtuples, where Determined makes them plain tuples); dataclass instances;
-    any object with a callable ``.to(device)``. Strings, bytes, numbers and ``None`` pass through
-    unchanged and silently. Anything else passes through unchanged with a warning logged once per
-    type; pass the same ``warned_types`` set on every call to keep that to once per run.
-
-    Copies to an accelerator are ``non_blocking`` (safe: the source is host memory the loader does
-    not reuse); copies to the CPU block, since a non-blocking device-to-host copy could be read
-    before it lands. Values are never inspected, so no device-to-host sync is forced.
-    """
-    target, non_blocking = _target(device)
-    return _move(data, target, non_blocking, set() if warned_types is None else warned_types)
-
-
-#: A tensor's ``is_cpu`` flag, read without building a ``torch.device`` (as ``.device`` does);
-#: raises TypeError when given anything but a tensor.
-_tensor_is_cpu = torch.Tensor.is_cpu.__get__
-
-
-def batch_mover(
-    device: Union[torch.device, str, int], warned_types: Optional[Set[Type]] = None
-) -> Callable[[Any], Any]:
-    """:func:`to_device` bound to ``device``: ``mover(data)`` moves one batch.
-
-    What does not change from batch to batch is worked out here, once: the target device,
-    whether copies are ``non_blocking``, and one ``warned_types`` set for every batch it moves
-    (so an unknown type is warned about once per mover). The training loop makes one per run.
-    Unlike :func:`to_device`, a tuple or list whose items are all tensors on ``device`` already
-    comes back as the same object.
-    """
-    target, non_blocking = _target(device)
-    warned = set() if warned_types is None else warned_types
-
-    if target.type == "cpu":
-
-        def mover(data: Any) -> Any:
-            # The usual batch of a CPU run, a tuple or list of CPU tensors, is returned as it is,
-            # checked by one ``all`` over the tensors' ``is_cpu`` flags without a Python line per
-            # item (``_tensor_is_cpu`` raises TypeError for anything that is not a tensor).
-            kind = type(data)
-            if kind is tuple or kind is list:
-                try:
-                    if all(map(_tensor_is_cpu, data)):
-                        return data
-                except TypeError:
-                    pass
-            return _move(data, target, non_blocking, warned)
-
-        return mover
-
-    def mover(data: Any) -> Any:
-        # A tuple or list of tensors on the device already is returned as it is, without
-        # rebuilding it around the same tensors.
-        kind = type(data)
-        if kind is tuple or kind is list:
-            for item in data:
-                if type(item) is not torch.Tensor or item.device != target:
-                    break
-            else:
-                return data
-        return _move(data, target, non_blocking, warned)
-
-    return mover
-
-
-def _target(device: Union[torch.device, str, int]) -> Tuple[torch.device, bool]:
-    """``device`` as a ``torch.device``, and whether copies to it are non-blocking."""
-    target = device if isinstance(device, torch.device) else torch.device(device)
-    return target, target.type != "cpu"
-
-
-def _move(data: Any, device: torch.device, non_blocking: bool, warned_types: Set[Type]) -> Any:
-    if isinstance(data, torch.Tensor):
-        if data.device == device:  # already there: skip the dispatcher round trip of .to()
-            return data
-        return data.to(device, non_blocking=non_blocking)
-    # The usual batches, by exact type first: the checks below (numbers.Number, Mapping) are
-    # abstract-base-class isinstance checks costing about 0.4 µs each, paid on every batch.
-    kind = type(data)
-    if kind is tuple or kind is list:
-        return kind([_move(item, device, non_blocking, warned_types) for item in data])
-    if kind is dict:
-        return {key: _move(value, device, non_blocking, warned_types) for key, value in data.items()}
-    if isinstance(data, np.ndarray):
-        if data.dtype.kind not in _NUMPY_KINDS_TORCH_CAN_HOLD:
-            _warn_once(data, device, warned_types, detail=f" with dtype {data.dtype}")
-            return data
-        return _tensor_from_numpy(data).to(device, non_blocking=non_blocking)
-    if isinstance(data, (str, bytes, numbers.Number, np.generic)) or data is None:
-        return data
-    if isinstance(data, Mapping):
-        moved = {key: _move(value, device, non_blocking, warned_types) for key, value in data.items()}
-        return _rebuild_mapping(data, moved)
-    if _is_namedtuple(data):
-        return type(data)(*(_move(item, device, non_blocking, warned_types) for item in data))
-    if isinstance(data, (list, tuple)):
-        moved_items = [_move(item, device, non_blocking, warned_types) for item in data]
-        return _rebuild_sequence(data, moved_items)
-    if dataclasses.is_dataclass(data) and not isinstance(data, type):
-        changes = {
-            field.name: _move(getattr(data, field.name), device, non_blocking, warned_types)
-            for field in dataclasses.fields(data)
-            if field.init
-        }
-        return dataclasses.replace(data, **changes)
-    mover = getattr(data, "to", None)
-    if callable(mover):
-        return mover(device)
-    _warn_once(data, device, warned_types)
-    return data
-
-
-def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
-    """``torch.from_numpy``, first making the array native-endian and positively strided if needed."""
-    try:
-        return torch.from_numpy(array)
-    except (TypeError, ValueError):
-        native = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
-        return torch.from_numpy(native)
-
-
-def _rebuild_mapping(original: Mapping, moved: Dict[Any, Any]) -> Any:
-    """A mapping of ``original``'s type holding ``moved``; a plain dict if the type won't rebuild."""
-    if type(original) is dict:
-        return moved
-    if isinstance(original, collections.defaultdict):
-        return collections.defaultdict(original.default_factory, moved)
-    try:
-        return type(original)(moved)
-    except TypeError:
-        return moved
-
-
-def _rebuild_sequence(original: Sequence, moved: List[Any]) -> Any:
-    """A list/tuple of ``original``'s type holding ``moved``; the base type if it won't rebuild."""
-    if type(original) in (list, tuple):
-        return type(original)(moved)
-    try:
-        return type(original)(moved)
-    except TypeError:
-        return tuple(moved) if isinstance(original, tuple) else moved
-
-
-def _warn_once(data: Any, device: torch.device, warned_types: Set[Type], detail: str = "") -> None:
-    if type(data) in warned_types:
-        return
-    warned_types.add(type(data))
-    logger.warning(
-        "to_device: cannot move a %s%s to %s; it is passed through unchanged",
-        type(data).__name__, detail, device,
-    )
-
-
-def data_length(data: Any) -> int:
-    """The number of records in a batch: the size of the first dimension of its first array.
-
-    A tensor or numpy array gives ``shape[0]`` (read from metadata: no device sync). A mapping
-    gives the length of its first value, a list or tuple (namedtuples included) that of its first
-    element, recursively; a list or tuple whose first element is not itself an array or container
-    (a collated list of strings, say) is the batch, so its own length counts. Raises
-    ``ValueError`` for an empty container and ``TypeError`` naming the type (and where it sits)
-    for anything else; override ``get_batch_length`` in the trial for custom batch types.
-    """
-    return _length_at(data, "batch")
-
-
-def _length_at(data: Any, where: str) -> int:
-    if isinstance(data, (torch.Tensor, np.ndarray)):
-        if data.ndim == 0:
-            raise TypeError(
-                f"data_length: {where} is a 0-d {type(data).__name__}, which has no batch dimension"
-            )
-        return int(data.shape[0])
-    if isinstance(data, Mapping):
-        if not data:
-            raise ValueError(f"data_length: {where} is an empty {type(data).__name__}")
-        first_key = next(iter(data))
-        return _length_at(data[first_key], f"{where}[{first_key!r}]")
-    if isinstance(data, (list, tuple)):
-        if not data:
-            raise ValueError(f"data_length: {where} is an empty {type(data).__name__}")
-        first = data[0]
-        if isinstance(first, (torch.Tensor, np.ndarray, Mapping, list, tuple)):
-            return _length_at(first, f"{where}[0]")
-        return len(data)
-    raise TypeError(
-        f"data_length: cannot find the batch length of {where}, a {type(data).__name__}; a batch "
-        "must be a tensor, numpy array, or a dict/list/tuple of them (override "
-        "get_batch_length() in the trial for other types)"
-    )

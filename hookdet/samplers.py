@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 
-def _require_non_negative_int(owner: str, argument: str, value: Any) -> int:
+def require_non_negative_int(owner: str, argument: str, value: Any) -> int:
     """Return ``value`` if it is an int >= 0, else raise naming ``owner`` and ``argument``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{owner}: {argument} must be an int, got {type(value).__name__} {value!r}")
@@ -77,10 +77,10 @@ def _require_non_negative_int(owner: str, argument: str, value: Any) -> int:
     return int(value)
 
 
-def _check_shard(owner: str, num_workers: Any, rank: Any) -> None:
+def check_shard(owner: str, num_workers: Any, rank: Any) -> None:
     """Raise one clear error unless ``0 <= rank < num_workers``."""
-    num_workers = _require_non_negative_int(owner, "num_workers", num_workers)
-    rank = _require_non_negative_int(owner, "rank", rank)
+    num_workers = require_non_negative_int(owner, "num_workers", num_workers)
+    rank = require_non_negative_int(owner, "rank", rank)
     if num_workers == 0:
         raise ValueError(f"{owner}: num_workers must be positive, got 0")
     if rank >= num_workers:
@@ -94,7 +94,7 @@ def shard_length(total: int, num_workers: int, rank: int) -> int:
     One fewer than ``ceil(total / num_workers)`` on ranks ``>= total % num_workers``. A
     validation loop can use it to know, without iterating, which ranks finish early.
     """
-    _check_shard("shard_length", num_workers, rank)
+    check_shard("shard_length", num_workers, rank)
     full_rounds, remainder = divmod(total, num_workers)
     return full_rounds + (1 if rank < remainder else 0)
 
@@ -153,13 +153,13 @@ class _EpochShuffle:
     _owner = "ReproducibleShuffleSampler"
 
     def _init_shuffle(self, seed: Any) -> None:
-        self.seed = _require_non_negative_int(self._owner, "seed", seed)
+        self.seed = require_non_negative_int(self._owner, "seed", seed)
         self.epoch = 0
         self._permutations = _ReplayableShuffle(self.seed)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass use the order of ``epoch`` (the pass after it uses ``epoch + 1``)."""
-        self.epoch = _require_non_negative_int(self._owner, "epoch", epoch)
+        self.epoch = require_non_negative_int(self._owner, "epoch", epoch)
 
     def _shuffled(self, items: List[Any]) -> Iterator[Any]:
         order = self._permutations.permutation(self.epoch, len(items)).tolist()
@@ -234,7 +234,7 @@ class RepeatSampler(torch.utils.data.Sampler):
 
     def __init__(self, sampler: Iterable[int], *, start_epoch: int = 0) -> None:
         self.sampler = sampler
-        self.start_epoch = _require_non_negative_int("RepeatSampler", "start_epoch", start_epoch)
+        self.start_epoch = require_non_negative_int("RepeatSampler", "start_epoch", start_epoch)
 
     def __iter__(self) -> Iterator[int]:
         return _repeat_forever("RepeatSampler", self.sampler, self.start_epoch)
@@ -251,7 +251,7 @@ class RepeatBatchSampler(torch.utils.data.BatchSampler):
 
     def __init__(self, batch_sampler: Iterable[List[int]], *, start_epoch: int = 0) -> None:
         self.batch_sampler = batch_sampler
-        self.start_epoch = _require_non_negative_int(
+        self.start_epoch = require_non_negative_int(
             "RepeatBatchSampler", "start_epoch", start_epoch
         )
 
@@ -278,7 +278,7 @@ class DistributedSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, sampler: Iterable[int], num_workers: int, rank: int) -> None:
-        _check_shard("DistributedSampler", num_workers, rank)
+        check_shard("DistributedSampler", num_workers, rank)
         self.sampler = sampler
         self.num_workers = int(num_workers)
         self.rank = int(rank)
@@ -299,7 +299,7 @@ class DistributedBatchSampler(torch.utils.data.BatchSampler):
     """
 
     def __init__(self, batch_sampler: Iterable[List[int]], num_workers: int, rank: int) -> None:
-        _check_shard("DistributedBatchSampler", num_workers, rank)
+        check_shard("DistributedBatchSampler", num_workers, rank)
         self.batch_sampler = batch_sampler
         self.num_workers = int(num_workers)
         self.rank = int(rank)
@@ -321,7 +321,7 @@ class SkipSampler(torch.utils.data.Sampler):
 
     def __init__(self, sampler: Iterable[int], skip: int) -> None:
         self.sampler = sampler
-        self.skip = _require_non_negative_int("SkipSampler", "skip", skip)
+        self.skip = require_non_negative_int("SkipSampler", "skip", skip)
 
     def __iter__(self) -> Iterator[int]:
         return itertools.islice(self.sampler, self.skip, None)
@@ -339,7 +339,7 @@ class SkipBatchSampler(torch.utils.data.BatchSampler):
 
     def __init__(self, batch_sampler: Iterable[List[int]], skip: int) -> None:
         self.batch_sampler = batch_sampler
-        self.skip = _require_non_negative_int("SkipBatchSampler", "skip", skip)
+        self.skip = require_non_negative_int("SkipBatchSampler", "skip", skip)
 
     @property
     def length(self) -> int:

@@ -134,7 +134,7 @@ class PyTorchTrial(abc.ABC):
 
     def get_batch_length(self, batch: Any) -> int:
         """The number of records in ``batch`` (used to weight validation averages)."""
-        from hookdet.data import data_length
+        from hookdet.batch_moving import data_length
 
         return data_length(batch)
 

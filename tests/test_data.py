@@ -14,16 +14,9 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
-from hookdet.data import (
-    DataLoader,
-    DatasetReproducibilityError,
-    PlainLoaderAdapter,
-    adapt_training_loader,
-    adapt_validation_loader,
-    batch_mover,
-    data_length,
-    to_device,
-)
+from hookdet.batch_moving import batch_mover, data_length, to_device
+from hookdet.data import DataLoader, DatasetReproducibilityError
+from hookdet.loader_adapters import PlainLoaderAdapter, adapt_training_loader, adapt_validation_loader
 from hookdet.samplers import ReproducibleShuffleSampler, shard_length
 
 

@@ -4,7 +4,8 @@ Re-exports only; each name lives in the module that owns its concept.
 """
 from hookdet.checkpoint_api import CheckpointLoadContext, load_trial_from_checkpoint_path
 from hookdet.context import PyTorchExperimentalContext, PyTorchTrialContext
-from hookdet.data import DataLoader, TorchData, adapt_batch_sampler, data_length, to_device
+from hookdet.batch_moving import TorchData, data_length, to_device
+from hookdet.data import DataLoader, adapt_batch_sampler
 from hookdet.lr_scheduler import LRScheduler
 from hookdet.reducers import MetricReducer, Reducer
 from hookdet.trainer import Trainer, init
