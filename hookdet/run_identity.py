@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from hookdet import checkpoint_format as fmt
-from hookdet.storage_backends import CheckpointStorage, LocalStorage, S3Storage
+from hookdet.s3_storage import S3Storage
+from hookdet.storage_backends import CheckpointStorage, LocalStorage
 
 logger = logging.getLogger("hookdet")
 

@@ -10,8 +10,9 @@ leaves something that looks like a checkpoint:
   last; a checkpoint counts as complete exactly when its ``metadata.json`` exists.
 
 Both follow the same rule on reading: a checkpoint without ``metadata.json`` does not exist.
-:func:`make_storage` turns the ``checkpoint_storage`` block of a Determined experiment file into
-a backend. This module is plain code with no hooks; the checkpoint plugin drives it.
+:func:`make_storage` builds the backend the experiment file's (validated) ``checkpoint_storage``
+block names; :class:`S3Storage` lives in :mod:`hookdet.s3_storage`. This module is plain code with
+no hooks; the checkpoint plugin drives it.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import contextlib
 import os
 import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator, Mapping
-from pathlib import Path, PurePosixPath
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -33,10 +33,7 @@ __all__ = [
     "CheckpointStorage",
     "IncompleteCheckpointError",
     "LocalStorage",
-    "S3Storage",
-    "StorageConfigError",
     "StorageError",
-    "SUPPORTED_STORAGE_TYPES",
     "make_storage",
 ]
 
@@ -45,11 +42,6 @@ METADATA_FILENAME = "metadata.json"
 
 TEMP_DIR_PREFIX = ".tmp-"
 """Local in-progress checkpoints are named ``.tmp-<storage id>-<random>``; readers skip them."""
-
-SUPPORTED_STORAGE_TYPES = ("shared_fs", "directory", "s3")
-
-RETENTION_KEYS = frozenset({"save_experiment_best", "save_trial_best", "save_trial_latest"})
-"""Determined's retention policy keys; they belong to the checkpoint plugin, not to storage."""
 
 
 class StorageError(RuntimeError):
@@ -84,11 +76,7 @@ class IncompleteCheckpointError(StorageError):
     could never be restored; nothing was published."""
 
 
-class StorageConfigError(ValueError):
-    """The ``checkpoint_storage`` block of the experiment file is malformed."""
-
-
-def _check_storage_id(storage_id: object) -> str:
+def check_storage_id(storage_id: object) -> str:
     """Return ``storage_id`` if it can name one checkpoint directory, else raise ValueError.
 
     An id is one path component: it must not climb out of the storage root, name a nested
@@ -204,14 +192,14 @@ class LocalStorage(CheckpointStorage):
         return f"local directory {self.root}"
 
     def location(self, storage_id: str) -> str:
-        return str(self.root / _check_storage_id(storage_id))
+        return str(self.root / check_storage_id(storage_id))
 
     def _is_complete(self, checkpoint_dir: Path) -> bool:
         return (checkpoint_dir / METADATA_FILENAME).is_file()
 
     @contextlib.contextmanager
     def store_path(self, storage_id: str) -> Iterator[Path]:
-        final_dir = self.root / _check_storage_id(storage_id)
+        final_dir = self.root / check_storage_id(storage_id)
         if final_dir.exists():
             raise CheckpointExistsError(storage_id, self.describe())
         self.root.mkdir(parents=True, exist_ok=True)
@@ -237,7 +225,7 @@ class LocalStorage(CheckpointStorage):
 
     @contextlib.contextmanager
     def restore_path(self, storage_id: str) -> Iterator[Path]:
-        checkpoint_dir = self.root / _check_storage_id(storage_id)
+        checkpoint_dir = self.root / check_storage_id(storage_id)
         if not checkpoint_dir.is_dir():
             raise CheckpointNotFoundError(storage_id, self.describe())
         if not self._is_complete(checkpoint_dir):
@@ -249,7 +237,7 @@ class LocalStorage(CheckpointStorage):
         yield checkpoint_dir
 
     def delete(self, storage_id: str) -> None:
-        checkpoint_dir = self.root / _check_storage_id(storage_id)
+        checkpoint_dir = self.root / check_storage_id(storage_id)
         if not checkpoint_dir.is_dir():
             raise CheckpointNotFoundError(storage_id, self.describe())
         # Renaming first hides the whole checkpoint in one step; deleting files in place could
@@ -268,343 +256,27 @@ class LocalStorage(CheckpointStorage):
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# S3 and S3-compatible object stores
-# ---------------------------------------------------------------------------------------------
-
-
-def _normalize_s3_prefix(prefix: str) -> str:
-    """Return ``prefix`` without leading, trailing or doubled slashes; reject ``.``/``..``."""
-    if not isinstance(prefix, str):
-        raise ValueError(f"S3 prefix must be a str, not {type(prefix).__name__}")
-    parts = [part for part in prefix.split("/") if part]
-    if any(part in (".", "..") for part in parts):
-        raise ValueError(f"S3 prefix {prefix!r} must not contain '.' or '..' components")
-    return "/".join(parts)
-
-
-S3_TIMEOUTS = {
-    "connect_timeout": float(os.environ.get("HOOKDET_S3_CONNECT_TIMEOUT", "5")),
-    "read_timeout": float(os.environ.get("HOOKDET_S3_READ_TIMEOUT", "30")),
-    "max_attempts": int(os.environ.get("HOOKDET_S3_MAX_ATTEMPTS", "3")),  # in all, first included
-}
-"""Seconds to connect, seconds to wait for an answer, and attempts per S3 request (botocore's
-standard retry mode backs off between them); environment variables override each."""
-
-
-def _import_boto3() -> Any:
-    """Import boto3, or explain how to install it: S3 support is an optional extra."""
-    try:
-        import boto3
-    except ImportError as err:
-        raise ImportError(
-            "S3 checkpoint storage needs boto3, which is not installed; "
-            "install it with `pip install hookdet[s3]`"
-        ) from err
-    return boto3
-
-
-class S3Storage(CheckpointStorage):
-    """Checkpoints as objects ``<prefix>/<storage id>/<relative file path>`` in one bucket.
-
-    Works with AWS S3 and S3-compatible servers (MinIO, Ceph, moto) through ``endpoint_url``.
-    Credentials not given here come from boto3's usual chain (environment, config files,
-    instance roles). Empty directories are not stored: object stores have none.
-    """
-
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        access_key: str | None = None,
-        secret_key: str | None = None,
-        region: str | None = None,
-    ) -> None:
-        if not isinstance(bucket, str) or not bucket or "/" in bucket:
-            raise ValueError(f"S3 bucket must be a bucket name without '/', got {bucket!r}")
-        self._boto3 = _import_boto3()
-        self.bucket = bucket
-        self.prefix = _normalize_s3_prefix(prefix)
-        self.endpoint_url = endpoint_url
-        self._access_key = access_key
-        self._secret_key = secret_key
-        self.region = region
-        self._client: Any = None
-
-    def describe(self) -> str:
-        url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
-        return f"{url} (endpoint {self.endpoint_url})" if self.endpoint_url else url
-
-    def location(self, storage_id: str) -> str:
-        return f"s3://{self.bucket}/{self._checkpoint_key_prefix(storage_id)}"
-
-    @property
-    def client(self) -> Any:
-        """The boto3 S3 client, created on first use, with :data:`S3_TIMEOUTS`."""
-        if self._client is None:
-            self._client = self.new_client(**S3_TIMEOUTS)
-        return self._client
-
-    def new_client(self, connect_timeout: float, read_timeout: float, max_attempts: int) -> Any:
-        """A boto3 client for this storage whose timeouts and retries (with backoff) are
-        botocore's own: an endpoint that never answers fails the request instead of hanging."""
-        from botocore.config import Config
-
-        session = self._boto3.session.Session()
-        return session.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self._access_key,
-            aws_secret_access_key=self._secret_key,
-            region_name=self.region,
-            config=Config(
-                connect_timeout=connect_timeout,
-                read_timeout=read_timeout,
-                retries={"total_max_attempts": max_attempts, "mode": "standard"},
-            ),
-        )
-
-    def _checkpoint_key_prefix(self, storage_id: str) -> str:
-        """The key prefix, ending in '/', under which one checkpoint's objects live."""
-        _check_storage_id(storage_id)
-        return f"{self.prefix}/{storage_id}/" if self.prefix else f"{storage_id}/"
-
-    @contextlib.contextmanager
-    def _s3_errors(self, action: str) -> Iterator[None]:
-        """Turn boto3's errors (no bucket, bad credentials, no connection) into one
-        :class:`StorageError` that says what was being done where."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            yield
-        except (BotoCoreError, ClientError) as err:
-            raise StorageError(f"S3 storage {self.describe()}: {action} failed: {err}") from err
-
-    def _list_keys(self, key_prefix: str) -> list[str]:
-        """All object keys starting with ``key_prefix``, across result pages."""
-        keys: list[str] = []
-        with self._s3_errors(f"listing {key_prefix or 'the bucket'}"):
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=key_prefix):
-                keys.extend(item["Key"] for item in page.get("Contents", ()))
-        return keys
-
-    def _delete_keys(self, keys: list[str], what: str) -> None:
-        """Delete objects in batches of S3's 1000-key limit; any refusal raises."""
-        batch_limit = 1000
-        with self._s3_errors(f"deleting {what}"):
-            for start in range(0, len(keys), batch_limit):
-                batch = keys[start : start + batch_limit]
-                response = self.client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
-                )
-                refused = response.get("Errors", [])
-                if refused:
-                    first = refused[0]
-                    raise StorageError(
-                        f"S3 storage {self.describe()}: deleting {what} failed for "
-                        f"{len(refused)} object(s), first {first.get('Key')!r}: "
-                        f"{first.get('Code')} {first.get('Message')}"
-                    )
-
-    @contextlib.contextmanager
-    def store_path(self, storage_id: str) -> Iterator[Path]:
-        key_prefix = self._checkpoint_key_prefix(storage_id)
-        metadata_key = key_prefix + METADATA_FILENAME
-        if metadata_key in self._list_keys(key_prefix):
-            raise CheckpointExistsError(storage_id, self.describe())
-        staging_dir = Path(tempfile.mkdtemp(prefix=f"hookdet-store-{storage_id}-"))
-        try:
-            yield staging_dir
-            if not (staging_dir / METADATA_FILENAME).is_file():
-                raise IncompleteCheckpointError(
-                    f"checkpoint {storage_id!r} for {self.describe()} was written without "
-                    f"{METADATA_FILENAME}; nothing was uploaded because it could not be restored"
-                )
-            self._upload(staging_dir, storage_id, key_prefix)
-        finally:
-            shutil.rmtree(staging_dir, ignore_errors=True)
-
-    def _upload(self, staging_dir: Path, storage_id: str, key_prefix: str) -> None:
-        """Upload the staged files, ``metadata.json`` last; on failure remove what was sent."""
-        existing_keys = self._list_keys(key_prefix)
-        if key_prefix + METADATA_FILENAME in existing_keys:
-            raise CheckpointExistsError(storage_id, self.describe())
-        if existing_keys:
-            # Leftovers of an upload that died before its metadata.json: never a checkpoint,
-            # and mixing them into this one would add files it never had.
-            self._delete_keys(existing_keys, f"leftovers of an unfinished upload of {storage_id!r}")
-
-        relative_files = sorted(
-            path.relative_to(staging_dir).as_posix()
-            for path in staging_dir.rglob("*")
-            if path.is_file()
-        )
-        relative_files.remove(METADATA_FILENAME)
-        relative_files.append(METADATA_FILENAME)
-        uploaded_keys: list[str] = []
-        try:
-            for relative_file in relative_files:
-                key = key_prefix + relative_file
-                with self._s3_errors(f"uploading {relative_file!r} of checkpoint {storage_id!r}"):
-                    self.client.upload_file(str(staging_dir / relative_file), self.bucket, key)
-                uploaded_keys.append(key)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._delete_keys(uploaded_keys, f"partial upload of {storage_id!r}")
-            raise
-
-    @contextlib.contextmanager
-    def restore_path(self, storage_id: str) -> Iterator[Path]:
-        key_prefix = self._checkpoint_key_prefix(storage_id)
-        keys = self._list_keys(key_prefix)
-        if key_prefix + METADATA_FILENAME not in keys:
-            detail = (
-                f"objects under {key_prefix!r} lack {METADATA_FILENAME}, "
-                "so the upload never finished"
-                if keys
-                else ""
-            )
-            raise CheckpointNotFoundError(storage_id, self.describe(), detail)
-        download_dir = Path(tempfile.mkdtemp(prefix=f"hookdet-restore-{storage_id}-"))
-        try:
-            for key in keys:
-                if key.endswith("/"):
-                    continue  # a folder marker some S3 tools create; it holds no data
-                relative_file = PurePosixPath(key[len(key_prefix) :])
-                if relative_file.is_absolute() or ".." in relative_file.parts:
-                    raise StorageError(
-                        f"S3 storage {self.describe()}: checkpoint {storage_id!r} holds object "
-                        f"{key!r}, whose name would escape the checkpoint directory"
-                    )
-                local_file = download_dir.joinpath(*relative_file.parts)
-                local_file.parent.mkdir(parents=True, exist_ok=True)
-                with self._s3_errors(f"downloading {key!r}"):
-                    self.client.download_file(self.bucket, key, str(local_file))
-            yield download_dir
-        finally:
-            shutil.rmtree(download_dir, ignore_errors=True)
-
-    def delete(self, storage_id: str) -> None:
-        key_prefix = self._checkpoint_key_prefix(storage_id)
-        keys = self._list_keys(key_prefix)
-        if not keys:
-            raise CheckpointNotFoundError(storage_id, self.describe())
-        metadata_key = key_prefix + METADATA_FILENAME
-        if metadata_key in keys:
-            self._delete_keys([metadata_key], f"checkpoint {storage_id!r}")
-            keys.remove(metadata_key)
-        self._delete_keys(keys, f"checkpoint {storage_id!r}")
-
-    def list_ids(self) -> list[str]:
-        root = f"{self.prefix}/" if self.prefix else ""
-        storage_ids = set()
-        for key in self._list_keys(root):
-            storage_id, _, rest = key[len(root) :].partition("/")
-            if rest == METADATA_FILENAME and storage_id and not storage_id.startswith("."):
-                storage_ids.add(storage_id)
-        return sorted(storage_ids)
-
-
-# ---------------------------------------------------------------------------------------------
-# The experiment file's checkpoint_storage block
-# ---------------------------------------------------------------------------------------------
-
-_ALLOWED_KEYS = {
-    "shared_fs": {"host_path", "storage_path", "container_path", "propagation"},
-    "directory": {"container_path"},
-    "s3": {"bucket", "prefix", "endpoint_url", "access_key", "secret_key", "region"},
-}
-"""Keys each storage type accepts besides ``type`` and the retention keys. ``container_path``
-and ``propagation`` of ``shared_fs`` describe a cluster's container mount and mean nothing
-locally; they are accepted and ignored so a Determined experiment file runs unchanged."""
-
-
-def _optional_str(spec: Mapping[str, Any], storage_type: str, key: str) -> str | None:
-    value = spec.get(key)
-    if value is not None and not isinstance(value, str):
-        raise StorageConfigError(
-            f"checkpoint_storage.{key} (type {storage_type}) must be a string, "
-            f"got {type(value).__name__} {value!r}"
-        )
-    return value
-
-
-def _required_str(spec: Mapping[str, Any], storage_type: str, key: str) -> str:
-    value = _optional_str(spec, storage_type, key)
-    if not value:
-        raise StorageConfigError(f"checkpoint_storage of type {storage_type} needs {key!r}")
-    return value
-
-
-def _shared_fs_root(host_path: str, storage_path: str | None) -> Path:
-    """Determined's rule: ``host_path`` is absolute; ``storage_path``, relative to it or
-    absolute, must lie inside it."""
-    if not os.path.isabs(host_path):
-        raise StorageConfigError(
-            f"checkpoint_storage.host_path must be an absolute path, got {host_path!r}"
-        )
-    host = Path(os.path.normpath(host_path))
-    if storage_path is None:
-        return host
-    root = Path(os.path.normpath(host / storage_path))
-    if root != host and host not in root.parents:
-        raise StorageConfigError(
-            f"checkpoint_storage.storage_path {storage_path!r} must be a subdirectory of "
-            f"host_path {host_path!r}"
-        )
-    return root
-
-
-def make_storage(
-    spec: Mapping[str, Any] | None, run_dir: str | os.PathLike[str]
-) -> CheckpointStorage:
-    """Build the backend that a Determined ``checkpoint_storage`` block describes.
-
-    ``None`` means the default: ``<run_dir>/checkpoints``. ``shared_fs`` stores under
-    ``host_path`` (joined with ``storage_path`` if given), ``directory`` under
-    ``container_path``, ``s3`` in a bucket. Retention keys (``save_trial_best`` and friends)
-    are the checkpoint plugin's business and are ignored here.
-    """
-    if spec is None:
+def make_storage(config: Any, run_dir: str | os.PathLike[str]) -> CheckpointStorage:
+    """The backend a validated ``checkpoint_storage`` block names (a model of
+    :mod:`hookdet.config.sections`; the experiment file's loader has checked it, with file and
+    line in its messages): ``None`` or retention counts alone mean ``<run_dir>/checkpoints``;
+    ``shared_fs`` stores under ``host_path`` (joined with ``storage_path``), ``directory`` under
+    ``container_path``, ``s3`` in a bucket. Retention counts are the checkpoint plugin's
+    business."""
+    storage_type = None if config is None else config.type
+    if storage_type in (None, "default"):
         return LocalStorage(Path(run_dir) / "checkpoints")
-    if not isinstance(spec, Mapping):
-        raise StorageConfigError(
-            f"checkpoint_storage must be a mapping, got {type(spec).__name__} {spec!r}"
-        )
-    storage_type = spec.get("type")
-    if storage_type not in SUPPORTED_STORAGE_TYPES:
-        shown = "missing" if storage_type is None else repr(storage_type)
-        raise StorageConfigError(
-            f"checkpoint_storage.type is {shown}; supported types: "
-            + ", ".join(SUPPORTED_STORAGE_TYPES)
-        )
-    unknown = sorted(set(spec) - {"type"} - RETENTION_KEYS - _ALLOWED_KEYS[storage_type])
-    if unknown:
-        raise StorageConfigError(
-            f"checkpoint_storage of type {storage_type} has unknown key(s) "
-            f"{', '.join(map(repr, unknown))}; allowed: "
-            + ", ".join(sorted(_ALLOWED_KEYS[storage_type] | RETENTION_KEYS))
-        )
-
     if storage_type == "shared_fs":
-        host_path = _required_str(spec, storage_type, "host_path")
-        storage_path = _optional_str(spec, storage_type, "storage_path")
-        return LocalStorage(_shared_fs_root(host_path, storage_path))
+        return LocalStorage(config.root())
     if storage_type == "directory":
-        return LocalStorage(_required_str(spec, storage_type, "container_path"))
-    try:
-        return S3Storage(
-            bucket=_required_str(spec, storage_type, "bucket"),
-            prefix=_optional_str(spec, storage_type, "prefix") or "",
-            endpoint_url=_optional_str(spec, storage_type, "endpoint_url"),
-            access_key=_optional_str(spec, storage_type, "access_key"),
-            secret_key=_optional_str(spec, storage_type, "secret_key"),
-            region=_optional_str(spec, storage_type, "region"),
-        )
-    except ValueError as err:
-        if isinstance(err, StorageConfigError):
-            raise
-        raise StorageConfigError(f"checkpoint_storage (type s3): {err}") from err
+        return LocalStorage(config.container_path)
+    from hookdet.s3_storage import S3Storage
+
+    return S3Storage(
+        bucket=config.bucket,
+        prefix=config.prefix or "",
+        endpoint_url=config.endpoint_url,
+        access_key=config.access_key,
+        secret_key=config.secret_key,
+        region=config.region,
+    )

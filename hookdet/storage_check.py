@@ -13,7 +13,8 @@ import os
 import secrets
 from typing import Any, Optional
 
-from hookdet.storage_backends import LocalStorage, S3Storage
+from hookdet.s3_storage import S3Storage
+from hookdet.storage_backends import LocalStorage
 
 #: Seconds the S3 probe waits to connect and for an answer; short, because it is one request.
 PROBE_TIMEOUT_S = float(os.environ.get("HOOKDET_S3_PROBE_TIMEOUT", "5"))

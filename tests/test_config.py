@@ -740,6 +740,7 @@ def test_each_storage_type_maps_to_its_plugin() -> None:
         "shared_fs": "local_storage",
         "directory": "local_storage",
         "s3": "s3_storage",
+        "default": "local_storage",
     }
 
 

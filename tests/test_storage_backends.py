@@ -21,11 +21,11 @@ from hookdet.storage_backends import (
     CheckpointStorage,
     IncompleteCheckpointError,
     LocalStorage,
-    S3Storage,
-    StorageConfigError,
     StorageError,
     make_storage,
 )
+from hookdet.config import ConfigError, parse_experiment_config
+from hookdet.s3_storage import S3Storage
 from tests.s3_fixture import s3_admin_client, s3_server  # noqa: F401  (s3_server: a fixture)
 
 CHECKPOINT_FILES = {
@@ -373,11 +373,17 @@ def test_s3_without_boto3_explains_the_extra_to_install(monkeypatch: pytest.Monk
 # ------------------------------------------------------------------ make_storage
 
 
-def test_make_storage_defaults_to_checkpoints_in_the_run_dir(tmp_path: Path) -> None:
-    storage = make_storage(None, tmp_path / "run-1")
+def storage_config(spec: Any) -> Any:
+    """The ``checkpoint_storage`` block as the experiment file's loader validates it."""
+    return parse_experiment_config({"checkpoint_storage": spec}).checkpoint_storage
 
-    assert isinstance(storage, LocalStorage)
-    assert storage.root == tmp_path / "run-1" / "checkpoints"
+
+def test_make_storage_defaults_to_checkpoints_in_the_run_dir(tmp_path: Path) -> None:
+    for config in (None, storage_config({"save_trial_best": 2, "save_trial_latest": 3})):
+        storage = make_storage(config, tmp_path / "run-1")
+
+        assert isinstance(storage, LocalStorage)
+        assert storage.root == tmp_path / "run-1" / "checkpoints"
 
 
 @pytest.mark.parametrize(
@@ -391,34 +397,34 @@ def test_make_storage_shared_fs_joins_storage_path_to_host_path(
     if storage_path is not None:
         spec["storage_path"] = storage_path.format(host=tmp_path)
 
-    storage = make_storage(spec, tmp_path / "run")
+    storage = make_storage(storage_config(spec), tmp_path / "run")
 
     assert isinstance(storage, LocalStorage)
     assert storage.root == tmp_path / expected_subdir
 
 
 @pytest.mark.parametrize("storage_path", ["../outside", "/somewhere/else"])
-def test_make_storage_shared_fs_refuses_storage_path_outside_host_path(
+def test_shared_fs_storage_path_outside_host_path_is_refused(
     tmp_path: Path, storage_path: str
 ) -> None:
     spec = {"type": "shared_fs", "host_path": str(tmp_path / "host"), "storage_path": storage_path}
 
     with pytest.raises(
-        StorageConfigError, match="storage_path .* must be a subdirectory of host_path"
+        ConfigError, match="checkpoint_storage.storage_path: must be a subdirectory of host_path"
     ):
-        make_storage(spec, tmp_path)
+        storage_config(spec)
 
 
-def test_make_storage_shared_fs_needs_an_absolute_host_path(tmp_path: Path) -> None:
+def test_shared_fs_needs_an_absolute_host_path() -> None:
     with pytest.raises(
-        StorageConfigError, match="host_path must be an absolute path, got 'relative/dir'"
+        ConfigError, match="checkpoint_storage.host_path: must be an absolute path; got 'relative/dir'"
     ):
-        make_storage({"type": "shared_fs", "host_path": "relative/dir"}, tmp_path)
+        storage_config({"type": "shared_fs", "host_path": "relative/dir"})
 
 
 def test_make_storage_directory_uses_container_path(tmp_path: Path) -> None:
     storage = make_storage(
-        {"type": "directory", "container_path": str(tmp_path / "c")}, tmp_path / "run"
+        storage_config({"type": "directory", "container_path": str(tmp_path / "c")}), tmp_path / "run"
     )
 
     assert isinstance(storage, LocalStorage)
@@ -438,7 +444,7 @@ def test_make_storage_s3_works_against_the_server(
         "save_trial_latest": 2,
     }
 
-    storage = make_storage(spec, tmp_path)
+    storage = make_storage(storage_config(spec), tmp_path)
     store(storage, "uuid-1")
 
     assert isinstance(storage, S3Storage)
@@ -449,27 +455,17 @@ def test_make_storage_s3_works_against_the_server(
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (
-            {"type": "gcs", "bucket": "b"},
-            "type is 'gcs'; supported types: shared_fs, directory, s3",
-        ),
-        ({"host_path": "/x"}, "type is missing; supported types: shared_fs, directory, s3"),
-        ({"type": "s3", "bucket": "b", "bukket": "c"}, "unknown key\\(s\\) 'bukket'"),
-        ({"type": "s3"}, "type s3 needs 'bucket'"),
-        ({"type": "directory"}, "type directory needs 'container_path'"),
-        (
-            {"type": "shared_fs", "host_path": 5},
-            "host_path \\(type shared_fs\\) must be a string, got int",
-        ),
-        (
-            {"type": "s3", "bucket": "b", "prefix": "../up"},
-            "checkpoint_storage \\(type s3\\).*'\\.\\.'",
-        ),
-        (["shared_fs"], "checkpoint_storage must be a mapping, got list"),
+        ({"type": "gcs", "bucket": "b"}, "type 'gcs' is not a storage hookdet has; use one of shared_fs, directory, s3"),
+        ({"host_path": "/x"}, "checkpoint_storage.type is required: one of shared_fs, directory, s3"),
+        ({"type": "s3", "bucket": "b", "bukket": "c"}, "unknown field 'checkpoint_storage.bukket'"),
+        ({"type": "s3"}, "checkpoint_storage.bucket is required"),
+        ({"type": "directory"}, "checkpoint_storage.container_path is required"),
+        ({"type": "shared_fs", "host_path": 5}, "checkpoint_storage.host_path: expected a string; got 5"),
+        ({"type": "s3", "bucket": "b", "prefix": "../up"}, "checkpoint_storage.prefix: prefix must not contain '..'"),
+        (["shared_fs"], "checkpoint_storage: expected a mapping"),
     ],
 )
-def test_make_storage_bad_spec_gets_one_clear_error(
-    tmp_path: Path, spec: Any, message: str
-) -> None:
-    with pytest.raises(StorageConfigError, match=message):
-        make_storage(spec, tmp_path)
+def test_a_bad_storage_block_gets_one_clear_error_from_the_one_validator(spec: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        storage_config(spec)
+    assert message in str(raised.value)

@@ -11,20 +11,15 @@ from hookdet.markers import hookimpl
 from hookdet.storage_backends import make_storage
 
 
-def _spec(run: Any) -> Any:
-    spec = run.config.checkpoint_storage
-    return spec.model_dump() if spec is not None else None
-
-
 class LocalStoragePlugin:
     """``shared_fs`` and ``directory`` storage, and the default: ``<run dir>/checkpoints``."""
 
     @hookimpl
     def hookdet_make_checkpoint_storage(self, run: Any) -> Any:
         """A :class:`LocalStorage` when the experiment file asks for a local type (or none)."""
-        spec = _spec(run)
-        if spec is None or spec.get("type") in ("shared_fs", "directory"):
-            return make_storage(spec, run.run_dir)
+        storage = run.config.checkpoint_storage
+        if storage is None or storage.type in ("shared_fs", "directory", "default"):
+            return make_storage(storage, run.run_dir)
         return None
 
 
@@ -44,7 +39,7 @@ class S3StoragePlugin:
     @hookimpl
     def hookdet_make_checkpoint_storage(self, run: Any) -> Any:
         """An :class:`S3Storage` for ``type: s3``."""
-        spec = _spec(run)
-        if spec is not None and spec.get("type") == "s3":
-            return make_storage(spec, run.run_dir)
+        storage = run.config.checkpoint_storage
+        if storage is not None and storage.type == "s3":
+            return make_storage(storage, run.run_dir)
         return None

@@ -20,6 +20,7 @@ from hookdet.config.blocks import (
 from hookdet.config.problems import ConfigError, FieldProblem, as_written, dotted
 from hookdet.config.sections import (
     MAX_EXPERIMENT_SEED,
+    RETENTION_KEYS,
     CheckpointStorageConfig,
     Length,
     OptimizationsConfig,
@@ -67,6 +68,13 @@ class ExperimentConfig(Section):
     @classmethod
     def _read_entrypoint(cls, raw: Any) -> str:
         return trial_spec_from_entrypoint(raw)
+
+    @field_validator("checkpoint_storage", mode="before")
+    @classmethod
+    def _retention_only_means_default_storage(cls, raw: Any) -> Any:
+        if isinstance(raw, Mapping) and "type" not in raw and set(raw) <= RETENTION_KEYS:
+            return {**raw, "type": "default"}
+        return raw
 
     @field_validator("hyperparameters", mode="before")
     @classmethod

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple, Union, 
 from pydantic import ValidationError
 
 from hookdet.config.problems import ConfigError, FieldPath, FieldProblem, Reporter, as_written, did_you_mean, dotted
-from hookdet.config.sections import STORAGE_PLUGIN_FOR_TYPE, Section
+from hookdet.config.sections import RETENTION_KEYS, STORAGE_PLUGIN_FOR_TYPE, STORAGE_TYPES, Section
 
 CLUSTER_ONLY_FIELDS: Tuple[str, ...] = (
     "bind_mounts",
@@ -105,14 +105,16 @@ def _section_model_of(
         return None
     by_tag = {get_args(member.model_fields["type"].annotation)[0]: member for member in candidates}
     tag = value.get("type")
-    choices = ", ".join(by_tag)
+    choices = ", ".join(STORAGE_TYPES)
     if tag is None:
+        if set(value) <= RETENTION_KEYS:  # only retention counts: the default storage
+            return by_tag["default"]
         raise reporter.error(key_path, f"{dotted(key_path)}.type is required: one of {choices}")
     if tag not in by_tag:
         raise reporter.error(
             key_path + ("type",),
             f"{dotted(key_path)}.type {as_written(tag)} is not a storage hookdet has; use one of "
-            f"{choices}{did_you_mean(str(tag), list(by_tag))}",
+            f"{choices}{did_you_mean(str(tag), list(STORAGE_TYPES))}",
         )
     return by_tag[tag]
 

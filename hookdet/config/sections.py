@@ -3,6 +3,8 @@
 Determined's defaults (strict YAML types, no unknown keys, ``null`` meaning the default)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Dict, Literal, Mapping, Optional, Tuple, Union
 
@@ -11,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 from hookdet.config.problems import FieldProblem, as_written, did_you_mean
 
 STORAGE_PLUGIN_FOR_TYPE: Mapping[str, str] = MappingProxyType(
-    {"shared_fs": "local_storage", "directory": "local_storage", "s3": "s3_storage"}
+    {"shared_fs": "local_storage", "directory": "local_storage", "s3": "s3_storage", "default": "local_storage"}
 )
 """``checkpoint_storage.type`` -> the name of the storage plugin that serves it."""
 
@@ -187,6 +189,10 @@ class ReproducibilityConfig(Section):
     experiment_seed: int = Field(0, ge=0, le=MAX_EXPERIMENT_SEED)
 
 
+#: Determined's checkpoint garbage-collection counts, the keys every storage type shares.
+RETENTION_KEYS = frozenset({"save_experiment_best", "save_trial_best", "save_trial_latest"})
+
+
 class _StorageConfig(Section):
     """Determined's checkpoint garbage-collection counts, common to every storage type."""
 
@@ -210,6 +216,36 @@ class SharedFSStorageConfig(_StorageConfig):
     storage_path: Optional[str] = None
     container_path: Optional[str] = None
     propagation: str = "rprivate"
+
+    @model_validator(mode="after")
+    def _storage_path_inside_host_path(self) -> "SharedFSStorageConfig":
+        """Determined's rule: ``host_path`` is absolute; ``storage_path``, relative to it or
+        absolute, lies inside it."""
+        if not os.path.isabs(self.host_path):
+            raise FieldProblem(
+                ("host_path",), f"must be an absolute path; got {as_written(self.host_path)}"
+            )
+        host = Path(os.path.normpath(self.host_path))
+        if host not in self.root().parents and self.root() != host:
+            raise FieldProblem(
+                ("storage_path",),
+                f"must be a subdirectory of host_path {as_written(self.host_path)}; "
+                f"got {as_written(self.storage_path)}",
+            )
+        return self
+
+    def root(self) -> Path:
+        """Where the checkpoints go: ``host_path`` joined with ``storage_path``."""
+        host = Path(os.path.normpath(self.host_path))
+        return host if self.storage_path is None else Path(os.path.normpath(host / self.storage_path))
+
+
+class DefaultStorageConfig(_StorageConfig):
+    """A ``checkpoint_storage`` block with only retention counts (no ``type``): the run's own
+    ``checkpoints`` directory, as a Determined file that relies on the cluster's default
+    storage gets there."""
+
+    type: Literal["default"] = "default"
 
 
 class DirectoryStorageConfig(_StorageConfig):
@@ -254,7 +290,11 @@ class S3StorageConfig(_StorageConfig):
 
 
 CheckpointStorageConfig = Annotated[
-    Union[SharedFSStorageConfig, DirectoryStorageConfig, S3StorageConfig],
+    Union[SharedFSStorageConfig, DirectoryStorageConfig, S3StorageConfig, DefaultStorageConfig],
     Field(discriminator="type"),
 ]
-"""``checkpoint_storage``, one of the three types hookdet can store to, chosen by ``type``."""
+"""``checkpoint_storage``, one of the types hookdet can store to, chosen by ``type`` (none:
+retention counts for the default storage)."""
+
+#: The ``type`` values a user writes (``default`` is what a block without one becomes).
+STORAGE_TYPES = ("shared_fs", "directory", "s3")

@@ -176,3 +176,13 @@ def test_a_plugin_that_fails_to_import_is_named_with_its_error(tmp_path: Path) -
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
     assert "plugin 'broken'" in lines[0] and "failed to import" in lines[0] and "a_module_nobody_installed" in lines[0]
     assert "unknown plugin" not in lines[0]
+
+
+def test_a_storage_block_of_retention_counts_alone_keeps_the_default_storage(tmp_path: Path) -> None:
+    """Issue 19 case 11: Determined files rely on the cluster's default storage and give only
+    retention counts; hookdet stores in the run directory and applies the counts."""
+    config = write_config(tmp_path / "exp.yaml", checkpoint_storage={"save_trial_latest": 2, "save_trial_best": 0})
+    run_dir = tmp_path / "run"
+    assert hookdet("retention counts alone", "run", str(config), "--run-dir", str(run_dir)) == 0
+    kept = [metadata["steps_completed"] for metadata in checkpoint_metadata(run_dir / "checkpoints")]
+    assert kept == [8, 12]  # checkpoints at 4, 8 and 12; the two latest kept

@@ -20,7 +20,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from hookdet import checkpoint_format as fmt
-from hookdet.storage_backends import S3_TIMEOUTS, S3Storage
+from hookdet.s3_storage import S3_TIMEOUTS, S3Storage
 from tests.faults.harness import checkpoint_metadata, finish, start, wait_until, write_config
 from tests.faults.test_bad_input import hookdet, one_line
 
