@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Type
 import torch
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet.config import parse_experiment_config
 from hookdet.context import PyTorchTrialContext
 from hookdet.distributed import DistributedContext
@@ -94,7 +95,7 @@ def load_trial_from_checkpoint_path(
             stacklevel=2,
         )
         torch_load_kwargs = kwargs
-    directory = fmt.resolve_checkpoint_dir(Path(path))
+    directory = lookup.resolve_checkpoint_dir(Path(path))
     metadata = fmt.read_metadata(directory)
     cls = trial_class or import_trial_class(str(metadata.get("trial_class") or ""))
     load_kwargs = dict(torch_load_kwargs or {})
@@ -131,7 +132,7 @@ def export_model_state(checkpoint: str, output: str, model_index: int = 0) -> Pa
         raise fmt.CheckpointError(f"cannot export to {output}: it is a directory; name the .pt file to write")
     if not output_path.absolute().parent.is_dir():
         raise fmt.CheckpointError(f"cannot export to {output}: directory {output_path.absolute().parent} does not exist")
-    directory = fmt.resolve_checkpoint_dir(Path(checkpoint))
+    directory = lookup.resolve_checkpoint_dir(Path(checkpoint))
     models = fmt.load_state(directory, map_location="cpu").get("models_state_dict", [])
     if not 0 <= model_index < len(models):
         raise fmt.CheckpointError(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet.s3_storage import S3Storage
 from hookdet.storage_backends import CheckpointStorage, LocalStorage
 
@@ -102,7 +103,7 @@ def _checkpoints_of_run(storage: CheckpointStorage, run_id: str) -> List[Tuple[s
     """(storage id, steps) of the complete checkpoints ``run_id`` wrote into ``storage``."""
     found = []
     if isinstance(storage, LocalStorage):
-        for directory, metadata in fmt.find_checkpoints(storage.root):
+        for directory, metadata in lookup.find_checkpoints(storage.root):
             if metadata.get("run_id") == run_id:
                 found.append((directory.name, int(metadata.get("steps_completed") or 0)))
     elif isinstance(storage, S3Storage):
@@ -127,14 +128,14 @@ def locate_for_resume(
     identity = read_identity(target)
     if identity is None or (target / fmt.METADATA_FILE).is_file():
         refuse_mixed_store(target)
-        return fmt.resolve_checkpoint_dir(target)
+        return lookup.resolve_checkpoint_dir(target)
     storage = storage_of(identity, current)
     run_id = str(identity["run_id"])
     if storage is None:
         raise fmt.CheckpointError(f"cannot resume: {target / IDENTITY_FILE} names no storage hookdet knows")
     if isinstance(storage, LocalStorage):
         intact = None
-        for directory, metadata in reversed(fmt.find_checkpoints(storage.root)):
+        for directory, metadata in reversed(lookup.find_checkpoints(storage.root)):
             if metadata.get("run_id") != run_id:
                 continue
             try:
@@ -162,7 +163,7 @@ def refuse_mixed_store(folder: Path) -> None:
     """Refuse a folder (not a run directory with an identity) whose checkpoints were written by several runs, naming each run."""
     runs: Dict[str, List[Tuple[int, Path, Dict[str, Any]]]] = {}
     for root in (folder / "checkpoints", folder):
-        for directory, metadata in fmt.find_checkpoints(root):
+        for directory, metadata in lookup.find_checkpoints(root):
             run_id = str(metadata.get("run_id") or "(no run id)")
             runs.setdefault(run_id, []).append((int(metadata.get("steps_completed") or 0), directory, metadata))
     if len(runs) < 2:

@@ -11,12 +11,10 @@ import datetime
 import json
 import logging
 import os
-import random
 import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
-import numpy as np
 import torch
 
 from hookdet import cluster_info
@@ -41,18 +39,11 @@ from hookdet.plugin_list import (
 from hookdet.plugin_manager import PluginError, PluginManager
 from hookdet import run_ownership as ownership
 from hookdet import run_record
+from hookdet.rng import seed_everything
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 
 logger = logging.getLogger("hookdet")
-
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (CUDA's included)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def default_run_dir(config: ExperimentConfig) -> Path:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet import cli, pytorch
 from hookdet.checkpoint_api import CheckpointLoadContext, load_trial_from_checkpoint_path
 from tests.resume_trials import GANTrial, RegressionTrial, run_spec
@@ -28,10 +29,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     regression = run_spec({**spec, "trial": "tests.resume_trials:RegressionTrial", "hparams": HPARAMS, "run_dir": str(root / "reg")})
     gan = run_spec({**spec, "trial": "tests.resume_trials:GANTrial", "hparams": HPARAMS, "run_dir": str(root / "gan")})
     return {
-        "regression_dir": fmt.resolve_checkpoint_dir(root / "reg"),
+        "regression_dir": lookup.resolve_checkpoint_dir(root / "reg"),
         "regression_run": root / "reg",
         "regression_models": regression["models"],
-        "gan_dir": fmt.resolve_checkpoint_dir(root / "gan"),
+        "gan_dir": lookup.resolve_checkpoint_dir(root / "gan"),
         "gan_models": gan["models"],
     }
 

@@ -21,6 +21,8 @@ import torch
 import xxhash
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
+from hookdet import rng
 
 
 def make_checkpoint(directory: Path, steps: int, state: Any = None, extra: Dict[str, bytes] = None) -> Path:
@@ -184,7 +186,7 @@ def test_a_dict_key_of_an_odd_type_is_refused() -> None:
 
 
 def test_intact_checkpoint_loads_exactly(tmp_path: Path) -> None:
-    state = {"models_state_dict": [{"w": torch.randn(64, 64)}], "rng_state": [fmt.rank_rng_state()]}
+    state = {"models_state_dict": [{"w": torch.randn(64, 64)}], "rng_state": [rng.capture_rng_state()]}
     directory = make_checkpoint(tmp_path / "c", 3, state=state)
     loaded = fmt.load_state(directory)
     assert torch.equal(loaded["models_state_dict"][0]["w"], state["models_state_dict"][0]["w"])
@@ -262,12 +264,12 @@ def test_run_directory_resolves_to_the_newest_intact_checkpoint(tmp_path: Path, 
     (root / ".tmp-d-1234").mkdir()  # an interrupted write: invisible
     (root / ".tmp-d-1234" / fmt.STATE_FILE).write_bytes(b"partial")
     (root / "e").mkdir()  # a directory without metadata: incomplete, skipped
-    assert fmt.resolve_checkpoint_dir(tmp_path / "run") == newest
-    assert fmt.resolve_checkpoint_dir(root) == newest
+    assert lookup.resolve_checkpoint_dir(tmp_path / "run") == newest
+    assert lookup.resolve_checkpoint_dir(root) == newest
     flip_byte(newest / fmt.STATE_FILE, 50)
-    assert fmt.resolve_checkpoint_dir(tmp_path / "run") == root / "b"
+    assert lookup.resolve_checkpoint_dir(tmp_path / "run") == root / "b"
     assert "skipping checkpoint that fails verification" in caplog.text and str(newest) in caplog.text
-    assert [path.name for path, _ in fmt.find_checkpoints(root)] == ["a", "b", "c"]
+    assert [path.name for path, _ in lookup.find_checkpoints(root)] == ["a", "b", "c"]
 
 
 def test_an_unfinished_checkpoint_named_directly_is_refused_naming_the_newest_intact(tmp_path: Path) -> None:
@@ -277,7 +279,7 @@ def test_an_unfinished_checkpoint_named_directly_is_refused_naming_the_newest_in
     broken = make_checkpoint(root / "c", 6)
     (broken / fmt.METADATA_FILE).unlink()
     with pytest.raises(fmt.CheckpointError) as raised:
-        fmt.resolve_checkpoint_dir(broken)
+        lookup.resolve_checkpoint_dir(broken)
     message = str(raised.value)
     assert "no metadata.json" in message and f"the newest intact checkpoint is {root / 'b'} (batch 4)" in message
 
@@ -287,12 +289,12 @@ def test_nothing_intact_or_nothing_at_all_is_a_clear_error(tmp_path: Path) -> No
     only = make_checkpoint(root / "a", 2)
     flip_byte(only / fmt.STATE_FILE, 10)
     with pytest.raises(fmt.CheckpointError, match="no intact checkpoint under .*incomplete or fails verification"):
-        fmt.resolve_checkpoint_dir(tmp_path / "run")
+        lookup.resolve_checkpoint_dir(tmp_path / "run")
     (tmp_path / "empty" / "tensorboard").mkdir(parents=True)
     with pytest.raises(fmt.CheckpointError, match="holds no checkpoint"):
-        fmt.resolve_checkpoint_dir(tmp_path / "empty")
+        lookup.resolve_checkpoint_dir(tmp_path / "empty")
     with pytest.raises(fmt.CheckpointError, match="does not exist"):
-        fmt.resolve_checkpoint_dir(tmp_path / "missing")
+        lookup.resolve_checkpoint_dir(tmp_path / "missing")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,11 +305,11 @@ def test_nothing_intact_or_nothing_at_all_is_a_clear_error(tmp_path: Path) -> No
 def test_rng_state_round_trips_through_a_weights_only_file(tmp_path: Path) -> None:
     random.gauss(0, 1)  # leave a cached gaussian in Python's generator
     np.random.standard_normal()
-    state = fmt.rank_rng_state()
+    state = rng.capture_rng_state()
     expected = (random.random(), random.gauss(0, 1), np.random.standard_normal(), torch.rand(3))
     fmt.write_state(tmp_path, {"rng": state})
     for _ in range(5):  # move every generator on
         random.random(), np.random.rand(), torch.rand(2)
-    fmt.restore_rng_state(torch.load(tmp_path / fmt.STATE_FILE, weights_only=True)["rng"])
+    rng.restore_rng_state(torch.load(tmp_path / fmt.STATE_FILE, weights_only=True)["rng"])
     again = (random.random(), random.gauss(0, 1), np.random.standard_normal(), torch.rand(3))
     assert expected[:3] == again[:3] and torch.equal(expected[3], again[3])

@@ -12,6 +12,7 @@ import pytest
 import hookdet as det
 from hookdet import InvalidHP, cluster_info, pytorch
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet.builtin_plugins.metrics_log import read_metrics
 from hookdet.cli import main
 from hookdet.config import parse_experiment_config
@@ -181,7 +182,7 @@ def fit_digits(tmp_path: Path, exp_conf: Dict[str, Any], policy: str = "best") -
         pytorch.Trainer(trial, context).fit(
             max_length=pytorch.Batch(8), validation_period=pytorch.Batch(2), checkpoint_policy=policy
         )
-    return [meta["steps_completed"] for _, meta in fmt.find_checkpoints(tmp_path / "run" / "checkpoints")]
+    return [meta["steps_completed"] for _, meta in lookup.find_checkpoints(tmp_path / "run" / "checkpoints")]
 
 
 def test_trainer_api_run_bare_checkpoints_every_validation_and_keeps_them_all(

@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 import pytest
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet.config import load_experiment_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trainer_script"
@@ -80,8 +81,8 @@ def test_bare_and_under_hookdet_run_train_the_same(tmp_path: Path, const_run: Di
     assert local["weights"] == on_cluster["weights"]
     # Each wrote its checkpoint where its run directory is: the bare one where HOOKDET_RUN_DIR says,
     # the script under hookdet run where hookdet run's --run-dir says (told through the cluster info).
-    assert [meta["steps_completed"] for _, meta in fmt.find_checkpoints(tmp_path / "bare" / "checkpoints")] == [8]
-    assert [meta["steps_completed"] for _, meta in fmt.find_checkpoints(const_run["run_dir"] / "checkpoints")] == [8]
+    assert [meta["steps_completed"] for _, meta in lookup.find_checkpoints(tmp_path / "bare" / "checkpoints")] == [8]
+    assert [meta["steps_completed"] for _, meta in lookup.find_checkpoints(const_run["run_dir"] / "checkpoints")] == [8]
 
 
 def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path) -> None:
@@ -133,7 +134,7 @@ def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
             process.wait()
     assert process.returncode == 75, stdout[-2000:] + stderr[-2000:]
     assert results(stdout) and results(stdout)[0]["weights"] != const_run["result"]["weights"]
-    (stopped_at,) = [meta["steps_completed"] for _, meta in fmt.find_checkpoints(run_dir / "checkpoints")]
+    (stopped_at,) = [meta["steps_completed"] for _, meta in lookup.find_checkpoints(run_dir / "checkpoints")]
     assert stopped_at < 8
 
     resumed = run(command + ["--resume", str(run_dir)], tmp_path)

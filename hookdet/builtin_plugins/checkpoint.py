@@ -61,6 +61,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
+from hookdet import rng
 from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.cluster_info import get_cluster_info
 from hookdet.markers import hookimpl
@@ -141,7 +143,7 @@ class CheckpointPlugin:
         in the background from a host snapshot, or, in synchronous mode, before returning."""
         self.finish_write(run, wait=True, before="the next checkpoint")
         rank_states = run.distributed.gather(
-            {"rng": fmt.rank_rng_state(), "gradients": _gradients(run.context)}
+            {"rng": rng.capture_rng_state(), "gradients": _gradients(run.context)}
         )
         in_background = (
             self.asynchronous
@@ -422,7 +424,7 @@ def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]
     if path.exists():
         found = locate_for_resume(path, run.storage)
         if isinstance(found, Path):
-            directory = fmt.resolve_checkpoint_dir(found)
+            directory = lookup.resolve_checkpoint_dir(found)
             yield directory, directory.parent
             return
         storage, checkpoint = found
@@ -448,7 +450,7 @@ def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, 
     context, trial = run.context, run.trial
 
     def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
-        hint = fmt.intact_hint(hint_root, exclude=directory) if hint_root is not None else ""
+        hint = lookup.intact_hint(hint_root, exclude=directory) if hint_root is not None else ""
         return fmt.CheckpointError(f"cannot resume: {error}{hint}")
 
     try:
@@ -515,7 +517,7 @@ def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, 
             "checkpoint %s was written by %d rank(s), resuming on %d: RNG streams cannot continue exactly",
             directory, len(rng_states), size,
         )
-    fmt.restore_rng_state(rng_states[rank % len(rng_states)])
+    rng.restore_rng_state(rng_states[rank % len(rng_states)])
     logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
     return metadata
 

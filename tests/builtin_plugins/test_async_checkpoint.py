@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet import pytorch
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import PluginError
@@ -121,7 +122,7 @@ def fit(
 def states_by_step(checkpoints: Path) -> Dict[int, Dict[str, Any]]:
     """Every checkpoint's state, by batches trained, without what names the checkpoint itself."""
     found = {}
-    for directory, metadata in fmt.find_checkpoints(checkpoints):
+    for directory, metadata in lookup.find_checkpoints(checkpoints):
         state = fmt.load_state(directory)
         for key in ("latest_checkpoint",):
             state["trial_state"].pop(key)
@@ -192,7 +193,7 @@ def test_completion_hooks_follow_the_write_on_the_published_directory(tmp_path: 
     slow = InjectedStorage(tmp_path / "ckpt", delay=0.05)
     trial = fit(tmp_path, storage=slow, asynchronous=asynchronous, batches=4, checkpoint_period=2, trial_class=EventTrial)
     events = trial.checkpoint_events
-    checkpoints = {metadata["steps_completed"]: path for path, metadata in fmt.find_checkpoints(tmp_path / "ckpt")}
+    checkpoints = {metadata["steps_completed"]: path for path, metadata in lookup.find_checkpoints(tmp_path / "ckpt")}
     assert sorted(checkpoints) == [2, 4]
     expected: List[tuple] = []
     for step in (2, 4):
@@ -219,8 +220,8 @@ def test_the_next_checkpoint_waits_for_the_write_in_flight_and_says_so(
     waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for checkpoint")]
     assert any(message.endswith("before the next checkpoint") for message in waits), waits
     assert waits[-1].endswith("before the run ends")  # the final checkpoint, written when training stopped
-    assert [m["steps_completed"] for _, m in fmt.find_checkpoints(tmp_path / "ckpt")] == [1, 2, 3]
-    for directory, _ in fmt.find_checkpoints(tmp_path / "ckpt"):
+    assert [m["steps_completed"] for _, m in lookup.find_checkpoints(tmp_path / "ckpt")] == [1, 2, 3]
+    for directory, _ in lookup.find_checkpoints(tmp_path / "ckpt"):
         fmt.verify(directory)
 
 
@@ -282,7 +283,7 @@ def test_a_checkpoint_of_the_sha256_format_resumes_exactly(tmp_path: Path) -> No
     spec = {"trial": "tests.resume_trials:RegressionTrial", "hparams": HPARAMS, "max_batches": 8,
             "validation_period": 4, "reporting_period": 2, "checkpoint_period": 3}
     run_spec({**spec, "run_dir": str(tmp_path / "first"), "max_batches": 3})
-    (original,) = [path for path, _ in fmt.find_checkpoints(tmp_path / "first" / "checkpoints")]
+    (original,) = [path for path, _ in lookup.find_checkpoints(tmp_path / "first" / "checkpoints")]
     old = tmp_path / "old" / original.name
     shutil.copytree(original, old)
     rewrite_as_format_3(old)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet import pytorch
 from hookdet.builtin_plugins.checkpoint import checkpoints_to_delete
 from hookdet.cluster_info import activated, local_cluster_info
@@ -38,11 +39,11 @@ SPEC: Dict[str, Any] = {
 
 def checkpoint_steps(checkpoints_dir: Path) -> List[int]:
     """Batches trained of every checkpoint in a storage directory, sorted."""
-    return sorted(metadata["steps_completed"] for _, metadata in fmt.find_checkpoints(checkpoints_dir))
+    return sorted(metadata["steps_completed"] for _, metadata in lookup.find_checkpoints(checkpoints_dir))
 
 
 def checkpoint_by_steps(checkpoints_dir: Path, steps: int) -> Path:
-    (path,) = [path for path, metadata in fmt.find_checkpoints(checkpoints_dir) if metadata["steps_completed"] == steps]
+    (path,) = [path for path, metadata in lookup.find_checkpoints(checkpoints_dir) if metadata["steps_completed"] == steps]
     return path
 
 
@@ -55,7 +56,7 @@ def test_checkpoint_contents_need_no_unpickling(tmp_path: Path) -> None:
     """Every global the pickle references is torch's or OrderedDict: ``weights_only`` loads
     it, and torch's own audit finds nothing unsafe."""
     result = run_spec({**SPEC, "hparams": {**SPEC["hparams"], "stateful": True, "scheduler": "epoch"}, "run_dir": str(tmp_path)})
-    directory = fmt.resolve_checkpoint_dir(tmp_path)
+    directory = lookup.resolve_checkpoint_dir(tmp_path)
     state_file = directory / fmt.STATE_FILE
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(state_file)) == []
     with zipfile.ZipFile(state_file) as archive:
@@ -100,7 +101,7 @@ def test_wrapped_models_are_saved_unwrapped(tmp_path: Path) -> None:
         assert all(key.startswith("module.") for key in trial.model.state_dict())
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(2))
         trained = {key[len("module."):]: value.clone() for key, value in trial.model.state_dict().items()}
-    saved = fmt.load_state(fmt.resolve_checkpoint_dir(tmp_path))["models_state_dict"][0]
+    saved = fmt.load_state(lookup.resolve_checkpoint_dir(tmp_path))["models_state_dict"][0]
     assert sorted(saved) == sorted(trained) and not any(key.startswith("module.") for key in saved)
     bare = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.0), nn.Linear(16, 1))
     bare.load_state_dict(saved)
@@ -112,11 +113,11 @@ def test_gradients_are_saved_inside_an_aggregation_window_only(tmp_path: Path) -
     odd = run_spec({**SPEC, "config": config, "hparams": {**SPEC["hparams"], "stop_at": 3}, "run_dir": str(tmp_path / "odd")})
     even = run_spec({**SPEC, "config": config, "hparams": {**SPEC["hparams"], "stop_at": 4}, "run_dir": str(tmp_path / "even")})
     assert odd["batches_trained"] == 3 and even["batches_trained"] == 4
-    mid_window = fmt.load_state(fmt.resolve_checkpoint_dir(tmp_path / "odd"))
+    mid_window = fmt.load_state(lookup.resolve_checkpoint_dir(tmp_path / "odd"))
     (grads,) = mid_window["gradients"]  # one rank
     assert sorted(grads[0]) == ["0.bias", "0.weight", "3.bias", "3.weight"]
     assert all(grad.abs().sum() > 0 for grad in grads[0].values())
-    assert "gradients" not in fmt.load_state(fmt.resolve_checkpoint_dir(tmp_path / "even"))
+    assert "gradients" not in fmt.load_state(lookup.resolve_checkpoint_dir(tmp_path / "even"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,7 +385,7 @@ def test_retention_rule_matches_determined_on_ties_and_nan() -> None:
 
 def test_trial_state_records_the_checkpoint_itself(tmp_path: Path) -> None:
     run_scripted(tmp_path, "none", save_trial_latest=1)
-    (directory,) = [path for path, _ in fmt.find_checkpoints(tmp_path / "ckpt")]
+    (directory,) = [path for path, _ in lookup.find_checkpoints(tmp_path / "ckpt")]
     trial_state = fmt.load_state(directory)["trial_state"]
     assert trial_state["latest_checkpoint"] == directory.name
     assert trial_state["last_checkpoint_batch"] == 6

@@ -28,6 +28,7 @@ import torch
 import yaml
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
@@ -84,7 +85,7 @@ def training_records(run_dir: Path) -> List[Dict[str, Any]]:
 
 
 def final_state(run_dir: Path) -> Dict[str, Any]:
-    state = fmt.load_state(fmt.resolve_checkpoint_dir(run_dir))
+    state = fmt.load_state(lookup.resolve_checkpoint_dir(run_dir))
     return {"models": state["models_state_dict"], "optimizers": state["optimizers_state_dict"],
             "batches": state["trial_state"]["batches_trained"]}
 
@@ -126,7 +127,7 @@ def test_sigterm_mid_epoch_exits_75_with_a_checkpoint_and_resume_is_exact(tmp_pa
     output = finish(victim)
     assert victim.returncode == PREEMPTED_EXIT_CODE, output[-3000:]
     assert "received SIGTERM" in output and "preempted after" in output
-    (checkpoint, metadata), *older = reversed(fmt.find_checkpoints(victim_dir / "checkpoints"))
+    (checkpoint, metadata), *older = reversed(lookup.find_checkpoints(victim_dir / "checkpoints"))
     stopped_at = metadata["steps_completed"]
     assert 4 <= stopped_at < 20, "the signal landed mid-epoch (20 batches per epoch)"
     assert stopped_at == len(training_records(victim_dir))  # finished the batch in flight, no more
@@ -226,7 +227,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
         for directory in hidden:  # an interrupted write (or delete): invisible to every reader
             assert directory.name.startswith(".tmp-"), directory
         assert newest is not None
-        assert fmt.resolve_checkpoint_dir(run_dir) == newest
+        assert lookup.resolve_checkpoint_dir(run_dir) == newest
         expected_start = {"first_batch_idx": newest_steps, "checkpoint_uuid": newest.name}
 
     # Kills while a resume starts: once it holds the run directory's lock, and in the middle of
@@ -252,7 +253,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
         for directory in visible:
             fmt.verify(directory)
         assert all(p.name.startswith(".tmp-") for p in hidden)
-        assert fmt.resolve_checkpoint_dir(run_dir).name == expected_start["checkpoint_uuid"]
+        assert lookup.resolve_checkpoint_dir(run_dir).name == expected_start["checkpoint_uuid"]
 
     final = hookdet_run(config, run_dir, resume=run_dir)
     output = finish(final)
@@ -325,14 +326,14 @@ def fit_with_signal(tmp_path: Path, when: str) -> Any:
 def test_sigterm_in_a_batch_stops_after_that_batch_with_a_checkpoint(tmp_path: Path) -> None:
     trial, run = fit_with_signal(tmp_path, "batch")
     assert run.exit_reason == "preempted" and run.state.batches_trained == 3
-    assert fmt.read_metadata(fmt.resolve_checkpoint_dir(tmp_path))["steps_completed"] == 3
+    assert fmt.read_metadata(lookup.resolve_checkpoint_dir(tmp_path))["steps_completed"] == 3
 
 
 def test_sigterm_during_validation_lets_it_finish_then_stops_at_that_batch(tmp_path: Path) -> None:
     trial, run = fit_with_signal(tmp_path, "validation")
     assert run.exit_reason == "preempted" and run.state.batches_trained == 4
     assert trial.signaller.validations_seen == 1
-    assert fmt.read_metadata(fmt.resolve_checkpoint_dir(tmp_path))["steps_completed"] == 4
+    assert fmt.read_metadata(lookup.resolve_checkpoint_dir(tmp_path))["steps_completed"] == 4
 
 
 def test_sigterm_after_training_completed_changes_nothing(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from hookdet import checkpoint_format as fmt
+from hookdet import checkpoint_lookup as lookup
 from hookdet.s3_storage import S3_TIMEOUTS, S3Storage
 from tests.faults.harness import checkpoint_metadata, finish, start, wait_until, write_config
 from tests.faults.test_bad_input import hookdet, one_line
@@ -115,7 +116,7 @@ def test_disk_full_during_a_checkpoint_fails_naming_it_and_keeps_the_previous(
         assert hookdet("disk full in a checkpoint", "run", str(config), "--run-dir", str(disk / "run")) == 2
         one_line(capsys, "could not be written", "disk full", "earlier checkpoints are intact")
         checkpoints = disk / "run" / "checkpoints"
-        (survivor, metadata), = fmt.find_checkpoints(checkpoints)
+        (survivor, metadata), = lookup.find_checkpoints(checkpoints)
         assert metadata["steps_completed"] == 4
         fmt.verify(survivor)
         assert not [p for p in checkpoints.iterdir() if p.name.startswith(".")]  # no half-write left
