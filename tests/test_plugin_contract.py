@@ -76,7 +76,7 @@ def imported_modules(tree: ast.AST) -> Iterator[Tuple[int, str, List[str]]]:
 
 def test_the_walk_sees_the_plugins_and_the_host() -> None:
     names = {relative(path) for path in plugin_sources()}
-    assert {"hookdet/builtin_plugins/checkpoint.py", "hookdet/builtin_plugins/amp.py"} <= names
+    assert {"hookdet/builtin_plugins/checkpoint/__init__.py", "hookdet/builtin_plugins/amp.py"} <= names
     assert any(name.startswith("plugins-contrib/hookdet-mlflow/") for name in names)
     assert "hookdet/core_loop.py" in {relative(path) for path in host_sources()}
 

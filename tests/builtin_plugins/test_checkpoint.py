@@ -22,7 +22,7 @@ from torch import nn
 from hookdet import checkpoint_format as fmt
 from hookdet import checkpoint_lookup as lookup
 from hookdet import pytorch
-from hookdet.builtin_plugins.checkpoint import checkpoints_to_delete
+from hookdet.builtin_plugins.checkpoint.retention import checkpoints_to_delete
 from hookdet.cluster_info import activated, local_cluster_info
 from hookdet.config import parse_experiment_config
 from hookdet.markers import hookimpl
@@ -390,3 +390,31 @@ def test_trial_state_records_the_checkpoint_itself(tmp_path: Path) -> None:
     assert trial_state["latest_checkpoint"] == directory.name
     assert trial_state["last_checkpoint_batch"] == 6
     assert json.loads((directory / fmt.METADATA_FILE).read_text())["uuid"] == directory.name
+
+
+def test_a_resumed_run_holds_no_mapping_of_the_checkpoint_it_loaded(tmp_path: Path) -> None:
+    """The checkpoint is loaded onto a memory map; the optimizer's moments (Adam) must not stay
+    on it, or retention's delete of that checkpoint would free no disk space for the whole run."""
+    checkpoints = tmp_path / "ckpt"
+    exp_conf = {
+        "hyperparameters": {"records": 64, "global_batch_size": 8, "lr": 0.01, "optimizer": "adam"},
+        "checkpoint_storage": {"type": "directory", "container_path": str(checkpoints),
+                               "save_trial_latest": 1, "save_trial_best": 0},
+        "plugins": {"only": ["checkpoint"]},
+    }
+
+    def train(batches: int, resume: Optional[str]) -> Any:
+        with pytorch.init(hparams=exp_conf["hyperparameters"], exp_conf=exp_conf, run_dir=tmp_path / "run") as context:
+            trial = RegressionTrial(context)
+            pytorch.Trainer(trial, context).fit(
+                max_length=pytorch.Batch(batches), checkpoint_period=pytorch.Batch(4), latest_checkpoint=resume
+            )
+        return trial
+
+    train(4, None)
+    (first,) = [path for path, _ in lookup.find_checkpoints(checkpoints)]
+    trial = train(8, str(first))
+    assert not first.exists()  # retention deleted the checkpoint the run resumed from
+    assert any(state for state in trial.optimizer.state.values())  # the moments live on
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    assert [line for line in maps if str(checkpoints) in line and "(deleted)" in line] == []

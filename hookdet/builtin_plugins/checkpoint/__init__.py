@@ -36,40 +36,28 @@ right after ``on_checkpoint_save_start`` and before the next batch.
 A corrupt, foreign or mismatched checkpoint is refused before anything is applied, with a
 message saying what does not match.
 
-Retention follows Determined's checkpoint garbage collection: a checkpoint is kept when it is
-among the ``save_trial_latest`` newest (by batches trained), or among the
-``max(save_trial_best, save_experiment_best)`` best by ``searcher.metric`` (a local experiment
-has one trial, so its best are the experiment's best) — "best" counts only checkpoints taken
-right after a validation, whose metric is that validation's. Determined collects garbage when
-the experiment ends; hookdet applies the same rule after every checkpoint to bound disk use,
-but while training goes on it never deletes the newest checkpoint (the resume point), even
-when the counts are 0. When training completes, the rule is applied exactly. With no
-``checkpoint_storage`` configured, ``hookdet run`` applies Determined's defaults (1 latest, 1
-best), while the Trainer API run bare (no ``hookdet.get_cluster_info()``) keeps every
-checkpoint, as Determined's local training does.
+Restoring is in :mod:`.restore`; which checkpoints retention deletes, in :mod:`.retention`.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import sys
 import uuid as uuid_module
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
 from hookdet import rng
 from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.cluster_info import get_cluster_info
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.resume_report import report_resume
-from hookdet.run_identity import locate_for_resume
-from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage, StorageError
+from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage
+from hookdet.builtin_plugins.checkpoint.restore import located, restore_checkpoint
+from hookdet.builtin_plugins.checkpoint.retention import checkpoints_to_delete
 from hookdet.trial import PyTorchCallback
 
 logger = logging.getLogger("hookdet")
@@ -117,7 +105,7 @@ class CheckpointPlugin:
         return self._metadata(run, checkpoint).get("uuid")
 
     def _metadata(self, run: Any, checkpoint: str) -> Dict[str, Any]:
-        with _located(run, checkpoint) as (directory, _hint_root):
+        with located(run, checkpoint) as (directory, _hint_root):
             return fmt.read_metadata(directory)
 
     # ------------------------------------------------------------------ plugin state
@@ -243,8 +231,8 @@ class CheckpointPlugin:
         """Restore everything from ``checkpoint``: a checkpoint directory, a run directory (its
         newest intact checkpoint) or a storage id."""
         self.finish_write(run, wait=True, before="a checkpoint is loaded")
-        with _located(run, checkpoint) as (directory, hint_root):
-            metadata = _restore(run, directory, hint_root)
+        with located(run, checkpoint) as (directory, hint_root):
+            metadata = restore_checkpoint(run, directory, hint_root)
         written_by = metadata.get("run_id")
         if run.is_chief:
             report_resume(run, metadata, str(directory))
@@ -307,7 +295,7 @@ class CheckpointPlugin:
             "models_state_dict": [model.state_dict() for model in context.unwrapped_models],
             "optimizers_state_dict": [optimizer.state_dict() for optimizer in context.optimizers],
             "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
-            "callbacks": {name: cb.state_dict() for name, cb in _callbacks(run).items()},
+            "callbacks": {name: cb.state_dict() for name, cb in run.callbacks.items()},
             "plugins": {
                 name: plugin.state_dict()
                 for name, plugin in run.plugins.named_plugins().items()
@@ -407,152 +395,6 @@ def _shown(location: str, run_dir: Path) -> str:
         return location
 
 
-# ---------------------------------------------------------------------------------------------
-# Restoring
-# ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]:
-    """The local directory holding ``checkpoint`` and where its intact siblings are.
-
-    ``checkpoint`` is a checkpoint directory, a run directory (its newest intact checkpoint) or
-    a storage id (fetched through the run's storage). The second value is the folder to search
-    for an intact alternative when this one is refused (None for remote storage).
-    """
-    path = Path(checkpoint)
-    if path.exists():
-        found = locate_for_resume(path, run.storage)
-        if isinstance(found, Path):
-            directory = lookup.resolve_checkpoint_dir(found)
-            yield directory, directory.parent
-            return
-        storage, checkpoint = found
-        try:
-            with storage.restore_path(checkpoint) as restored:
-                yield Path(restored), None
-        except StorageError as error:
-            raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
-        return
-    if "/" in checkpoint or "\\" in checkpoint or checkpoint.startswith("."):
-        raise fmt.CheckpointError(f"cannot resume: {checkpoint} does not exist")
-    try:
-        with run.storage.restore_path(checkpoint) as restored:
-            restored = Path(restored)
-            yield restored, restored.parent if isinstance(run.storage, LocalStorage) else None
-    except StorageError as error:
-        raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
-
-
-def _restore(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, Any]:
-    """Verify ``directory``, check it fits the trial, then apply every piece of state; return
-    its metadata."""
-    context, trial = run.context, run.trial
-
-    def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
-        hint = lookup.intact_hint(hint_root, exclude=directory) if hint_root is not None else ""
-        return fmt.CheckpointError(f"cannot resume: {error}{hint}")
-
-    try:
-        metadata = fmt.read_metadata(directory)
-    except fmt.CheckpointError as error:
-        raise refuse(error) from error
-    _check_trial_class(metadata, type(trial), directory)
-    try:
-        state = fmt.load_state(directory, map_location="cpu")
-    except fmt.CheckpointError as error:
-        raise refuse(error) from error
-
-    # Check the structure before applying anything, so a mismatch changes nothing.
-    for kind, objects, key in (
-        ("model", context.unwrapped_models, "models_state_dict"),
-        ("optimizer", context.optimizers, "optimizers_state_dict"),
-        ("LR scheduler", context.lr_schedulers, "lr_schedulers_state_dict"),
-    ):
-        saved = state.get(key, [])
-        if len(saved) != len(objects):
-            raise fmt.CheckpointError(
-                f"cannot resume: checkpoint {directory} holds {len(saved)} {kind} state(s) but "
-                f"{type(trial).__qualname__} wraps {len(objects)}; it was written by a trial "
-                "with a different structure"
-            )
-
-    run.hook.on_checkpoint_load_start(checkpoint=state)
-    _load_list("model", context.unwrapped_models, state.get("models_state_dict", []), directory)
-    _load_list("optimizer", context.optimizers, state.get("optimizers_state_dict", []), directory)
-    _load_list("LR scheduler", context.lr_schedulers, state.get("lr_schedulers_state_dict", []), directory)
-    rank, size = run.distributed.rank, run.distributed.size
-    gradients = state.get("gradients")
-    if gradients:
-        _restore_gradients(context, gradients[rank % len(gradients)], directory)
-    for name, plugin_state in state.get("plugins", {}).items():
-        plugin = run.plugins.named_plugins().get(name)
-        if plugin is not None and callable(getattr(plugin, "load_state_dict", None)):
-            plugin.load_state_dict(plugin_state)
-        else:
-            logger.warning("checkpoint %s holds state of plugin %r, which is not running", directory, name)
-    callbacks = _callbacks(run)
-    saved_callbacks = state.get("callbacks", {})
-    for name, callback_state in saved_callbacks.items():
-        if name in callbacks:
-            callbacks[name].load_state_dict(callback_state)
-        else:
-            logger.warning("checkpoint %s holds state of callback %r, which the trial no longer builds", directory, name)
-
-    epoch_length = run.state.epoch_length
-    run.state.load_state_dict(state["trial_state"])
-    if epoch_length and run.state.epoch_length != epoch_length:
-        logger.warning(
-            "checkpoint %s was written with %d batches per epoch, the training data now has %d: "
-            "epochs are counted with the new length",
-            directory, run.state.epoch_length, epoch_length,
-        )
-        run.state.epoch_length = epoch_length
-    run.state.latest_checkpoint = metadata.get("uuid", directory.name)
-    run.state.last_checkpoint_batch = run.state.batches_trained
-
-    rng_states = state["rng_state"]
-    if len(rng_states) != size:
-        logger.warning(
-            "checkpoint %s was written by %d rank(s), resuming on %d: RNG streams cannot continue exactly",
-            directory, len(rng_states), size,
-        )
-    rng.restore_rng_state(rng_states[rank % len(rng_states)])
-    logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
-    return metadata
-
-
-def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:
-    """Refuse a checkpoint of another trial class; a moved module only earns a warning."""
-    recorded = str(metadata.get("trial_class") or "")
-    expected = fmt.trial_spec(trial_class)
-    if recorded == expected:
-        return
-    recorded_name = recorded.partition(":")[2]
-    if recorded_name == trial_class.__qualname__:
-        logger.warning(
-            "checkpoint %s was written by %s, resuming with %s (same class name, other module)",
-            directory, recorded, expected,
-        )
-        return
-    raise fmt.CheckpointError(
-        f"cannot resume: checkpoint {directory} was written by trial class {recorded or '(unknown)'}, not "
-        f"{expected}; resume it with the trial that wrote it"
-    )
-
-
-def _load_list(kind: str, objects: List[Any], states: List[Any], directory: Path) -> None:
-    for index, (obj, obj_state) in enumerate(zip(objects, states)):
-        try:
-            obj.load_state_dict(obj_state)
-        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
-            name = type(getattr(obj, "scheduler", obj)).__name__
-            raise fmt.CheckpointError(
-                f"cannot resume: checkpoint {directory}: {kind} {index} ({name}) does not match "
-                f"the trial's: {error}"
-            ) from error
-
-
 def _gradients(context: Any) -> Optional[List[Dict[str, torch.Tensor]]]:
     """Every existing ``.grad`` of the unwrapped models, by parameter name; None when none."""
     found = False
@@ -568,73 +410,8 @@ def _gradients(context: Any) -> Optional[List[Dict[str, torch.Tensor]]]:
     return per_model if found else None
 
 
-def _restore_gradients(context: Any, saved: Optional[List[Dict[str, torch.Tensor]]], directory: Path) -> None:
-    if not saved:
-        return
-    for model, grads in zip(context.unwrapped_models, saved):
-        for name, parameter in model.named_parameters():
-            grad = grads.get(name)
-            if grad is None:
-                parameter.grad = None
-                continue
-            if grad.shape != parameter.shape:
-                raise fmt.CheckpointError(
-                    f"cannot resume: checkpoint {directory}: the saved gradient of {name} has "
-                    f"shape {tuple(grad.shape)}, the parameter {tuple(parameter.shape)}"
-                )
-            parameter.grad = grad.to(device=parameter.device, dtype=parameter.dtype).clone()
-
-
-def _callbacks(run: Any) -> Dict[str, Any]:
-    """The trial's callbacks that run (``run.callbacks``, set when a plugin adopted them)."""
-    return run.callbacks
-
-
 def _validation_at(state: Any, batches: int) -> Optional[float]:
     """The searcher metric of the validation at ``batches``, if one ran there."""
     if state.validation_history and state.validation_history[-1]["batches"] == batches:
         return state.validation_history[-1]["metric"]
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Retention rule
-# ---------------------------------------------------------------------------------------------
-
-
-def checkpoints_to_delete(
-    saved: List[Tuple[str, int, Optional[float]]],
-    keep_latest: int,
-    keep_best: int,
-    smaller_is_better: bool,
-    protect_newest: bool = False,
-) -> List[str]:
-    """Which of ``saved`` (``(id, batches trained, metric or None)``, oldest first) to delete.
-
-    Determined's rule for one trial: keep a checkpoint whose rank by batches trained (newest
-    first, equal batches sharing a rank) is within ``keep_latest``, or whose rank by metric
-    (best first, ties to the older, NaN after every number) is within ``keep_best``;
-    checkpoints with no metric are kept only as latest. ``protect_newest`` also keeps the last
-    one saved.
-    """
-    keep = set()
-    for storage_id, steps, _metric in saved:
-        newer = sum(1 for _, other_steps, _ in saved if other_steps > steps)
-        if newer < keep_latest:
-            keep.add(storage_id)
-    sign = 1.0 if smaller_is_better else -1.0
-
-    def order(item: Tuple[int, Tuple[str, int, Optional[float]]]) -> Tuple[int, float, int]:
-        index, (_storage_id, _steps, metric) = item
-        value = float(metric)  # type: ignore[arg-type]
-        return (1, 0.0, index) if math.isnan(value) else (0, sign * value, index)
-
-    scored = [
-        (index, entry)
-        for index, entry in enumerate(saved)
-        if isinstance(entry[2], (int, float)) and not isinstance(entry[2], bool)
-    ]
-    keep.update(entry[0] for _, entry in sorted(scored, key=order)[:keep_best])
-    if protect_newest and saved:
-        keep.add(saved[-1][0])
-    return [storage_id for storage_id, _, _ in saved if storage_id not in keep]
