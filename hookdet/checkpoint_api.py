@@ -9,7 +9,6 @@ extra arguments, as in Determined. Checkpoints are verified and loaded with
 """
 from __future__ import annotations
 
-import importlib
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, Type
@@ -21,6 +20,7 @@ from hookdet import checkpoint_lookup as lookup
 from hookdet.config import parse_experiment_config
 from hookdet.context import PyTorchTrialContext
 from hookdet.distributed import DistributedContext
+from hookdet.importing import SpecImportError, import_object
 from hookdet.plugin_manager import PluginManager
 from hookdet.run import Run
 
@@ -57,12 +57,9 @@ class CheckpointLoadContext(PyTorchTrialContext):
 
 def import_trial_class(spec: str) -> type:
     """The class named by ``module:QualifiedName``."""
-    module_name, _, qualname = spec.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as error:
+        target = import_object(spec)
+    except SpecImportError as error:
         raise fmt.CheckpointError(
             f"cannot import trial class {spec} recorded in the checkpoint ({error}); "
             "pass trial_class= explicitly"

@@ -9,7 +9,6 @@ Determined runs it: see :mod:`hookdet.script_entrypoint`.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import subprocess
@@ -17,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+from hookdet.importing import SpecImportError, import_object
 
 logger = logging.getLogger("hookdet")
 
@@ -48,23 +49,12 @@ def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) ->
 
     if not entrypoint or ":" not in entrypoint:
         raise UsageError(f"{source}: entrypoint must be 'module:TrialClass', got {entrypoint!r}")
-    module_name, _, class_name = entrypoint.partition(":")
     if str(model_dir) not in sys.path:
         sys.path.insert(0, str(model_dir))
     try:
-        module = importlib.import_module(module_name)
-    except Exception as error:
-        raise UsageError(
-            f"{source}: entrypoint {entrypoint!r}: cannot import module {module_name!r} from "
-            f"{model_dir}: {type(error).__name__}: {error}"
-        ) from error
-    target: Any = module
-    for part in class_name.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise UsageError(
-                f"{source}: entrypoint {entrypoint!r}: module {module_name!r} has no {class_name!r}"
-            )
+        target = import_object(entrypoint)
+    except SpecImportError as error:
+        raise UsageError(f"{source}: entrypoint {entrypoint!r}: {error} (from {model_dir})") from error
     if not (isinstance(target, type) and issubclass(target, PyTorchTrial)):
         raise UsageError(
             f"{source}: entrypoint {entrypoint!r} is not a PyTorchTrial subclass "
@@ -325,7 +315,7 @@ def command_plugins(args: argparse.Namespace) -> int:
         conflicts = ""
         try:  # each plugin alone: a conflict is only real between plugins enabled together
             manager = PluginManager()
-            plugin = manager.register(name, _load_entry_point(target))
+            plugin = manager.register(name, import_object(target))
             hooks = ", ".join(manager.hooks_of(plugin)) or "(none)"
             if getattr(plugin, "conflicts_with", ()):
                 conflicts = f"\n  cannot run with: {', '.join(plugin.conflicts_with)}"
@@ -334,14 +324,6 @@ def command_plugins(args: argparse.Namespace) -> int:
         default = " (default)" if name in DEFAULT_PLUGINS else ""
         print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}{conflicts}")
     return 0
-
-
-def _load_entry_point(target: str) -> Any:
-    module_name, _, attribute = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in filter(None, attribute.split(".")):
-        obj = getattr(obj, part)
-    return obj
 
 
 def command_export(args: argparse.Namespace) -> int:
