@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from hookdet.errors import HookdetError
 from hookdet.importing import SpecImportError, import_object
 
 logger = logging.getLogger("hookdet")
@@ -39,7 +40,7 @@ TORCHRUN_OPTIONS = (
 RANK_STATUS_DIR_ENV = "HOOKDET_RANK_STATUS_DIR"
 
 
-class UsageError(Exception):
+class UsageError(HookdetError):
     """A command-line or entrypoint problem; printed as one line."""
 
 
@@ -65,7 +66,7 @@ def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) ->
 
 def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
-    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason
     from hookdet.cluster_info import activated, local_cluster_info
     from hookdet.config import names_trial_class
     from hookdet.config_overrides import load_with_overrides
@@ -121,7 +122,7 @@ def command_run(args: argparse.Namespace) -> int:
         )
         if run.is_chief:
             _print_summary(run)
-    if run.exit_reason == "preempted":
+    if run.exit_reason == ExitReason.PREEMPTED:
         return PREEMPTED_EXIT_CODE
     return 0
 
@@ -420,15 +421,6 @@ def _version() -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``hookdet`` console script."""
-    from hookdet.checkpoint_format import CheckpointError
-    from hookdet.config import ConfigError
-    from hookdet.data import DatasetReproducibilityError
-    from hookdet.plugin_manager import PluginError
-    from hookdet.reducers import MetricError
-    from hookdet.run_lock import RunDirLockedError
-    from hookdet.storage_backends import StorageError
-    from hookdet.trial import TrialError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
@@ -438,16 +430,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, "torchrun_" + option[2:].replace("-", "_"), None) is not None
     ] if args.command == "run" else []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
-    known = (UsageError, ConfigError, PluginError, CheckpointError, TrialError, MetricError,
-             DatasetReproducibilityError, RunDirLockedError, StorageError)
-    from hookdet.errors import INVALID_HP_EXIT_CODE, InvalidHP
+    from hookdet.errors import InvalidHP
+    from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE
 
     try:
         status = args.handler(args)
     except InvalidHP as error:
         print(f"hookdet: the trial raised InvalidHP: {error}", file=sys.stderr)
         status = INVALID_HP_EXIT_CODE
-    except known as error:
+    except HookdetError as error:
         status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
         if status_dir and rank is not None:  # the launcher prints it, once for all ranks
             from hookdet.launcher import record_rank_message
@@ -455,7 +446,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             record_rank_message(status_dir, rank, str(error))
         else:
             print(f"hookdet: error: {error}", file=sys.stderr)
-        status = 2
+        status = BAD_INPUT_EXIT_CODE
     except OSError as error:
         from hookdet.storage_check import environment_fault
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from hookdet.exit_codes import ExitReason
 from hookdet import loader_adapters
 from hookdet.batch_moving import batch_mover
 from hookdet.data import DataLoader
@@ -254,7 +255,7 @@ class TrainingLoop:
             if checkpoint or stopping:
                 self._checkpoint_unless_current()
             if stopping and not done:
-                self.run.exit_reason = self.run.exit_reason or "stopped"
+                self.run.exit_reason = self.run.exit_reason or ExitReason.STOPPED
                 return
             if done:
                 # As Determined finishes: the period's checkpoint (above) comes before the final
@@ -263,7 +264,7 @@ class TrainingLoop:
                 self._checkpoint_unless_current()
                 break
             context.experimental.reset_reducers()
-        self.run.exit_reason = "completed"
+        self.run.exit_reason = ExitReason.COMPLETED
 
     def _bind_batch_hooks(self) -> Tuple[bool, bool, bool, bool]:
         """Whether the train-batch, batch-end and epoch start/end hooks have implementations
@@ -282,7 +283,7 @@ class TrainingLoop:
         """``train_batch`` raised ``ShouldExit``: report what the workload has, then checkpoint
         unless the trial asked not to (or the current batch count has one already)."""
         self._finish_workload(workload)
-        self.run.exit_reason = "exited"
+        self.run.exit_reason = ExitReason.EXITED
         state = self.state
         if not should_exit.skip_exit_checkpoint and state.last_checkpoint_batch != state.batches_trained:
             self._checkpoint()

@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
+from hookdet.errors import HookdetError
 from hookdet.samplers import (
     DistributedBatchSampler,
     RepeatBatchSampler,
@@ -54,7 +55,7 @@ __all__ = [
 _LOADER_SEED_DOMAIN = 0x6C6F6164  # keeps the loader's seed stream apart from the shuffle's
 
 
-class DatasetReproducibilityError(RuntimeError):
+class DatasetReproducibilityError(HookdetError, RuntimeError):
     """A trial returned a loader hookdet cannot make reproducible, and checks are not disabled."""
 
 

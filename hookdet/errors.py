@@ -1,5 +1,16 @@
-"""Exceptions a Determined script raises on purpose, under the names ``determined`` gives them."""
+"""hookdet's error base, and the exceptions a Determined script raises on purpose under the names
+``determined`` gives them."""
 from __future__ import annotations
+
+from hookdet.exit_codes import INVALID_HP_EXIT_CODE
+
+__all__ = ["HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP"]
+
+
+class HookdetError(Exception):
+    """A problem hookdet reports as one line naming the culprit, without a traceback: bad input
+    (a config field, a plugin, a checkpoint, a run directory) or a fault outside user code. Every
+    such error derives from it, and the command line catches this one class."""
 
 
 class InvalidHP(Exception):
@@ -21,6 +32,3 @@ class InvalidHP(Exception):
         super().__init__(msg)
         self.msg = msg
 
-
-#: ``hookdet run``'s exit status when the trial raised :class:`InvalidHP`.
-INVALID_HP_EXIT_CODE = 76

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-class MetricError(ValueError):
+from hookdet.errors import HookdetError
+
+class MetricError(HookdetError, ValueError):
     """A metric value, a reducer's result or a reducer registration breaks a rule.
 
     The message names the culprit (metric, batch, reducer, rank) and the rule it broke.

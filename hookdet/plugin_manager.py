@@ -21,6 +21,7 @@ import stevedore
 
 from hookdet import hookspecs
 from hookdet import default_hooks
+from hookdet.errors import HookdetError
 from hookdet.markers import HOOK_NAMESPACE
 from hookdet.plugin_list import DEFAULT_PLUGINS, resolve_plugin_list  # noqa: F401 (DEFAULT_PLUGINS re-exported)
 
@@ -31,7 +32,7 @@ ENTRY_POINT_GROUP = "hookdet.plugins"
 DEFAULTS_NAME = "hookdet.defaults"
 
 
-class PluginError(Exception):
+class PluginError(HookdetError):
     """A plugin failed, could not be found, or cannot run beside another; names the plugin."""
 
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hookdet.config import ExperimentConfig
     from hookdet.context import PyTorchTrialContext
     from hookdet.distributed import DistributedContext
+    from hookdet.exit_codes import ExitReason
     from hookdet.plugin_manager import PluginManager
     from hookdet.storage_backends import CheckpointStorage
     from hookdet.trial import PyTorchTrial
@@ -69,7 +70,8 @@ class Run:
     #: Batches the chief validates per pass, when the validation loader has a length; set before
     #: training starts (for progress displays).
     validation_length: Optional[int] = None
-    exit_reason: Optional[str] = None
+    #: Why training ended (:class:`hookdet.exit_codes.ExitReason`, equal to its string value).
+    exit_reason: Optional["ExitReason"] = None
     #: Which run this is: made when the run directory is first used, kept across resumes into it.
     run_id: Optional[str] = None
     #: The metrics of each batch of the current workload, in order, as ``train_batch`` returned

@@ -22,6 +22,7 @@ import socket
 from pathlib import Path
 from typing import Any, Optional
 
+from hookdet.errors import HookdetError
 from hookdet.storage_backends import TEMP_DIR_PREFIX, LocalStorage
 
 logger = logging.getLogger("hookdet")
@@ -29,7 +30,7 @@ logger = logging.getLogger("hookdet")
 LOCK_FILE = ".hookdet.lock"
 
 
-class RunDirLockedError(RuntimeError):
+class RunDirLockedError(HookdetError, RuntimeError):
     """Another live process owns the run directory."""
 
 

@@ -17,16 +17,18 @@ import socket
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from hookdet.exit_codes import ExitReason
+
 logger = logging.getLogger("hookdet")
 
 FILENAME = "run.json"
 
 #: How ``Run.exit_reason`` reads as a run's final state.
 _STATE_FOR_EXIT_REASON = {
-    "completed": "completed",
-    "preempted": "preempted",
-    "stopped": "stopped",
-    "exited": "stopped",
+    ExitReason.COMPLETED: "completed",
+    ExitReason.PREEMPTED: "preempted",
+    ExitReason.STOPPED: "stopped",
+    ExitReason.EXITED: "stopped",
 }
 
 

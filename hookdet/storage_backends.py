@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hookdet.errors import HookdetError
+
 __all__ = [
     "METADATA_FILENAME",
     "CheckpointExistsError",
@@ -44,7 +46,7 @@ TEMP_DIR_PREFIX = ".tmp-"
 """Local in-progress checkpoints are named ``.tmp-<storage id>-<random>``; readers skip them."""
 
 
-class StorageError(RuntimeError):
+class StorageError(HookdetError, RuntimeError):
     """A checkpoint storage operation failed; the message names the storage and checkpoint."""
 
 

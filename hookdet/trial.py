@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 import torch
 
 from hookdet.context import PyTorchTrialContext
+from hookdet.errors import HookdetError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookdet.data import DataLoader
@@ -70,7 +71,7 @@ class ShouldExit(Exception):
         self.skip_exit_checkpoint = skip_exit_checkpoint
 
 
-class TrialError(Exception):
+class TrialError(HookdetError):
     """A trial broke the ``PyTorchTrial`` contract; the message names the method."""
 
 

@@ -305,7 +305,7 @@ def snapshot(trial: Any, context: Any) -> Dict[str, Any]:
             "validations": recorder.validations,
             "batches_trained": run.state.batches_trained,
             "latest_checkpoint": run.state.latest_checkpoint,
-            "exit_reason": run.exit_reason,
+            "exit_reason": None if run.exit_reason is None else str(run.exit_reason),
         }
     )
 

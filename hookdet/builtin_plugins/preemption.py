@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Any, Dict
 
-from hookdet.exit_codes import PREEMPTED_EXIT_CODE  # noqa: F401 (``hookdet run``'s status after a stop)
+from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason  # noqa: F401 (``hookdet run``'s status after a stop)
 from hookdet.markers import hookimpl
 
 logger = logging.getLogger("hookdet")
@@ -50,7 +50,7 @@ class PreemptionPlugin:
             signal.Signals(signum).name,
         )
         if self._run.exit_reason is None:  # a run that already finished stays finished
-            self._run.exit_reason = "preempted"
+            self._run.exit_reason = ExitReason.PREEMPTED
         if self._run.context is not None:
             self._run.context.set_stop_requested(True)
 

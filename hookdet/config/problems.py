@@ -9,10 +9,12 @@ from __future__ import annotations
 import difflib
 from typing import Any, Dict, List, Optional, Tuple
 
+from hookdet.errors import HookdetError
+
 FieldPath = Tuple[str, ...]
 
 
-class ConfigError(Exception):
+class ConfigError(HookdetError):
     """A bad experiment file or dict; the message says where (file:line) and what.
 
     ``source`` is the file (or ``"<dict>"``), ``line`` and ``column`` are 1-based when known,

@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hookdet.exit_codes import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
 from hookdet.search.store import Queue
 
 logger = logging.getLogger("hookdet")
 HEARTBEAT_SECONDS = 2.0
 #: ``hookdet run``'s exit statuses a worker tells apart.
-PREEMPTED, INVALID_HP = 75, 76
+PREEMPTED, INVALID_HP = PREEMPTED_EXIT_CODE, INVALID_HP_EXIT_CODE
 
 
 def checkpoint_steps(run_dir: Path) -> Optional[int]:

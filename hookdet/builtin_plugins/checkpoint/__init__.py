@@ -52,6 +52,7 @@ from hookdet import checkpoint_format as fmt
 from hookdet import rng
 from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.cluster_info import get_cluster_info
+from hookdet.exit_codes import ExitReason
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.resume_report import report_resume
@@ -266,7 +267,7 @@ class CheckpointPlugin:
                 self._abandon_write(run)
         if not run.is_chief or run.storage is None:
             return
-        if run.exit_reason == "completed" and self._saved:
+        if run.exit_reason == ExitReason.COMPLETED and self._saved:
             self._retain(run, final=True)
 
     # ------------------------------------------------------------------ saving
