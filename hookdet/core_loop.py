@@ -7,10 +7,16 @@ module counts batches, decides workload boundaries, reduces metrics and asks the
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from hookdet.loop_schedule import (
+    as_metrics_dict,
+    batches_at_next_boundary,
+    chief_validation_length,
+    reached,
+)
 from hookdet.exit_codes import ExitReason
 from hookdet import loader_adapters
 from hookdet.batch_moving import batch_mover
@@ -70,7 +76,7 @@ class TrainingLoop:
         self._register_callbacks()
         train_loader = self.trial.build_training_data_loader()
         self.validation_loader = self.trial.build_validation_data_loader()
-        self.run.validation_length = _chief_validation_length(self.validation_loader, self.distributed.size)
+        self.run.validation_length = chief_validation_length(self.validation_loader, self.distributed.size)
         self.state.epoch_length = self._epoch_length(train_loader)
         if self.state.epoch_length < 1:
             raise TrialError("build_training_data_loader returned a loader with no batches")
@@ -170,14 +176,11 @@ class TrainingLoop:
         move_batch = self.move_batch if context.experimental._auto_to_device else None
         lr_schedulers = context.lr_schedulers  # the context's own list: later additions show
         epoch_length = state.epoch_length
-        # One process needs no collective to learn whether any rank wants to stop. Per batch the
-        # ranks agree asynchronously (one batch late, never waiting); at boundaries they wait.
-        any_rank = self.distributed.any_rank if self.distributed.size > 1 else bool
-        stop_agreed = getattr(self.distributed, "any_rank_soon", any_rank) if self.distributed.size > 1 else bool
+        any_rank, stop_agreed = self._stop_agreements()
         periods = (validation_period, checkpoint_period, reporting_period)
         # Batches trained at which the next Batch-period boundary (or the end) falls. The batches
         # before it, within one epoch, run as one stretch with no boundary checks at all.
-        next_boundary = _next_boundary(periods, state.batches_trained, self.max_batches)
+        next_boundary = batches_at_next_boundary(periods, state.batches_trained, self.max_batches)
         # The run shares the list, so an observer (the live view) reads the latest batch's
         # metrics without a per-batch hook.
         workload: List[Dict[str, Any]] = []
@@ -214,7 +217,7 @@ class TrainingLoop:
                 except ShouldExit as should_exit:
                     self._exit_early(workload, should_exit)
                     return
-                metrics = _as_metrics_dict(returned)
+                metrics = as_metrics_dict(returned)
                 workload.append(metrics)
                 state.batches_trained = batch_idx + 1
                 if lr_schedulers:
@@ -235,36 +238,62 @@ class TrainingLoop:
                 # (whatever hooks each rank has); an epoch-end hook may have asked for a stop.
                 stopping = stopping or any_rank(context._stop_requested)
 
-            done = state.batches_trained >= self.max_batches or self.test_mode
-            validate = _reached(validation_period, state.batches_trained, epoch_ended, epoch_length)
-            checkpoint = stopping or _reached(
-                checkpoint_period, state.batches_trained, epoch_ended, epoch_length
-            )
-            report = _reached(reporting_period, state.batches_trained, epoch_ended, epoch_length)
-            next_boundary = _next_boundary(periods, state.batches_trained, self.max_batches)
-            if not (validate or checkpoint or report or stopping or done):
-                continue
-            self._finish_workload(workload)
-            workload = self.run.workload_metrics = []
-            # A validation due at this batch runs even when stopping (as Determined validates
-            # at a boundary before it checks for a stop), so a stopped-and-resumed run reports
-            # the same validations as one that never stopped.
-            if validate:
-                self._validate_unless_current()
-            stopping = stopping or self.distributed.any_rank(context._stop_requested)
-            if checkpoint or stopping:
-                self._checkpoint_unless_current()
-            if stopping and not done:
-                self.run.exit_reason = self.run.exit_reason or ExitReason.STOPPED
+            next_boundary = batches_at_next_boundary(periods, state.batches_trained, self.max_batches)
+            ended = self._at_boundary(workload, periods, epoch_ended, stopping)
+            if ended is None:
+                continue  # no boundary here: the workload goes on
+            if ended:
                 return
-            if done:
-                # As Determined finishes: the period's checkpoint (above) comes before the final
-                # validation, then a final checkpoint unless one is current.
-                self._validate_unless_current()
-                self._checkpoint_unless_current()
-                break
+            workload = self.run.workload_metrics = []
             context.experimental.reset_reducers()
-        self.run.exit_reason = ExitReason.COMPLETED
+        self.run.exit_reason = ExitReason.COMPLETED  # nothing was left to train
+
+    def _stop_agreements(self) -> Tuple[Callable[[bool], bool], Callable[[bool], bool]]:
+        """(at a boundary, per batch): how ranks agree that any of them wants to stop. One
+        process needs no collective; per batch the ranks agree asynchronously (one batch late,
+        never waiting), at boundaries they wait."""
+        if self.distributed.size == 1:
+            return bool, bool
+        any_rank = self.distributed.any_rank
+        return any_rank, getattr(self.distributed, "any_rank_soon", any_rank)
+
+    def _at_boundary(
+        self, workload: List[Dict[str, Any]], periods: Tuple[Optional[TrainUnit], ...], epoch_ended: bool, stopping: bool
+    ) -> Optional[bool]:
+        """After a stretch of batches: report, validate and checkpoint as the periods say.
+
+        None when no boundary falls here (the workload goes on); True when training ended
+        (completed or stopped, ``run.exit_reason`` set); False when training goes on with a new
+        workload."""
+        state, context = self.state, self.context
+        validation_period, checkpoint_period, reporting_period = periods
+        trained, epoch_length = state.batches_trained, state.epoch_length
+        done = trained >= self.max_batches or self.test_mode
+        validate = reached(validation_period, trained, epoch_ended, epoch_length)
+        checkpoint = stopping or reached(checkpoint_period, trained, epoch_ended, epoch_length)
+        report = reached(reporting_period, trained, epoch_ended, epoch_length)
+        if not (validate or checkpoint or report or stopping or done):
+            return None
+        self._finish_workload(workload)
+        # A validation due at this batch runs even when stopping (as Determined validates at a
+        # boundary before it checks for a stop), so a stopped-and-resumed run reports the same
+        # validations as one that never stopped.
+        if validate:
+            self._validate_unless_current()
+        stopping = stopping or self.distributed.any_rank(context._stop_requested)
+        if checkpoint or stopping:
+            self._checkpoint_unless_current()
+        if stopping and not done:
+            self.run.exit_reason = self.run.exit_reason or ExitReason.STOPPED
+            return True
+        if done:
+            # As Determined finishes: the period's checkpoint (above) comes before the final
+            # validation, then a final checkpoint unless one is current.
+            self._validate_unless_current()
+            self._checkpoint_unless_current()
+            self.run.exit_reason = ExitReason.COMPLETED
+            return True
+        return False
 
     def _bind_batch_hooks(self) -> Tuple[bool, bool, bool, bool]:
         """Whether the train-batch, batch-end and epoch start/end hooks have implementations
@@ -447,65 +476,3 @@ class TrainingLoop:
         if improved:
             self.state.best_validation = float(value)
         return improved
-
-
-def _chief_validation_length(loader: Any, ranks: int) -> Optional[int]:
-    """Batches the chief validates per pass (a hookdet DataLoader's batches are dealt round-robin
-    to the ranks, the chief's share the largest), or None for a loader without a length."""
-    try:
-        length = len(loader)
-    except TypeError:
-        return None
-    return -(-length // ranks) if isinstance(loader, DataLoader) else length
-
-
-def _next_boundary(periods: Tuple[Optional[TrainUnit], ...], batches: int, max_batches: int) -> int:
-    """The smallest batch count above ``batches`` at which a ``Batch`` period in ``periods`` can
-    fire, or ``max_batches`` if sooner. ``Epoch`` periods fire only at epoch ends, which the loop
-    checks on its own; an unknown kind of period gives ``batches + 1`` (check every batch)."""
-    boundary = max_batches
-    for period in periods:
-        if period is None or isinstance(period, Epoch):
-            continue
-        if not isinstance(period, Batch):
-            return batches + 1
-        if isinstance(period.value, int):
-            boundary = min(boundary, (batches // period.value + 1) * period.value)
-        else:
-            later = [value for value in period.value if value > batches]
-            if later:
-                boundary = min(boundary, min(later))
-    return boundary
-
-
-def _reached(period: Optional[TrainUnit], batches: int, epoch_ended: bool, epoch_length: int) -> bool:
-    """Whether ``batches`` trained batches end a ``period`` (epochs count only at epoch ends)."""
-    if period is None:
-        return False
-    if isinstance(period, Epoch):
-        return epoch_ended and period.should_stop(batches // epoch_length)
-    return period.should_stop(batches)
-
-
-def _as_metrics_dict(metrics: Any) -> Dict[str, Any]:
-    """``train_batch``'s result as a new dict whose tensors hold no graph (a bare tensor is the loss).
-
-    Cutting the graph keeps a metric that was never backpropagated from holding its activations
-    alive until the report. ``Tensor.data`` cuts it as ``detach()`` does (same storage, no
-    ``grad_fn``, no copy) without a trip through the dispatcher: inside a real step that trip
-    costs about 1 % of a tiny model's step, ``.data`` next to nothing. What ``.data`` leaves
-    out, a version counter shared with the original, matters only to autograd, and these
-    tensors are only ever read. A plain loop, not a comprehension: this runs every batch, and
-    a comprehension costs a function object and a frame per call.
-    """
-    if isinstance(metrics, dict):
-        plain = {}
-        for key, value in metrics.items():
-            plain[key] = value.data if isinstance(value, torch.Tensor) else value
-        return plain
-    if isinstance(metrics, torch.Tensor):
-        return {"loss": metrics.data}
-    raise TrialError(
-        "train_batch must return a dict of metrics or a loss tensor, "
-        f"got {type(metrics).__name__}"
-    )
