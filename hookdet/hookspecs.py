@@ -72,6 +72,10 @@ checkpoint under the plugin's registered name: the checkpoint plugin walks the r
 plugins), :class:`ConflictingPlugin` (``conflicts_with``), :class:`ConfigurablePlugin` (an
 ``__init__`` taking ``options``) and :class:`TensorBoardWriter` (what
 ``hookdet_make_tensorboard_writer`` returns). Nothing else of a plugin is called by name.
+
+This module is longer than hookdet's others on purpose: it is the whole contract between the loop
+and its plugins, read top to bottom by a plugin author, in the loop's order (as pytest keeps its
+hooks in one ``hookspec.py``); splitting it would scatter the map above over several files.
 """
 from __future__ import annotations
 

@@ -14,6 +14,11 @@ writes ``hook_timing-rank<N>.json`` into the run directory on every rank. The *f
 from the start of ``on_trial_startup`` to the end of ``on_trial_shutdown``; within it the loop's
 own share is the window minus the time inside outermost hook calls and outermost trial-method
 calls: data loading, moving batches to the device and the loop's bookkeeping.
+
+pluggy's public monitoring (``add_hookcall_monitoring``) sees a hook call as a whole; to see each
+implementation this plugin swaps the ``function`` attribute of pluggy's ``HookImpl`` records (a
+public attribute, and the only way pluggy offers) for a timed wrapper, marks the wrapper so it is
+never wrapped twice, and puts every original back when the run ends.
 """
 from __future__ import annotations
 
