@@ -100,14 +100,6 @@ def launcher_for(selection: PluginSelection) -> str:
     return "horovodrun" if "horovod" in selection.names else "torchrun"
 
 
-def plain_name(entry: str) -> str:
-    """``entry`` without its ``no:`` or ``+`` marker."""
-    for prefix in (REMOVE_PREFIX, ADD_PREFIX):
-        if entry.startswith(prefix):
-            return entry[len(prefix):]
-    return entry
-
-
 def unused_plugin_config(
     plugin_config: Optional[Dict[str, Any]], enabled: Iterable[str], switchable: Iterable[str] = ()
 ) -> Optional[str]:

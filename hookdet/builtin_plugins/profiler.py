@@ -121,7 +121,6 @@ class ProfilerPlugin:
     def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
         self.options = ProfilerOptions(dict(options or {}))
         self.profiler: Optional[torch.profiler.profile] = None
-        self._user_profiler = False
         self._last_batch: Optional[int] = None
         self._running = False
         self._run: Any = None
@@ -154,7 +153,6 @@ class ProfilerPlugin:
             raise RuntimeError("set_profiler must be called before training starts (in the trial's __init__)")
         kwargs.setdefault("on_trace_ready", self.trace_handler())
         self.profiler = torch.profiler.profile(*args, **kwargs)
-        self._user_profiler = True
         self._last_batch = None
 
     @hookimpl
