@@ -186,3 +186,44 @@ def test_a_storage_block_of_retention_counts_alone_keeps_the_default_storage(tmp
     assert hookdet("retention counts alone", "run", str(config), "--run-dir", str(run_dir)) == 0
     kept = [metadata["steps_completed"] for metadata in checkpoint_metadata(run_dir / "checkpoints")]
     assert kept == [8, 12]  # checkpoints at 4, 8 and 12; the two latest kept
+
+
+class FlakyStatePlugin:
+    """A plugin whose state cannot be saved (``fail="save"``) or restored (``fail="load"``)."""
+
+    def __init__(self, fail: str) -> None:
+        self.fail = fail
+
+    def state_dict(self) -> dict:
+        if self.fail == "save":
+            raise ValueError("no state today")
+        return {"calls": 1}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.fail == "load":
+            raise ValueError("that state is not mine")
+
+
+@pytest.mark.parametrize("fail", ["save", "load"])
+def test_a_plugin_whose_state_fails_is_named_not_the_checkpoint_plugin(tmp_path: Path, fail: str) -> None:
+    """Issue 19 case 9: the error names the plugin whose state_dict/load_state_dict raised."""
+    from hookdet import pytorch
+    from hookdet.plugin_manager import PluginError
+    from tests.resume_trials import RegressionTrial
+
+    hparams = {"records": 32, "global_batch_size": 8, "lr": 0.01}
+    exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["checkpoint"]}}
+
+    def train(plugin: FlakyStatePlugin, resume: Any = None) -> None:
+        with pytorch.init(hparams=hparams, exp_conf=exp_conf, run_dir=tmp_path / "run", plugins=[plugin]) as context:
+            pytorch.Trainer(RegressionTrial(context), context).fit(
+                max_length=pytorch.Batch(4 if resume is None else 8), latest_checkpoint=resume
+            )
+
+    if fail == "load":
+        train(FlakyStatePlugin("never"))  # a checkpoint holding the plugin's state
+    with pytest.raises(PluginError) as raised:
+        train(FlakyStatePlugin(fail), resume=str(tmp_path / "run") if fail == "load" else None)
+    method = "state_dict" if fail == "save" else "load_state_dict"
+    assert str(raised.value).startswith(f"plugin 'FlakyStatePlugin' failed in {method}: ValueError(")
+    assert "checkpoint" not in str(raised.value).split(":")[0]

@@ -57,7 +57,7 @@ from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.resume_report import report_resume
 from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage
-from hookdet.builtin_plugins.checkpoint.restore import located, restore_checkpoint
+from hookdet.builtin_plugins.checkpoint.restore import located, plugin_call, restore_checkpoint
 from hookdet.builtin_plugins.checkpoint.retention import checkpoints_to_delete
 from hookdet.trial import PyTorchCallback
 
@@ -298,7 +298,7 @@ class CheckpointPlugin:
             "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
             "callbacks": {name: cb.state_dict() for name, cb in run.callbacks.items()},
             "plugins": {
-                name: plugin.state_dict()
+                name: plugin_call(name, plugin.state_dict)
                 for name, plugin in run.plugins.named_plugins().items()
                 if callable(getattr(plugin, "state_dict", None))
                 and callable(getattr(plugin, "load_state_dict", None))

@@ -14,6 +14,7 @@ import torch
 from hookdet import checkpoint_format as fmt
 from hookdet import checkpoint_lookup as lookup
 from hookdet import rng
+from hookdet.plugin_manager import PluginError
 from hookdet.run_identity import locate_for_resume
 from hookdet.storage_backends import LocalStorage, StorageError
 
@@ -99,7 +100,7 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
     for name, plugin_state in state.get("plugins", {}).items():
         plugin = run.plugins.named_plugins().get(name)
         if plugin is not None and callable(getattr(plugin, "load_state_dict", None)):
-            plugin.load_state_dict(plugin_state)
+            plugin_call(name, plugin.load_state_dict, plugin_state)
         else:
             logger.warning("checkpoint %s holds state of plugin %r, which is not running", directory, name)
     callbacks = run.callbacks
@@ -179,6 +180,15 @@ def _restore_gradients(context: Any, saved: Optional[List[Dict[str, torch.Tensor
                     f"shape {tuple(grad.shape)}, the parameter {tuple(parameter.shape)}"
                 )
             parameter.grad = grad.to(device=parameter.device, dtype=parameter.dtype).clone()
+
+
+def plugin_call(name: str, method: Any, *args: Any) -> Any:
+    """A plugin's ``state_dict``/``load_state_dict``, whose failure names that plugin (not the
+    checkpoint plugin, whose hook called it)."""
+    try:
+        return method(*args)
+    except Exception as error:
+        raise PluginError(f"plugin {name!r} failed in {method.__name__}: {error!r}") from error
 
 
 def copied_out_of_the_file(state: Dict[str, Any]) -> Dict[str, Any]:
