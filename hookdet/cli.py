@@ -439,20 +439,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"hookdet: the trial raised InvalidHP: {error}", file=sys.stderr)
         status = INVALID_HP_EXIT_CODE
     except HookdetError as error:
-        status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
-        if status_dir and rank is not None:  # the launcher prints it, once for all ranks
-            from hookdet.launcher import record_rank_message
-
-            record_rank_message(status_dir, rank, str(error))
-        else:
-            print(f"hookdet: error: {error}", file=sys.stderr)
-        status = BAD_INPUT_EXIT_CODE
-    except OSError as error:
-        from hookdet.storage_check import environment_fault
-
-        fault = environment_fault(error)
-        if fault is None:  # not the machine's fault: the traceback helps
-            raise
-        print(f"hookdet: error: {fault}", file=sys.stderr)
-        status = 2
+        status = _say_error(str(error), BAD_INPUT_EXIT_CODE)
+    except Exception as error:
+        status = _report_failure(error)
     return report_status_to_launcher(status)
+
+
+def _report_failure(error: Exception) -> int:
+    """Report an error that is not hookdet's one-line kind and return the exit status (see
+    :mod:`hookdet.failure_report`); a hookdet bug is raised again, whole."""
+    from hookdet import failure_report
+    from hookdet.storage_check import environment_fault
+
+    fault = environment_fault(error) if isinstance(error, OSError) else None
+    if fault is not None:  # the machine's fault (disk full, no permission): one line
+        return _say_error(fault, 2)
+    lost = failure_report.peer_loss(error)
+    if lost is not None:
+        return _say_error(f"lost contact with the other ranks ({type(error).__name__}: {lost})", 1)
+    trimmed = failure_report.user_traceback(error)
+    if trimmed is None:
+        _say_error(f"hookdet failed: {failure_report.one_line(error)} (a bug: please report the traceback below)", 1)
+        raise error
+    sys.stderr.write(trimmed)
+    return _say_error(f"the trial raised {failure_report.one_line(error)} (traceback above)", 1)
+
+
+def _say_error(message: str, status: int) -> int:
+    """Print ``hookdet: error: message`` (under the launcher, leave it for the launcher to print
+    once for all ranks) and return ``status``."""
+    status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
+    if status_dir and rank is not None:
+        from hookdet.launcher import record_rank_message
+
+        record_rank_message(status_dir, rank, message)
+    else:
+        print(f"hookdet: error: {message}", file=sys.stderr)
+    return status

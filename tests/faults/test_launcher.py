@@ -119,3 +119,53 @@ def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
     line = assert_one_line(stderr, "ranks 0, 1", "NoSuchTrial")
     assert "ChildFailedError" not in stderr
     assert line.count("hookdet: error") == 1
+
+
+def rank_pids(launcher_pid: int) -> List[int]:
+    """The rank processes below the launcher (``python -m hookdet run`` under torchrun)."""
+    ranks = []
+    for pid in descendants(launcher_pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"torchrun" in part or b"torch.distributed.run" in part for part in command):
+            continue
+        if b"hookdet" in b" ".join(command) and b"run" in command:
+            ranks.append(pid)
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_is_named_and_no_gloo_traceback_is_shown(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.05)), "--run-dir", str(run_dir)])
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rank_pids(process.pid)) == 2, process,
+               "two ranks training", timeout=150)
+    victim = max(rank_pids(process.pid))  # the later-started rank
+    os.kill(victim, signal.SIGKILL)
+    status, _, stderr = finish(process, "2 ranks: one rank SIGKILLed", since=time.monotonic())
+    assert status not in (0, 75), stderr[-4000:]
+    assert "Traceback" not in stderr and "ChildFailedError" not in stderr, stderr[-4000:]
+    lines = error_lines(stderr)
+    assert any("ended without a status (killed by a signal" in line for line in lines), lines
+    assert all("gloo" not in line.lower() for line in lines), lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_trial_error_keeps_only_the_users_frames(tmp_path: Path, slots: int) -> None:
+    """User code keeps its traceback, without hookdet's and pluggy's frames above it, and one line
+    names the error (and, with two ranks, the rank)."""
+    config = write_config(tmp_path / "exp.yaml", fail_rank=slots - 1, fail_batch=2)
+    config.write_text(config.read_text().replace("slots_per_trial: 2", f"slots_per_trial: {slots}"))
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(tmp_path / "run")]), f"{slots} rank(s): trial error")
+    assert status == 1, stderr[-4000:]
+    assert "Traceback (most recent call last, hookdet's frames left out):" in stderr, stderr[-4000:]
+    assert 'distributed_trials.py", line' in stderr
+    assert "/hookdet/" not in stderr.split("frames left out")[1].split("RuntimeError")[0]
+    assert "/pluggy/" not in stderr
+    who = "" if slots == 1 else f"rank {slots - 1}: "
+    expected = (f"hookdet: error: {who}the trial raised RuntimeError: rank {slots - 1} fails on purpose "
+                "at batch 2 (traceback above)")
+    assert expected in error_lines(stderr), error_lines(stderr)
