@@ -134,3 +134,25 @@ def test_sighup_stops_like_sigterm(tmp_path: Path) -> None:
     assert "received SIGHUP" in stderr and "preempted" in stdout
     stopped = max(m["steps_completed"] for m in checkpoint_metadata(run_dir / "checkpoints"))
     assert 1 <= stopped < 12
+
+
+def test_disk_full_at_resume_is_one_line_and_keeps_the_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        config = write_config(tmp_path / "exp.yaml")
+        run_dir = disk / "run"
+        assert hookdet("train before the disk fills", "run", str(config), "--run-dir", str(run_dir)) == 0
+        before = checkpoint_metadata(run_dir / "checkpoints")
+        capsys.readouterr()
+        with contextlib.suppress(OSError):
+            with open(disk / "filler", "wb") as filler:
+                while True:
+                    filler.write(b"\0" * 4096)
+        status = hookdet("disk full at resume", "run", str(config), "--resume", str(run_dir),
+                         "--config", "searcher.max_length.batches=24")
+        assert status == 2
+        one_line(capsys, "disk full")
+        assert checkpoint_metadata(run_dir / "checkpoints") == before
+        for metadata in before:
+            fmt.verify(run_dir / "checkpoints" / metadata["uuid"])
