@@ -53,9 +53,10 @@ def write_config(path: Path, hparams: Optional[Dict[str, Any]] = None, **fields:
     return path
 
 
-def start(args: Sequence[str], env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
-    """``python -m hookdet ARGS`` in its own session (the tests directory holds the trials)."""
-    command = [sys.executable, "-m", "hookdet", *args]
+def start(args: Sequence[str], env: Optional[Dict[str, str]] = None, prefix: Sequence[str] = ()) -> subprocess.Popen:
+    """``python -m hookdet ARGS`` in its own session (the tests directory holds the trials),
+    run through ``prefix`` (e.g. ``setpriv ...``) when given."""
+    command = [*prefix, sys.executable, "-m", "hookdet", *args]
     if args and args[0] == "run" and "--model-dir" not in args:
         command += ["--model-dir", str(TESTS)]
     return subprocess.Popen(

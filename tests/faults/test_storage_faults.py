@@ -9,6 +9,7 @@ stay intact.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 from hookdet import checkpoint_format as fmt
 from hookdet import checkpoint_lookup as lookup
 from hookdet.s3_storage import S3_TIMEOUTS, S3Storage
-from tests.faults.harness import checkpoint_metadata, finish, start, wait_until, write_config
+from tests.faults.harness import assert_one_line, checkpoint_metadata, finish, start, wait_until, write_config
 from tests.faults.test_bad_input import hookdet, one_line
 
 
@@ -156,3 +157,28 @@ def test_disk_full_at_resume_is_one_line_and_keeps_the_checkpoints(
         assert checkpoint_metadata(run_dir / "checkpoints") == before
         for metadata in before:
             fmt.verify(run_dir / "checkpoints" / metadata["uuid"])
+
+
+#: Root without the capabilities that let it write anywhere: permissions then apply to it too.
+WITHOUT_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search",
+                    "--inh-caps=-dac_override,-dac_read_search")
+
+
+@pytest.mark.parametrize("where", ["run directory", "checkpoint storage"])
+def test_permission_denied_is_one_line_naming_the_path(tmp_path: Path, where: str) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if where == "run directory":
+        config, run_dir, culprit = write_config(tmp_path / "exp.yaml"), locked / "run", locked / "run"
+    else:
+        culprit = locked / "checkpoints"
+        config = write_config(tmp_path / "exp.yaml", checkpoint_storage={"type": "directory", "container_path": str(culprit)})
+        run_dir = tmp_path / "run"
+    prefix = WITHOUT_OVERRIDE if os.geteuid() == 0 else ()
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(run_dir)], prefix=prefix),
+                               f"permission denied: {where}")
+    assert status == 2, stderr[-3000:]
+    line = assert_one_line(stderr, str(culprit))
+    assert "permission" in line.lower(), line
+    assert "batch 1" not in stderr  # refused before training
