@@ -25,6 +25,7 @@ from hookdet import checkpoint_lookup as lookup
 from hookdet.s3_storage import S3_TIMEOUTS, S3Storage
 from tests.faults.harness import assert_one_line, checkpoint_metadata, finish, start, wait_until, write_config
 from tests.faults.test_bad_input import hookdet, one_line
+from tests.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
 
 @contextlib.contextmanager
@@ -182,3 +183,88 @@ def test_permission_denied_is_one_line_naming_the_path(tmp_path: Path, where: st
     line = assert_one_line(stderr, str(culprit))
     assert "permission" in line.lower(), line
     assert "batch 1" not in stderr  # refused before training
+
+
+class SwitchableProxy:
+    """A TCP proxy on 127.0.0.1 in front of a real S3 server that, once :meth:`go_silent` is
+    called, keeps every connection open and answers nothing: an endpoint that hangs mid-run."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit("//", 1)[1].split(":")
+        self.upstream = (host, int(port))
+        self.silent = threading.Event()
+        self.closed = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.sockets: List[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
+
+    def go_silent(self) -> None:
+        self.silent.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        for sock in [self.server, *self.sockets]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            if self.silent.is_set():
+                continue  # accepted, never answered
+            upstream = socket.create_connection(self.upstream)
+            self.sockets.append(upstream)
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        while not self.closed.is_set():
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if not self.silent.is_set():  # once silent, bytes go nowhere and nothing answers
+                with contextlib.suppress(OSError):
+                    sink.sendall(data)
+
+
+@pytest.mark.slow
+def test_an_s3_endpoint_that_hangs_mid_run_fails_the_next_checkpoint_in_bounded_time(
+    tmp_path: Path, s3_server: dict
+) -> None:
+    proxy = SwitchableProxy(s3_server["endpoint_url"])
+    try:
+        storage = {"type": "s3", "bucket": s3_server["bucket"], "prefix": "live", "endpoint_url": proxy.url,
+                   "access_key": s3_server["access_key"], "secret_key": s3_server["secret_key"]}
+        config = write_config(tmp_path / "exp.yaml", {"sleep": 0.2}, checkpoint_storage=storage,
+                              searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
+                                        "max_length": {"batches": 40}})
+        direct = S3Storage(bucket=s3_server["bucket"], prefix="live", endpoint_url=s3_server["endpoint_url"],
+                           access_key=s3_server["access_key"], secret_key=s3_server["secret_key"])
+        process = start(["run", str(config), "--run-dir", str(tmp_path / "run")],
+                        env={"HOOKDET_S3_READ_TIMEOUT": "2", "HOOKDET_S3_CONNECT_TIMEOUT": "2",
+                             "HOOKDET_S3_MAX_ATTEMPTS": "2"})
+        wait_until(lambda: len(direct.list_ids()) >= 1, process, "a first checkpoint in S3", timeout=120)
+        proxy.go_silent()
+        silenced = time.monotonic()
+        status, _, stderr = finish(process, "S3 endpoint hangs mid-run", since=silenced)
+        assert status == 2, stderr[-3000:]
+        line = assert_one_line(stderr, proxy.url)
+        assert "checkpoint" in line, line
+        assert time.monotonic() - silenced < 60  # timeouts and retries, not minutes per request
+        survivors = direct.list_ids()
+        assert survivors  # the checkpoint written before the endpoint hung is still there, whole
+        with direct.restore_path(survivors[0]) as restored:
+            fmt.verify(Path(restored))
+    finally:
+        proxy.close()
