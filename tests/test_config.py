@@ -360,7 +360,8 @@ def test_a_misspelt_cluster_only_field_suggests_it_too(tmp_path: Path) -> None:
     ],
 )
 def test_unknown_nested_fields_suggest_their_neighbour(data: dict, expected: str) -> None:
-    assert str(dict_error(data)) == f"<dict>: {expected}"
+    # The first problem; a misspelt required key also leaves that key missing, said below it.
+    assert str(dict_error(data)).splitlines()[0] == f"<dict>: {expected}"
 
 
 def test_an_unknown_field_with_no_neighbour_lists_the_known_ones() -> None:
@@ -431,10 +432,38 @@ def test_wrong_values_name_the_field(data: dict, expected: str) -> None:
     assert dict_error(data).message.startswith(expected)
 
 
-def test_several_problems_report_the_first_and_count_the_rest() -> None:
+def test_several_problems_are_all_reported_at_once() -> None:
     error = dict_error({"scheduling_unit": "x", "checkpoint_policy": "y"})
 
-    assert error.message == "scheduling_unit: expected a whole number; got 'x' (and 1 more problem)"
+    assert error.message == "scheduling_unit: expected a whole number; got 'x'"
+    assert str(error).splitlines() == [
+        "<dict>: scheduling_unit: expected a whole number; got 'x'",
+        "  <dict>: checkpoint_policy: expected one of 'best', 'all' or 'none'; got 'y'",
+    ]
+
+
+def test_every_problem_of_a_file_is_reported_in_one_message_in_file_order(tmp_path: Path) -> None:
+    """Issue 19 item 4: an unknown field, a wrong type and a bad storage block, all in one
+    message, each with its line and field."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent("""\
+        entrypoint: model_def:Trial
+        hyperparameters:
+          global_batch_size: 0
+        searcher:
+          name: single
+          metric: validation_loss
+          max_lenght: {batches: 5}
+        scheduling_unit: many
+        checkpoint_storage:
+          type: gcs
+        """))
+    with pytest.raises(ConfigError) as caught:
+        load_experiment_config(path)
+    lines = str(caught.value).splitlines()
+    assert [line.split(": ", 1)[0].strip() for line in lines] == [f"{path}:{n}" for n in (3, 7, 8, 10)]
+    assert "global_batch_size" in lines[0] and "did you mean 'max_length'" in lines[1]
+    assert "scheduling_unit" in lines[2] and "'gcs' is not a storage hookdet has" in lines[3]
 
 
 # ------------------------------------------------------------------------------ hyperparameters

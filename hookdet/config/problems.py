@@ -18,7 +18,9 @@ class ConfigError(HookdetError):
     """A bad experiment file or dict; the message says where (file:line) and what.
 
     ``source`` is the file (or ``"<dict>"``), ``line`` and ``column`` are 1-based when known,
-    ``field`` is the dotted field path when the problem belongs to one.
+    ``field`` is the dotted field path when the problem belongs to one. When one reading found
+    several problems, this is the first in file order and :attr:`others` holds the rest; the
+    message lists them all, one per line.
     """
 
     def __init__(
@@ -35,10 +37,23 @@ class ConfigError(HookdetError):
         self.line = line
         self.column = column
         self.field = field
+        self.others: List["ConfigError"] = []
         location = source
         if line is not None:
             location += f":{line}" + (f":{column}" if column is not None else "")
-        super().__init__(f"{location}: {message}")
+        self.located = f"{location}: {message}"
+        super().__init__(self.located)
+
+    def __str__(self) -> str:
+        return "\n  ".join([self.located] + [other.located for other in self.others])
+
+
+def all_at_once(problems: List[ConfigError]) -> ConfigError:
+    """One error for every problem of a reading, the first in file order first."""
+    ordered = sorted(problems, key=lambda problem: problem.line or 0)
+    first = ordered[0]
+    first.others = ordered[1:]
+    return first
 
 
 class FieldProblem(ValueError):

@@ -11,8 +11,8 @@ import yaml
 from pydantic import ValidationError
 
 from hookdet.config.experiment import ExperimentConfig
-from hookdet.config.problems import ConfigError, FieldPath, LineIndex, Reporter, as_written, dotted
-from hookdet.config.screening import config_error_from, screen
+from hookdet.config.problems import ConfigError, FieldPath, LineIndex, Reporter, all_at_once, as_written, dotted
+from hookdet.config.screening import config_errors_from, screen
 from hookdet.yaml_limits import BoundedComposer, check_expanded_size, check_text
 
 _LENGTH_FIELDS = frozenset(
@@ -145,11 +145,14 @@ def _build(
         nested = _nested_overrides(overrides, reporter.source)
         _merge_into(merged, nested, (), reporter.index.overridden)
     ignored: List[str] = []
-    screened = screen(merged, ExperimentConfig, (), ignored, reporter)
+    problems: List[ConfigError] = []
+    screened = screen(merged, ExperimentConfig, (), ignored, reporter, problems)
     try:
         config = ExperimentConfig.model_validate(screened)
     except ValidationError as error:
-        raise config_error_from(error, reporter) from None
+        problems += config_errors_from(error, reporter)
+    if problems:  # every problem this reading found, in file order
+        raise all_at_once(problems) from None
     if config.searcher.name != "single":
         ignored.append("searcher.name")
     config.note_origin(reporter.source, ignored)

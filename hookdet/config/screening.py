@@ -120,29 +120,37 @@ def _section_model_of(
 
 
 def screen(
-    section: Mapping, model: type, path: FieldPath, ignored: List[str], reporter: Reporter
+    section: Mapping, model: type, path: FieldPath, ignored: List[str], reporter: Reporter,
+    problems: List[ConfigError],
 ) -> Dict[str, Any]:
     """``section`` without its cluster-only fields (recorded in ``ignored``), its sub-sections
-    screened likewise; the first unknown field raises, with the closest known name."""
+    screened likewise; each unknown field goes into ``problems``, with the closest known name,
+    and is left out so the rest can still be checked."""
     cluster_only = CLUSTER_ONLY_BY_PARENT.get(path, frozenset())
     known = list(model.model_fields)
     kept: Dict[str, Any] = {}
     for key, value in section.items():
         key_path = path + (str(key),)
         if not isinstance(key, str):
-            raise reporter.error(key_path, f"field names must be strings; got {as_written(key)}")
+            problems.append(reporter.error(key_path, f"field names must be strings; got {as_written(key)}"))
+            continue
         if key in cluster_only:
             ignored.append(dotted(key_path))
             continue
         if key not in model.model_fields:
             suggestion = did_you_mean(key, known + sorted(cluster_only))
             listing = "" if suggestion else f"; known fields here: {', '.join(known)}"
-            raise reporter.error(
+            problems.append(reporter.error(
                 key_path, f"unknown field '{dotted(key_path)}'{suggestion}{listing}"
-            )
-        sub_model = _section_model_of(model, key, value, key_path, reporter)
+            ))
+            continue
+        try:
+            sub_model = _section_model_of(model, key, value, key_path, reporter)
+        except ConfigError as problem:
+            problems.append(problem)
+            continue
         if sub_model is not None and isinstance(value, Mapping):
-            value = screen(value, sub_model, key_path, ignored, reporter)
+            value = screen(value, sub_model, key_path, ignored, reporter, problems)
         kept[key] = value
     return kept
 
@@ -188,15 +196,6 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> Tuple[FieldPath, str]:
     return path, f"{dotted(path)}: {message}; got {as_written(error.get('input'))}"
 
 
-def config_error_from(exc: ValidationError, reporter: Reporter) -> ConfigError:
-    """The first problem in file order as a ConfigError, with a count of any others."""
-    problems = [_problem_from_pydantic(error) for error in exc.errors(include_url=False)]
-    position = {id(problem): index for index, problem in enumerate(problems)}
-    problems.sort(
-        key=lambda problem: (reporter.index.line_of(problem[0]) or 0, position[id(problem)])
-    )
-    path, message = problems[0]
-    if len(problems) > 1:
-        others = len(problems) - 1
-        message += f" (and {others} more problem{'s' if others > 1 else ''})"
-    return reporter.error(path, message)
+def config_errors_from(exc: ValidationError, reporter: Reporter) -> List[ConfigError]:
+    """Every problem pydantic found, each a ConfigError naming its field and line."""
+    return [reporter.error(*_problem_from_pydantic(error)) for error in exc.errors(include_url=False)]
