@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import uuid
 
 import pytest
@@ -353,3 +354,14 @@ def test_asha_with_promotion_pauses_at_rungs_and_promotes_the_top_of_a_rung() ->
     assert report("r4", 2, 0.1) == [Pause("r4"), Promote("r4")]
     # max_trials reached and nothing promotable: the search winds down
     assert report("r4", 4, 0.05) == [Stop("r4")]
+
+
+def test_a_postgresql_store_without_its_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookdet.search.store import StoreError, check_driver
+
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # the import fails as if not installed
+    with pytest.raises(StoreError) as raised:
+        check_driver("postgresql+psycopg2://user:secret@db.example:5432/search")
+    message = str(raised.value)
+    assert "pip install 'hookdet[search-postgres]'" in message and "secret" not in message
+    check_driver("journal:/tmp/store.log")  # other stores need no driver

@@ -1,7 +1,9 @@
 """Searches run end to end: real ``hookdet run`` driver processes, real trial processes, a real
-Optuna store (SQLite, and the journal file shared by two worker processes)."""
+Optuna store (SQLite; the journal file and a PostgreSQL server, each shared by two worker
+processes)."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+
+from tests.postgres_fixture import postgres_server
 
 pytest.importorskip("optuna")
 
@@ -221,14 +225,23 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_worker_processes_on_one_journal_store_finish_a_search(tmp_path: Path) -> None:
-    journal = f"journal:{tmp_path / 'store.log'}"
+@pytest.mark.parametrize("store", ["journal", "postgresql"])
+def test_two_worker_processes_on_one_shared_store_finish_a_search(tmp_path: Path, store: str) -> None:
+    with contextlib.ExitStack() as stack:
+        url = (f"journal:{tmp_path / 'store.log'}" if store == "journal"
+               else stack.enter_context(postgres_server()))
+        two_workers_finish_a_search(tmp_path, url)
+
+
+def two_workers_finish_a_search(tmp_path: Path, url: str) -> None:
+    """A driver with no workers of its own and two ``hookdet search worker`` processes on the
+    store ``url``: the search completes, and both workers trained some of it."""
     driver = subprocess.Popen(
         [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--run-dir", "shared", "--workers", "0",
-         "--storage", journal], cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE,
+         "--storage", url], cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     time.sleep(3)
-    workers = [subprocess.Popen([*HOOKDET, "search", "worker", "--storage", journal,
+    workers = [subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url,
                                  "--index", str(i), "--of", "2"], cwd=tmp_path, env=env(tmp_path),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
 
+from hookdet.errors import HookdetError
 from hookdet.search import methods
 
 #: Searchers Determined 0.38 refuses, with its reason (master/pkg/schemas/expconf).
@@ -31,7 +32,7 @@ _COMMON = {"name", "metric", "smaller_is_better", "max_length", "source_trial_id
            "source_checkpoint_uuid"}
 
 
-class SearchConfigError(Exception):
+class SearchConfigError(HookdetError):
     """A searcher block a search cannot run; the message names the file and field."""
 
 

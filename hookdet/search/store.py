@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hookdet.errors import HookdetError
+
 STUDY_NAME = "hookdet-search"
 
 
@@ -38,9 +40,33 @@ def default_storage(search_dir: Path) -> str:
     return f"sqlite:///{Path(search_dir).resolve() / 'search.db'}"
 
 
+#: RDB dialects whose driver is an extra of its own: (the driver's module, the extra).
+DRIVER_EXTRAS = {"postgresql": ("psycopg2", "search-postgres")}
+
+
+def check_driver(url: str) -> None:
+    """Refuse, naming the extra to install, an RDB URL whose database driver is missing."""
+    dialect = url.split(":", 1)[0].split("+", 1)[0]
+    if dialect not in DRIVER_EXTRAS:
+        return
+    module, extra = DRIVER_EXTRAS[dialect]
+    try:
+        __import__(module)
+    except ImportError:
+        raise StoreError(
+            f"--storage {url.split('@')[-1]}: a {dialect} store needs the {module} driver: "
+            f"pip install 'hookdet[{extra}]'"
+        ) from None
+
+
+class StoreError(HookdetError):
+    """A search store that cannot be opened; the message says how to fix it."""
+
+
 def open_storage(url: str) -> Any:
     """An Optuna storage for ``url`` (an RDB URL or ``journal:PATH``)."""
     optuna = _optuna()
+    check_driver(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
