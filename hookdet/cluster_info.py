@@ -171,11 +171,15 @@ def local_cluster_info(
     *,
     slots: int,
     hparams: Optional[Dict[str, Any]] = None,
-    trial_id: int = 1,
+    trial_id: Optional[int] = None,
     latest_checkpoint: Optional[str] = None,
     run_dir: Optional[Path] = None,
 ) -> ClusterInfo:
-    """The :class:`ClusterInfo` of a local run of the experiment ``config`` (an ExperimentConfig)."""
+    """The :class:`ClusterInfo` of a local run of the experiment ``config`` (an ExperimentConfig);
+    its trial id is ``trial_id``, else the search's number for the trial, else 1."""
+    from hookdet.config import current_trial_id
+
+    trial_id = current_trial_id() if trial_id is None else trial_id
     task_id = f"{Path(run_dir).name if run_dir else 'hookdet'}.{trial_id}"
     trial = TrialInfo(
         trial_id=trial_id,

@@ -123,8 +123,10 @@ class PyTorchTrialContext:
         return 1
 
     def get_trial_id(self) -> int:
-        """Locally there is one trial: 1."""
-        return 1
+        """The trial's number in the search that runs it; 1 for a local run (its one trial)."""
+        from hookdet.config import current_trial_id
+
+        return current_trial_id()
 
     def get_trial_seed(self) -> int:
         """The seed derived from ``reproducibility.experiment_seed`` (applied before the trial)."""

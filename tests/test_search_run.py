@@ -76,6 +76,8 @@ def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_pat
     starts = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()]
     assert {tuple(s["cpus"]) for s in starts} == {(0,), (1,)}
     assert {s["seed"] for s in starts} == {int(row["seed"]) for row in rows}
+    # Inside a trial, its id is its number in the search (as on a Determined cluster), not 1.
+    assert {s["trial_id"] for s in starts} == {s["cluster_trial_id"] for s in starts} == {int(row["trial"]) for row in rows}
 
     one = search(tmp_path, "random.yaml", "--run-dir", "one", "--workers", "1")
     assert one.returncode == 0, one.stderr[-3000:]

@@ -30,7 +30,7 @@ The package's rooms: :mod:`~hookdet.config.problems` (errors and their wording),
 :mod:`~hookdet.config.reading` (YAML, overrides, the entry points below).
 """
 from hookdet.config.blocks import names_trial_class
-from hookdet.config.experiment import TRIAL_SEED_ENV, ExperimentConfig
+from hookdet.config.experiment import TRIAL_ID_ENV, TRIAL_SEED_ENV, ExperimentConfig, current_trial_id
 from hookdet.config.problems import ConfigError
 from hookdet.config.reading import (
     load_experiment_config,
@@ -56,6 +56,7 @@ from hookdet.config.sections import (
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
     "STORAGE_PLUGIN_FOR_TYPE",
+    "TRIAL_ID_ENV",
     "TRIAL_SEED_ENV",
     "CheckpointStorageConfig",
     "ConfigError",
@@ -69,6 +70,7 @@ __all__ = [
     "SearcherConfig",
     "SharedFSStorageConfig",
     "length_in_batches",
+    "current_trial_id",
     "load_experiment_config",
     "names_trial_class",
     "parse_experiment_config",

@@ -227,6 +227,14 @@ class ExperimentConfig(Section):
 
 #: Set by a hyperparameter search for each trial it runs: the seed Determined's master drew.
 TRIAL_SEED_ENV = "HOOKDET_TRIAL_SEED"
+#: Set by a hyperparameter search for each trial it runs: its number in the search, from 1.
+TRIAL_ID_ENV = "HOOKDET_TRIAL_ID"
+
+
+def current_trial_id() -> int:
+    """This process's trial id: its number in the search that started it, else 1 (a local run
+    is its experiment's one trial)."""
+    return int(os.environ.get(TRIAL_ID_ENV) or 1)
 
 
 def _mersenne_twister_words(seed: int, count: int) -> List[int]:

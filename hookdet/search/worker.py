@@ -152,7 +152,8 @@ class SegmentRunner:
                    "--model-dir", attrs["model_dir"]]
         if steps is not None:
             command += ["--resume", str(run_dir)]
-        env = dict(os.environ, HOOKDET_TRIAL_SEED=str(attrs["seed"]), **self.slot.env())
+        env = dict(os.environ, HOOKDET_TRIAL_SEED=str(attrs["seed"]), HOOKDET_TRIAL_ID=str(attrs["trial"]),
+                   **self.slot.env())
         env.pop("HOOKDET_RUN_DIR", None)
         run_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()
