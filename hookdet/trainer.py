@@ -105,19 +105,7 @@ def init(
     )
     if aggregation_frequency != 1:
         config.optimizations.aggregation_frequency = aggregation_frequency
-    names = plugin_names_for(config, enable_tensorboard_logging)
-    extra_names = [type(plugin).__name__ for plugin in plugins]
-    selection = plugin_selection_for(config)
-    problem = unused_plugin_config(
-        config.plugin_config, [*selection.names, *extra_names], joining_later(selection)
-    )
-    if problem:
-        raise PluginError(f"{config.source}: {problem}")
-    manager = PluginManager(config.plugin_config)
-    manager.removed = selection.removed
-    manager.load_all(names)
-    for name, plugin in zip(extra_names, plugins):
-        manager.register(name, plugin)
+    manager = _plugin_manager_for(config, enable_tensorboard_logging, plugins)
     trial_seed = info.trial.trial_seed if info is not None else config.trial_seed()
     seed_everything(trial_seed)
     run = Run(
@@ -133,21 +121,7 @@ def init(
     try:
         active_run.enter(run)
         manager.start(run)
-        # A context the script made itself is offered to the plugins (ddp adopts a torch one).
-        run.distributed = distributed
-        made = run.hook.hookdet_make_distributed(run=run)
-        run.distributed = distributed or made
-        run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
-        run.device = _device_for(run.distributed)
-        claim = ownership.take(run) if run.is_chief else None
-        run.run_id = ownership.accept(run.distributed.broadcast(claim))
-        if run.is_chief:
-            _write_run_dir(run)
-            run_record.record_start(run)
-        run.distributed.barrier()
-        run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
-        problem = ownership.record(run) if run.is_chief else None
-        ownership.raise_problem(run.distributed.broadcast(problem))
+        _open(run, distributed)
         run.context = PyTorchTrialContext(run)
         try:
             yield run.context
@@ -165,6 +139,45 @@ def init(
             if run.distributed is not None and distributed is None:
                 run.distributed.close()
             ownership.give_up(run)
+
+
+def _plugin_manager_for(config: ExperimentConfig, enable_tensorboard_logging: bool, plugins: Sequence[Any]) -> PluginManager:
+    """The experiment's plugins, loaded, and ``plugins`` registered after them under their class
+    names; a ``plugin_config`` block for a plugin that will not run is refused first."""
+    names = plugin_names_for(config, enable_tensorboard_logging)
+    extra_names = [type(plugin).__name__ for plugin in plugins]
+    selection = plugin_selection_for(config)
+    problem = unused_plugin_config(
+        config.plugin_config, [*selection.names, *extra_names], joining_later(selection)
+    )
+    if problem:
+        raise PluginError(f"{config.source}: {problem}")
+    manager = PluginManager(config.plugin_config)
+    manager.removed = selection.removed
+    manager.load_all(names)
+    for name, plugin in zip(extra_names, plugins):
+        manager.register(name, plugin)
+    return manager
+
+
+def _open(run: Run, distributed: Optional[DistributedContext]) -> None:
+    """Give the run its ranks, device, run directory (owned, recorded) and storage, every rank
+    agreeing with the chief."""
+    # A context the script made itself is offered to the plugins (ddp adopts a torch one).
+    run.distributed = distributed
+    made = run.hook.hookdet_make_distributed(run=run)
+    run.distributed = distributed or made
+    run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
+    run.device = _device_for(run.distributed)
+    claim = ownership.take(run) if run.is_chief else None
+    run.run_id = ownership.accept(run.distributed.broadcast(claim))
+    if run.is_chief:
+        _write_run_dir(run)
+        run_record.record_start(run)
+    run.distributed.barrier()
+    run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
+    problem = ownership.record(run) if run.is_chief else None
+    ownership.raise_problem(run.distributed.broadcast(problem))
 
 
 def _device_for(distributed: DistributedContext) -> torch.device:

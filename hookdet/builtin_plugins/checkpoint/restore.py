@@ -75,19 +75,7 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
         raise refuse(error) from error
     state = copied_out_of_the_file(state)
 
-    # Check the structure before applying anything, so a mismatch changes nothing.
-    for kind, objects, key in (
-        ("model", context.unwrapped_models, "models_state_dict"),
-        ("optimizer", context.optimizers, "optimizers_state_dict"),
-        ("LR scheduler", context.lr_schedulers, "lr_schedulers_state_dict"),
-    ):
-        saved = state.get(key, [])
-        if len(saved) != len(objects):
-            raise fmt.CheckpointError(
-                f"cannot resume: checkpoint {directory} holds {len(saved)} {kind} state(s) but "
-                f"{type(trial).__qualname__} wraps {len(objects)}; it was written by a trial "
-                "with a different structure"
-            )
+    _check_structure(state, context, trial, directory)  # before applying anything
 
     run.hook.on_checkpoint_load_start(checkpoint=state)
     _load_list("model", context.unwrapped_models, state.get("models_state_dict", []), directory)
@@ -97,19 +85,7 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
     gradients = state.get("gradients")
     if gradients:
         _restore_gradients(context, gradients[rank % len(gradients)], directory)
-    for name, plugin_state in state.get("plugins", {}).items():
-        plugin = run.plugins.named_plugins().get(name)
-        if plugin is not None and callable(getattr(plugin, "load_state_dict", None)):
-            plugin_call(name, plugin.load_state_dict, plugin_state)
-        else:
-            logger.warning("checkpoint %s holds state of plugin %r, which is not running", directory, name)
-    callbacks = run.callbacks
-    saved_callbacks = state.get("callbacks", {})
-    for name, callback_state in saved_callbacks.items():
-        if name in callbacks:
-            callbacks[name].load_state_dict(callback_state)
-        else:
-            logger.warning("checkpoint %s holds state of callback %r, which the trial no longer builds", directory, name)
+    _restore_plugins_and_callbacks(run, state, directory)
 
     epoch_length = run.state.epoch_length
     run.state.load_state_dict(state["trial_state"])
@@ -132,6 +108,40 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
     rng.restore_rng_state(rng_states[rank % len(rng_states)])
     logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
     return metadata
+
+
+def _check_structure(state: Dict[str, Any], context: Any, trial: Any, directory: Path) -> None:
+    """Refuse a checkpoint with another number of models, optimizers or schedulers than the
+    trial wraps, so a mismatch changes nothing."""
+    for kind, objects, key in (
+        ("model", context.unwrapped_models, "models_state_dict"),
+        ("optimizer", context.optimizers, "optimizers_state_dict"),
+        ("LR scheduler", context.lr_schedulers, "lr_schedulers_state_dict"),
+    ):
+        saved = state.get(key, [])
+        if len(saved) != len(objects):
+            raise fmt.CheckpointError(
+                f"cannot resume: checkpoint {directory} holds {len(saved)} {kind} state(s) but "
+                f"{type(trial).__qualname__} wraps {len(objects)}; it was written by a trial "
+                "with a different structure"
+            )
+
+
+def _restore_plugins_and_callbacks(run: Any, state: Dict[str, Any], directory: Path) -> None:
+    """Give each running plugin and callback its saved state; warn of saved state nobody takes."""
+    for name, plugin_state in state.get("plugins", {}).items():
+        plugin = run.plugins.named_plugins().get(name)
+        if plugin is not None and callable(getattr(plugin, "load_state_dict", None)):
+            plugin_call(name, plugin.load_state_dict, plugin_state)
+        else:
+            logger.warning("checkpoint %s holds state of plugin %r, which is not running", directory, name)
+    callbacks = run.callbacks
+    saved_callbacks = state.get("callbacks", {})
+    for name, callback_state in saved_callbacks.items():
+        if name in callbacks:
+            callbacks[name].load_state_dict(callback_state)
+        else:
+            logger.warning("checkpoint %s holds state of callback %r, which the trial no longer builds", directory, name)
 
 
 def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:
