@@ -13,6 +13,7 @@ prints one line per distinct failure naming the ranks (:mod:`hookdet.launcher`).
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
 import traceback
 from typing import List, Optional
@@ -21,11 +22,13 @@ import pluggy
 
 import hookdet
 
-#: Where frames that are not the user's live: hookdet, pluggy, Python's standard library.
+#: Where frames that are not the user's live: hookdet, pluggy, Python's standard library, and the
+#: Python installation or virtual environment (its ``bin/hookdet`` console script included).
 _INTERNAL_DIRS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep
     for path in (hookdet.__file__, pluggy.__file__, os.__file__)
-) + (sysconfig.get_paths()["stdlib"] + os.sep,)
+) + tuple(os.path.abspath(path) + os.sep for path in (
+    sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix, sys.exec_prefix))
 _SITE_PACKAGES = ("site-packages", "dist-packages")
 
 #: Words in a collective's error when the other side of the connection went away.

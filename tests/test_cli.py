@@ -222,3 +222,18 @@ def test_bad_input_loses_nothing_already_saved(tmp_path: Path, capsys: pytest.Ca
     # failure, with no retention applied, so the checkpoint at batch 2 stays too.
     steps = sorted(json.loads((path / "metadata.json").read_text())["steps_completed"] for path in checkpoints)
     assert steps == [2, 4]
+
+
+def test_only_the_users_own_files_count_as_user_frames() -> None:
+    """The trimmed traceback starts at the first frame of user code: not hookdet's, pluggy's,
+    the standard library's, an installed package's, or the environment's console script."""
+    import json as stdlib_module
+
+    import pluggy
+
+    from hookdet import failure_report
+
+    assert failure_report.is_user_frame(__file__)
+    for internal in (failure_report.__file__, pluggy.__file__, stdlib_module.__file__, torch.__file__,
+                     str(Path(sys.prefix) / "bin" / "hookdet"), "<frozen runpy>"):
+        assert not failure_report.is_user_frame(internal), internal
