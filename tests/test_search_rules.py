@@ -7,6 +7,7 @@ import math
 import random
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -365,3 +366,16 @@ def test_a_postgresql_store_without_its_driver_names_the_extra(monkeypatch: pyte
     message = str(raised.value)
     assert "pip install 'hookdet[search-postgres]'" in message and "secret" not in message
     check_driver("journal:/tmp/store.log")  # other stores need no driver
+
+
+def test_config_options_reach_the_search_as_they_reach_the_trial(tmp_path: Path) -> None:
+    """``hookdet run random.yaml --config searcher.max_trials=8`` searches 8 trials (the
+    searcher block is read raw, so the options must be applied to it too)."""
+    from hookdet.search.cli import load_search
+
+    digits = Path(__file__).parent.parent / "examples" / "digits" / "random.yaml"
+    config, raw, settings, _ = load_search(digits, ["searcher.max_trials=8", "searcher.max_length.batches=20",
+                                                    "hyperparameters.dropout=0.5"])
+    assert settings.max_trials == 8 and raw["searcher"]["max_trials"] == 8
+    assert raw["searcher"]["max_length"] == {"batches": 20}  # a length replaces the file's, unit and all
+    assert config.hyperparameters["dropout"] == 0.5 == raw["hyperparameters"]["dropout"]

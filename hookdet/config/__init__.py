@@ -37,6 +37,7 @@ from hookdet.config.reading import (
     parse_experiment_config,
     read_experiment_file,
     read_yaml_value,
+    with_overrides,
 )
 from hookdet.config.screening import CLUSTER_ONLY_FIELDS
 from hookdet.config.sections import (
@@ -76,4 +77,5 @@ __all__ = [
     "parse_experiment_config",
     "read_experiment_file",
     "read_yaml_value",
+    "with_overrides",
 ]

@@ -129,6 +129,15 @@ def load_experiment_config(
     return _build(data, Reporter(source, LineIndex(lines)), overrides)
 
 
+def with_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any], source: str) -> Dict[str, Any]:
+    """``data`` (an experiment file's content) with ``overrides`` (dotted keys allowed) merged
+    over it as the loader merges them, unvalidated: for tools that read fields the loader drops,
+    such as a search's ``searcher`` block."""
+    merged = copy.deepcopy(dict(data))
+    _merge_into(merged, _nested_overrides(overrides, source), (), set())
+    return merged
+
+
 def _build(
     data: Any, reporter: Reporter, overrides: Optional[Mapping[str, Any]]
 ) -> ExperimentConfig:

@@ -13,7 +13,7 @@ import datetime
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 META_FILE = "search.json"
 
@@ -39,12 +39,17 @@ def _usage_error(message: str) -> Exception:
     return UsageError(message)
 
 
-def _load(config_path: Path) -> tuple:
-    from hookdet.config import load_experiment_config, read_experiment_file
+def load_search(config_path: Path, options: Sequence[str] = ()) -> tuple:
+    """(validated config, the file's raw content, search settings, hyperparameter space), with
+    ``--config`` ``options`` applied to both the config and the raw content."""
+    from hookdet.config import read_experiment_file, with_overrides
+    from hookdet.config_overrides import load_with_overrides, loader_overrides
     from hookdet.search.settings import SearchConfigError, read_settings
 
-    config = load_experiment_config(config_path)
+    config = load_with_overrides(config_path, options)
     raw = read_experiment_file(config_path)
+    if options:
+        raw = with_overrides(raw, loader_overrides(raw, options)[0], str(config_path))
     try:
         settings = read_settings(raw, str(config_path))
     except SearchConfigError as error:
@@ -66,7 +71,7 @@ def run_search(args: argparse.Namespace) -> int:
     from hookdet.search.store import Queue, default_storage
 
     config_path = Path(args.config).resolve()
-    config, raw, settings, space = _load(config_path)
+    config, raw, settings, space = load_search(config_path, args.config_overrides or ())
     if args.resume:
         search_dir = Path(args.resume)
         if not (search_dir / META_FILE).exists():
@@ -128,7 +133,7 @@ def preview(config_path: Path, count: Optional[int] = None) -> str:
     from hookdet.search import methods
     from hookdet.search.space import MasterRandom
 
-    config, _, settings, space = _load(config_path)
+    config, _, settings, space = load_search(config_path)
     method = settings.build()
     ctx = methods.Context(MasterRandom(config.reproducibility.experiment_seed), space)
     creates = method.initial_trials(ctx)
