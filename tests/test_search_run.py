@@ -82,6 +82,38 @@ def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_pat
     one = search(tmp_path, "random.yaml", "--run-dir", "one", "--workers", "1")
     assert one.returncode == 0, one.stderr[-3000:]
     assert summary(tmp_path / "one") == rows
+    assert_optuna_dashboard_reads(tmp_path / "one")
+
+
+def assert_optuna_dashboard_reads(search_dir: Path) -> None:
+    """optuna-dashboard, started on the search's store, lists its study and every segment."""
+    import socket
+    import urllib.request
+
+    storage = json.loads((search_dir / "search.json").read_text())["storage"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dashboard = subprocess.Popen([str(Path(sys.executable).parent / "optuna-dashboard"), storage, "--host",
+                                  "127.0.0.1", "--port", str(port), "--quiet"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, studies = time.time() + 60, None
+        while studies is None and time.time() < deadline and dashboard.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as answer:
+                    studies = json.load(answer)["study_summaries"]
+            except OSError:
+                time.sleep(0.3)
+        assert studies is not None, dashboard.stderr.read() if dashboard.poll() is not None else "no answer"
+        (study,) = studies
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=30) as answer:
+            trials = json.load(answer)["trials"]
+        stored = segments(search_dir)
+        assert [(t["number"], t["state"]) for t in trials] == [(s.number, s.state.name.capitalize()) for s in stored]
+    finally:
+        dashboard.kill()
+        dashboard.wait()
 
 
 @pytest.mark.slow
