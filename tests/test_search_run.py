@@ -185,6 +185,18 @@ def test_asha_with_promotion_resumes_paused_trials_bit_for_bit(tmp_path: Path) -
     assert all(state["trials"][rid]["state"] in ("completed", "stopped") for rid in trials)
 
 
+def trial_death_recorded(search_dir: Path, pid: int) -> object:
+    """The exit status the driver's worker recorded for the trial process ``pid`` (waiting for it
+    up to 15 s): -9 when the SIGKILL killed it, its own status when it was already exiting."""
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        for segment in segments(search_dir):
+            if segment.user_attrs.get("child_pid") == pid and segment.state.name != "RUNNING":
+                return segment.user_attrs.get("exit_code")
+        time.sleep(0.1)
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path) -> None:
@@ -195,11 +207,12 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
         ("False", "completed"), ("False", "completed"), ("True", "invalid_hp"),
         ("True", "invalid_hp")]
 
-    # SIGKILL the driver at random moments, resume each time; then SIGTERM once (exit 75).
-    rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "2"))
+    # SIGKILL the driver at random moments (half the time a trial process first), resume each
+    # time; then SIGTERM once (exit 75). Killing the search costs no trial a restart.
+    rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "10"))
     rng = random.Random(7)
     command = [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--workers", "2"]
-    first, killed_trials = True, 0
+    first, killed_trials, killed_drivers = True, 0, 0
     for _ in range(rounds):
         args = ["--run-dir", "killed"] if first else ["--resume", "killed"]
         driver = subprocess.Popen(command + args, cwd=tmp_path, env=env(tmp_path),
@@ -210,7 +223,7 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
                 time.sleep(0.2)
         first = False
         try:
-            driver.wait(timeout=rng.uniform(4, 12))
+            driver.wait(timeout=rng.uniform(1.5, 5))
             break  # finished before the kill
         except subprocess.TimeoutExpired:
             pass
@@ -220,16 +233,18 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
             for pid in filter(None, running[:1]):
                 try:
                     os.kill(pid, signal.SIGKILL)
-                    killed_trials += 1
                 except ProcessLookupError:
-                    pass
+                    continue
+                killed_trials += trial_death_recorded(tmp_path / "killed", pid) == -signal.SIGKILL
             try:
-                driver.wait(timeout=rng.uniform(2, 6))
+                driver.wait(timeout=rng.uniform(1, 3))
                 break
             except subprocess.TimeoutExpired:
                 pass
         driver.send_signal(signal.SIGKILL)
         driver.wait()
+        killed_drivers += 1
+    assert killed_drivers == rounds, f"the search finished after {killed_drivers} of {rounds} kills"
     terminated = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path,
                                   env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 from hookdet.search import methods
 from hookdet.search.settings import SearchSettings
 from hookdet.search.space import MasterRandom
-from hookdet.search.store import Queue
+from hookdet.search.store import Queue, worker_id
 from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
@@ -197,8 +197,8 @@ class Driver:
                 self._close(trial, "completed" if done else "stopped")
             elif not self.settings.promote:  # stop-once ASHA: it goes on to the next rung
                 self._schedule(trial)
-        elif code in (PREEMPTED, -signal.SIGTERM):  # not a failure: no restart counted
-            self._schedule(trial, again=True)
+        elif code in (PREEMPTED, -signal.SIGTERM) or self._search_was_killed(attrs):
+            self._schedule(trial, again=True)  # not the trial's failure: no restart counted
         elif code == 0:  # trained, but never validated the searcher metric: no retry helps
             logger.error("trial %d: no validation reported the searcher metric '%s' (see %s)",
                          trial["number"], self.settings.metric, trial["dir"])
@@ -218,6 +218,12 @@ class Driver:
         self.state["processed"].append(attrs["key"])
         self.save()
         self.flush()
+
+    def _search_was_killed(self, attrs: Dict[str, Any]) -> bool:
+        """Whether a segment ended because the driver that ran it in a local worker was killed:
+        the search stopped (as when Determined's master goes down), no trial failed. A separate
+        worker process that dies still counts against ``max_restarts``."""
+        return attrs.get("exit_code") is None and attrs.get("dead_worker") in self.state.get("drivers", [])
 
     def _dead(self, segment: Any) -> bool:
         """A RUNNING segment whose worker is gone (and whose training process too)."""
@@ -263,6 +269,11 @@ class Driver:
         it was told to stop (resume it with ``--resume``)."""
         done = threading.Event()
         threads = []
+        if workers:  # this process's local workers: their death is the search's, not a trial's
+            drivers = self.state.setdefault("drivers", [])
+            if worker_id() not in drivers:
+                drivers.append(worker_id())
+                self.save()
         for index in range(workers):
             runner = SegmentRunner(self.queue, Slot(index, workers, slots_per_trial))
             self.runners.append(runner)
