@@ -7,6 +7,7 @@ module counts batches, decides workload boundaries, reduces metrics and asks the
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -74,15 +75,6 @@ class TrainingLoop:
         self.test_mode = test_mode
         self.evaluation_method = overridden_evaluation_method(self.trial)
         self._register_callbacks()
-        train_loader = self.trial.build_training_data_loader()
-        self.validation_loader = self.trial.build_validation_data_loader()
-        self.run.validation_length = chief_validation_length(self.validation_loader, self.distributed.size)
-        self.state.epoch_length = self._epoch_length(train_loader)
-        if self.state.epoch_length < 1:
-            raise TrialError("build_training_data_loader returned a loader with no batches")
-        self.max_batches = self._length_in_batches(max_length, "max_length")
-        self.run.max_batches = self.max_batches
-
         self.context._bind_hooks()
         # One mover for the run's batches, training and validation: device resolved, unknown
         # types warned about once.
@@ -93,6 +85,7 @@ class TrainingLoop:
             self.hook.on_trial_startup(
                 first_batch_idx=self.context.get_initial_batch(), checkpoint_uuid=self._resume_uuid()
             )
+            train_loader = self._build_loaders(max_length)  # after startup, as in Determined
             if self.run.resume_from is not None:
                 self.hook.hookdet_load_checkpoint(run=self.run, checkpoint=self.run.resume_from)
             batches = loader_adapters.adapt_training_loader(
@@ -110,6 +103,18 @@ class TrainingLoop:
             self._train(iter(batches), validation_period, checkpoint_period, reporting_period)
         finally:
             self.hook.on_trial_shutdown()
+
+    def _build_loaders(self, max_length: TrainUnit) -> Any:
+        """Build both loaders; set the epoch length and the run's length; return the training one."""
+        train_loader = self.trial.build_training_data_loader()
+        self.validation_loader = self.trial.build_validation_data_loader()
+        self.run.validation_length = chief_validation_length(self.validation_loader, self.distributed.size)
+        self.state.epoch_length = self._epoch_length(train_loader)
+        if self.state.epoch_length < 1:
+            raise TrialError("build_training_data_loader returned a loader with no batches")
+        self.max_batches = self._length_in_batches(max_length, "max_length")
+        self.run.max_batches = self.max_batches
+        return train_loader
 
     def _resume_uuid(self) -> Optional[str]:
         """The storage id of the checkpoint this run resumes from (None for a fresh run)."""
@@ -402,10 +407,13 @@ class TrainingLoop:
             seed=self.run.trial_seed,
         )
         outputs: List[Any] = []
+        records = 0
+        started = time.monotonic()
         hook.on_validation_epoch_start()
         for batch_idx, batch in enumerate(loader):
             if context.experimental._auto_to_device:
                 batch = self.move_batch(batch)
+            records += trial.get_batch_length(batch)  # where Determined counts it: before the call
             output = trial.evaluate_batch(batch, batch_idx) if takes_index else trial.evaluate_batch(batch)
             if not isinstance(output, dict):
                 raise TrialError(
@@ -425,6 +433,8 @@ class TrainingLoop:
             if self.test_mode:
                 break
         hook.on_validation_epoch_end(outputs=outputs)
+        logger.debug("validated %d records in %d batches in %.3f s on rank %d",
+                     records, len(outputs), time.monotonic() - started, self.distributed.rank)
         allgather = self.distributed.allgather
         metrics = workload_metrics.reduce_validation_metrics(
             outputs, len(outputs), trial.evaluation_reducer(), allgather

@@ -134,7 +134,12 @@ class PyTorchTrial(abc.ABC):
         return Reducer.AVG
 
     def get_batch_length(self, batch: Any) -> int:
-        """The number of records in ``batch`` (used to weight validation averages)."""
+        """The number of records in ``batch``; override it for a batch type of your own.
+
+        Called on every validation batch, before ``evaluate_batch``, for the count of records
+        validated (logged at DEBUG), as Determined does. Unlike Determined, hookdet does not call
+        it on training batches, where Determined computes a throughput it never reports
+        (expected difference ``batch-length-in-training``)."""
         from hookdet.batch_moving import data_length
 
         return data_length(batch)

@@ -126,4 +126,39 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "Determined's index for index",
         "test_parity.py::test_shuffled_data_order",
     ),
+    "namedtuple-batch": Difference(
+        "intended",
+        "to_device rebuilds a namedtuple batch (as the default collate makes from namedtuple "
+        "records) as a plain tuple, so batch.x raises AttributeError",
+        "keeps the namedtuple, with the same items",
+        "indexing works the same under both, and the trial's own field names keep working",
+        "test_parity_data.py::test_namedtuple_batches_stay_namedtuples",
+    ),
+    "data-length-nested": Difference(
+        "determined-bug",
+        "data_length (and so the default get_batch_length) of a dict or list takes len() of its "
+        "first item, so {'inputs': {'x': ..., 'y': ...}} counts 2, the inner dict's keys",
+        "finds the first tensor or array, recursively, as Determined's docstring says, and counts "
+        "its first dimension",
+        "a batch's length is its number of records",
+        "test_parity_data.py::test_nested_batch_length",
+    ),
+    "batch-length-in-training": Difference(
+        "intended",
+        "calls get_batch_length after every training batch, for a samples-per-second figure it "
+        "computes and never reports (and before every validation batch, as hookdet does)",
+        "calls it only on validation batches, where its count is used (logged at DEBUG)",
+        "the per-batch path calls no user code whose result nobody uses (DESIGN: no hook without "
+        "an implementation)",
+        "test_parity_data.py::test_custom_batch_type_and_get_batch_length",
+    ),
+    "plain-loader-one-epoch": Difference(
+        "determined-bug",
+        "a plain torch.utils.data.DataLoader (allowed after "
+        "disable_dataset_reproducibility_checks()) is iterated once: when its first epoch ends, "
+        "training spins forever, with no error and no further batch",
+        "starts the loader's next epoch, as for its own DataLoader",
+        "a run longer than one epoch must train, not hang",
+        "test_parity_data.py::test_plain_torch_loader_past_its_first_epoch",
+    ),
 }

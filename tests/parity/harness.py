@@ -113,11 +113,11 @@ def _cwd(workdir: Path) -> Path:
     return cwd
 
 
-def _collect(processes: List[Any], framework: str, workdir: Path) -> List[Dict[str, Any]]:
+def _collect(processes: List[Any], framework: str, workdir: Path, timeout_s: float) -> List[Dict[str, Any]]:
     records = []
     for process, out, log in processes:
         try:
-            process.wait(timeout=TIMEOUT_S)
+            process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, 9)
             process.wait()
@@ -141,12 +141,14 @@ def run_case(
     seed: int = 1234,
     frameworks: tuple = FRAMEWORKS,
     unset_env: tuple = (),
+    timeout_s: float = TIMEOUT_S,
 ) -> Dict[str, List[List[Dict[str, Any]]]]:
     """Run the case under each framework: ``{framework: [phase][rank] record}``.
 
     With ``resume_fit``, phase 2 resumes from the last checkpoint phase 1 wrote (the uuid its
     callbacks' ``on_checkpoint_upload_end`` saw). ``unset_env`` names environment variables the
-    runners must not get (to show what a user without the workaround sees).
+    runners must not get (to show what a user without the workaround sees). A runner still
+    running after ``timeout_s`` is killed and fails the case with its log.
     """
     require_determined()
     spec = {
@@ -170,7 +172,7 @@ def run_case(
             workdir.mkdir(parents=True, exist_ok=True)
             launched[name] = _launch(name, phase_spec, workdir, phase, ranks, unset_env)
         for name in frameworks:
-            results[name].append(_collect(launched[name], name, tmp_path / name))
+            results[name].append(_collect(launched[name], name, tmp_path / name, timeout_s))
     return results
 
 

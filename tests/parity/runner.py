@@ -55,8 +55,8 @@ def main(spec_path: str, out_path: str) -> int:
     name = record.framework()
     pytorch = importlib.import_module(name + ".pytorch")
     spec: Dict[str, Any] = json.loads(Path(spec_path).read_text())
-    trials = importlib.import_module("tests.parity.trials")
-    trial_class = getattr(trials, spec["trial"])
+    module, _, class_name = spec["trial"].rpartition(".")  # "Basic" or "data_trials.Shaped"
+    trial_class = getattr(importlib.import_module("tests.parity." + (module or "trials")), class_name)
     fit = {key: unit(pytorch, value) for key, value in spec.get("fit", {}).items()}
     if spec.get("resume_from"):
         fit["latest_checkpoint"] = Path(spec["resume_from"]).read_text().strip()
