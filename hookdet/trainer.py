@@ -283,8 +283,10 @@ def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dic
 
     ``searcher.max_length``, ``min_validation_period`` and ``min_checkpoint_period`` become
     ``Batch``/``Epoch`` lengths (records divide by the global batch size, rounding down as
-    Determined does; epochs become batches when ``records_per_epoch`` is set), ``scheduling_unit`` the reporting period,
-    ``perform_initial_validation`` step-zero validation.
+    Determined does; an epoch is a pass over the training loader: like Determined 0.38's PyTorch
+    harness, this ignores ``records_per_epoch``), ``scheduling_unit`` the reporting period,
+    ``perform_initial_validation`` step-zero validation. The parity suite compares the mapping
+    with Determined's (``tests/parity/test_parity_experiment_file.py``).
     """
 
     def as_unit(length: Any) -> Optional[TrainUnit]:
@@ -297,8 +299,6 @@ def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dic
             if not global_batch_size:
                 raise ValueError("a length in records needs the 'global_batch_size' hyperparameter")
             return Batch(max(1, length_in_batches(length, global_batch_size=int(global_batch_size))))
-        if config.records_per_epoch and global_batch_size:
-            return Batch(length.value * max(1, config.records_per_epoch // int(global_batch_size)))
         from hookdet.trial import Epoch
 
         return Epoch(length.value)

@@ -142,6 +142,7 @@ def run_case(
     frameworks: tuple = FRAMEWORKS,
     unset_env: tuple = (),
     timeout_s: float = TIMEOUT_S,
+    experiment_file: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, List[List[Dict[str, Any]]]]:
     """Run the case under each framework: ``{framework: [phase][rank] record}``.
 
@@ -161,6 +162,8 @@ def run_case(
         "fit": fit,
         "seed": seed,
     }
+    if experiment_file is not None:  # trained from the file, fit and init unused (experiment_files.py)
+        spec["experiment_file"] = experiment_file
     phases = [spec]
     if resume_fit is not None:
         phases.append(dict(copy.deepcopy(spec), fit=resume_fit, resume_from="latest_checkpoint.txt"))

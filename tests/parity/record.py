@@ -20,6 +20,10 @@ EVENTS: List[Dict[str, Any]] = []
 LATEST_CHECKPOINT: List[str] = []
 
 
+#: The trial contexts built in this process (the runner reads the final weights from them).
+CONTEXTS: List[Any] = []
+
+
 def framework() -> str:
     """``determined`` or ``hookdet``: the package this process runs the trial under."""
     return os.environ["PARITY_FRAMEWORK"]

@@ -67,6 +67,8 @@ def main(spec_path: str, out_path: str) -> int:
         init_kwargs["distributed"] = distributed
     out: Dict[str, Any] = {"framework": name, "error": None, "weights": None}
     context = None
+    if "experiment_file" in spec:
+        return run_experiment_file(name, spec, trial_class, fit.get("latest_checkpoint"), out, out_path)
     try:
         with pytorch.init(**init_kwargs) as context:
             seed_all(spec["seed"])  # the same generator state for both, whatever init seeded
@@ -82,6 +84,30 @@ def main(spec_path: str, out_path: str) -> int:
             "classes": [cls.__name__ for cls in type(error).__mro__],
         }
         record.event("fit_raised")  # where it raised; what it raised is out["error"]
+    out["events"] = record.EVENTS
+    if record.LATEST_CHECKPOINT and (context is None or _is_chief(context)):
+        Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])
+    Path(out_path).write_text(json.dumps(out))
+    return 0
+
+
+def run_experiment_file(name: str, spec: Dict[str, Any], trial_class: Any, latest_checkpoint: Any,
+                        out: Dict[str, Any], out_path: str) -> int:
+    """The case's ``experiment_file`` through Determined's legacy harness or ``hookdet run``."""
+    from tests.parity import experiment_files
+
+    try:
+        if name == "determined":
+            experiment_files.determined_legacy_harness(
+                trial_class, spec["experiment_file"], spec["seed"], latest_checkpoint)
+        else:
+            experiment_files.hookdet_run(spec["trial"], spec["experiment_file"], latest_checkpoint)
+    except (Exception, SystemExit) as error:
+        out["error"] = {"type": type(error).__name__, "message": str(error),
+                        "classes": [cls.__name__ for cls in type(error).__mro__]}
+        record.event("fit_raised")
+    context = record.CONTEXTS[-1] if record.CONTEXTS else None
+    out["weights"] = weights(context) if context is not None else None
     out["events"] = record.EVENTS
     if record.LATEST_CHECKPOINT and (context is None or _is_chief(context)):
         Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tests.parity.record import LATEST_CHECKPOINT, event, plain, type_name
+from tests.parity.record import CONTEXTS, LATEST_CHECKPOINT, event, plain, type_name
 
 pytorch = importlib.import_module(os.environ.get("PARITY_FRAMEWORK", "hookdet") + ".pytorch")
 
@@ -176,6 +176,7 @@ class BaseTrial(pytorch.PyTorchTrial):
 
     def __init__(self, context: Any) -> None:
         self.context = context
+        CONTEXTS.append(context)
         self.trained = 0  # batches trained so far (the last train_batch's batch_idx + 1)
         self.model = context.wrap_model(nn.Linear(3, 1))
         self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=self.lr))
@@ -309,6 +310,7 @@ class SchedulerModes(BaseTrial):
 
     def __init__(self, context: Any) -> None:
         self.context = context
+        CONTEXTS.append(context)
         self.trained = 0
         self.model = context.wrap_model(nn.Linear(3, 1))
         average = hparam(context, "average", None)
@@ -471,6 +473,7 @@ class Aggregated(BaseTrial):
 
     def __init__(self, context: Any) -> None:
         self.context = context
+        CONTEXTS.append(context)
         self.trained = 0
         self.model = context.wrap_model(nn.Linear(3, 1))
         average = hparam(context, "average", None)
