@@ -41,7 +41,6 @@ def workload_metric_to_host(
     metric: str,
     origin: str,
     first_batch_idx: int,
-    allow_arrays: bool,
     allow_none: bool,
 ) -> tuple[np.ndarray, list[int]]:
     """Convert one metric's per-batch values to a float64 array of shape ``(n, *value_shape)``.
@@ -49,13 +48,12 @@ def workload_metric_to_host(
     Returns the array and the batch positions it holds (positions whose value is ``None`` are
     left out when ``allow_none``). Tensors on a device are stacked there and copied to the host
     in one transfer. Values holding one element count as scalars whatever their shape; larger
-    values are allowed only with ``allow_arrays`` and must have the same shape in every batch.
+    values (training's and validation's alike, as in Determined) must have the same shape in every batch.
     """
 
-    if not allow_arrays:
-        fast = _scalar_tensors_to_host(values)
-        if fast is not None:
-            return fast, list(range(len(values)))
+    fast = _scalar_tensors_to_host(values)
+    if fast is not None:
+        return fast, list(range(len(values)))
 
     def fail(position: int, value: Any, rule: str) -> MetricError:
         return MetricError(
@@ -80,16 +78,13 @@ def workload_metric_to_host(
             except (TypeError, ValueError):
                 array = np.asarray(None, dtype=object)
             if array.dtype.kind not in "biuf":
-                expected = "numbers or arrays of numbers" if allow_arrays else "numbers"
-                raise fail(position, value, f"metric values must be {expected}")
+                raise fail(position, value, "metric values must be numbers or arrays of numbers")
             shape = array.shape
             numel = array.size
         if numel == 0:
             raise fail(position, value, "metric values must not be empty")
         if numel == 1:
             shape = ()
-        elif not allow_arrays:
-            raise fail(position, value, "training metrics must be numbers or one-element tensors")
         if value_shape is None:
             value_shape = shape
         elif shape != value_shape:

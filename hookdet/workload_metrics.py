@@ -117,7 +117,6 @@ def reduce_validation_metrics(
                 name,
                 "evaluate_batch",
                 first_batch_idx=0,
-                allow_arrays=True,
                 allow_none=False,
             )
             summaries[name] = _ValidationStats(
@@ -175,9 +174,10 @@ def reduce_training_metrics(
 ) -> TrainingMetrics:
     """Average this rank's ``train_batch`` outputs across ranks and over the workload.
 
-    Each value must be a number: a Python or numpy number, or a tensor or array with one
-    element (on any device), or ``None`` for "not measured in this batch" (left out of the
-    averages, as Determined does). ``first_batch_idx`` is the trial's index of the workload's
+    Each value must be a number (a Python or numpy number, or a one-element tensor or array, on
+    any device), an array of numbers of the same shape in every batch (averaged over all its
+    elements, and across ranks per batch to one number, as Determined does), or ``None`` for
+    "not measured in this batch" (left out of the averages, as Determined does). ``first_batch_idx`` is the trial's index of the workload's
     first batch, used to name the culprit batch in errors. When ranks ran different numbers of
     batches, batch ``i`` averages the ranks that ran it. ``per_batch=False`` leaves
     ``batch_metrics`` empty: the loop passes it when nothing reads them, sparing a dict per batch.
@@ -194,7 +194,6 @@ def reduce_training_metrics(
                 name,
                 "train_batch",
                 first_batch_idx,
-                allow_arrays=False,
                 allow_none=True,
             )
             if len(positions) == len(batch_metrics):  # every batch reported: a float64 array
@@ -227,6 +226,9 @@ def reduce_training_metrics(
     avg_metrics = {}
     for name in names:
         column = columns[name]
+        if isinstance(column, np.ndarray) and column.ndim > 1:  # an array-valued metric
+            avg_metrics[name] = float(column.mean())
+            continue
         if isinstance(column, np.ndarray):
             # column.mean()'s value (numpy divides this same pairwise sum by the count), at a
             # third of its cost: mean() runs a Python wrapper around this reduction.
@@ -255,8 +257,9 @@ def _average_across_ranks(
         for per_metric in ranks_values
         if batch_position < len(per_metric[name]) and per_metric[name][batch_position] is not None
     ]
-    if len(reported) == 1:  # one rank (or one reporting rank): the value itself
+    if len(reported) == 1 and not isinstance(reported[0], list):  # one rank's number: itself
         return float(reported[0])
+    # Several ranks, or an array-valued metric: the mean of every element, as Determined does.
     return float(np.mean(reported)) if reported else None
 
 

@@ -451,13 +451,20 @@ class DeviceToHostCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_validation_converts_with_one_stacked_readback_per_metric_not_one_per_batch():
+def test_validation_reads_cpu_scalars_in_place_and_stacks_arrays_once_per_metric():
+    """Scalars as in training (below); array-valued metrics are stacked once per metric."""
     batches = [{"loss": torch.tensor(float(i)), "acc": torch.tensor(0.5)} for i in range(50)]
     with DeviceToHostCounter() as counter:
         result = reduce_validation_metrics(batches, 50, Reducer.AVG)
     assert result == {"loss": pytest.approx(24.5), "acc": 0.5}
-    assert counter.stacks == 2
-    assert len(counter.readbacks) <= 2 * 2  # a dtype cast and a host copy per metric at most
+    assert counter.stacks == 0
+    assert counter.readbacks == ["aten::_local_scalar_dense"] * 100
+    arrays = [{"hist": torch.full((3,), float(i)), "acc": torch.tensor(0.5)} for i in range(50)]
+    with DeviceToHostCounter() as counter:
+        result = reduce_validation_metrics(arrays, 50, Reducer.AVG)
+    assert result == {"hist": 24.5, "acc": 0.5}  # AVG over every element, as Determined
+    assert counter.stacks == 1  # the array metric, once
+    assert counter.readbacks.count("aten::_local_scalar_dense") == 50  # the scalars
 
 
 def test_training_reads_cpu_scalars_in_place_without_stacking_or_copying():

@@ -76,3 +76,11 @@ def test_two_ranks_resume(tmp_path):
         assert {index: expected[index] for index in resumed} == resumed
         assert {k: v for k, v in _validations(straight[rank]).items() if k > 3} == _validations(hd_resumed)
         assert_same_weights(f"2-ranks-resume[rank {rank}]", straight[rank]["weights"], hd_resumed["weights"])
+
+
+def test_two_ranks_vector_training_metric(tmp_path):
+    """A training metric with several elements: per batch, averaged across ranks and elements to
+    one number, as Determined does."""
+    results = compare_ranks(tmp_path, "2-ranks-vector-metric", "VectorTrainingMetric", dict(PERIODS, max_length={"Batch": 4}))
+    workload = events(results["hookdet"][0][0], "callback", method="on_training_workload_end")[0]
+    assert isinstance(workload["batch_metrics"]["list"][0]["items"]["vector"], float)
