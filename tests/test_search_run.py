@@ -183,6 +183,11 @@ def test_asha_with_promotion_resumes_paused_trials_bit_for_bit(tmp_path: Path) -
         assert trial["segments"] == 2
         assert_equals_a_straight_run(trial, tmp_path)
     assert all(state["trials"][rid]["state"] in ("completed", "stopped") for rid in trials)
+    # Each trial validated (and, improving, checkpointed) every 2 batches; retention's defaults
+    # (save_trial_latest 1, save_trial_best 1) left at most two, paused or stopped trials included.
+    for rid in trials:
+        kept = list((Path(state["trials"][rid]["dir"]) / "checkpoints").glob("*/metadata.json"))
+        assert 1 <= len(kept) <= 2, (rid, state["trials"][rid]["state"], kept)
 
 
 def trial_death_recorded(search_dir: Path, pid: int) -> object:
