@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 import torch
 
+from hookdet.errors import ArgumentTypeError
 from hookdet.batch_moving import to_device as _to_device
 from hookdet.lr_scheduler import LRScheduler
 from hookdet.reducers import MetricReducer, ReducerRegistry
@@ -167,7 +168,7 @@ class PyTorchTrialContext:
         provider on (the built-in ``tensorboard`` when the experiment did not list one), False
         stops reported metrics being written (``get_tensorboard_writer()`` still works)."""
         if not isinstance(enable_tensorboard_logging, bool):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "set_enable_tensorboard_logging takes a bool, got "
                 f"{enable_tensorboard_logging!r}"
             )
@@ -203,7 +204,7 @@ class PyTorchTrialContext:
     def set_stop_requested(self, stop_requested: bool) -> None:
         """Ask training to checkpoint and stop after the current batch."""
         if not isinstance(stop_requested, bool):
-            raise TypeError(f"set_stop_requested takes a bool, got {stop_requested!r}")
+            raise ArgumentTypeError(f"set_stop_requested takes a bool, got {stop_requested!r}")
         self._stop_requested = stop_requested
 
     # ------------------------------------------------------------------ position in training

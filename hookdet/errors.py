@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE
 
-__all__ = ["HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP"]
+__all__ = ["ArgumentTypeError", "HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP"]
 
 
 class HookdetError(Exception):
     """A problem hookdet reports as one line naming the culprit, without a traceback: bad input
     (a config field, a plugin, a checkpoint, a run directory) or a fault outside user code. Every
     such error derives from it, and the command line catches this one class."""
+
+
+class ArgumentTypeError(TypeError, AssertionError):
+    """A public method got an argument of the wrong type. A ``TypeError``, and an
+    ``AssertionError`` too: Determined asserts on the same calls (``set_stop_requested``,
+    ``set_enable_tensorboard_logging``, ``wrap_reducer``), so code catching either still does."""
 
 
 class InvalidHP(Exception):

@@ -27,6 +27,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from hookdet.errors import ArgumentTypeError
 from hookdet.metric_values import MetricError, check_metrics_serialisable
 
 __all__ = [
@@ -262,7 +263,7 @@ class ReducerRegistry:
         elif callable(reducer):
             metric_reducer = FunctionReducer(reducer)
         else:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"wrap_reducer() needs a function or a MetricReducer instance; it was given a "
                 f"{type(reducer).__name__}"
             )

@@ -95,7 +95,9 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "intended",
         "train_batch returning a list, or evaluate_batch a bare tensor, fails inside Determined's "
         "own code with AttributeError (\"'list' object has no attribute ...\")",
-        "raises TrialError at the same point, naming the method and what it returned",
+        "raises TrialError at the same point, naming the method and what it returned; likewise "
+        "context.wrap_model given something that is not a module (Determined: AttributeError "
+        "from its own code; hookdet: TypeError naming wrap_model)",
         "an error should say which method broke which rule, not where the framework tripped",
         "test_parity.py::test_misuse_raises_alike",
     ),
@@ -152,5 +154,15 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "starts the loader's next epoch, as for its own DataLoader",
         "a run longer than one epoch must train, not hang",
         "test_parity_data.py::test_plain_torch_loader_past_its_first_epoch",
+    ),
+    "misuse-refused-early": Difference(
+        "intended",
+        "accepts wrap_optimizer of a non-optimizer, wrap_lr_scheduler(frequency=0) and a second "
+        "wrap_reducer with a name already used, and fails later (AttributeError at the first "
+        "checkpoint for the non-optimizer, ZeroDivisionError at the first batch for frequency 0) "
+        "or never (the second reducer silently replaces the first's metric)",
+        "refuses each at the call, naming the method and the argument",
+        "an error belongs at the line that caused it",
+        "test_parity.py::test_context_misuse_hookdet_refuses_at_the_call",
     ),
 }

@@ -275,3 +275,41 @@ def test_shuffled_data_order(tmp_path):
     assert_local_only_getters("shuffle", determined, hookdet)
     assert compare.sequence(determined["events"]) == compare.sequence(hookdet["events"])
     COMPARED["shuffle"] = COMPARED.get("shuffle", 0) + 1
+
+
+#: Misuse Determined also refuses at the call: (the case, a word both messages name).
+REFUSED_ALIKE = [("stop_not_bool", "stop_requested"), ("tensorboard_not_bool", "enable_tensorboard_logging"),
+                 ("reducer_not_callable", "wrap_reducer"), ("step_mode_not_a_mode", "step_mode"),
+                 ("hparam_missing", "learning_rate")]
+#: Misuse Determined trips over in its own code, or accepts: what hookdet's refusal names.
+REFUSED_BY_HOOKDET = [("model_not_module", "wrap_model", "misuse-error-type"),
+                      ("optimizer_not_optimizer", "wrap_optimizer", "misuse-refused-early"),
+                      ("frequency_zero", "frequency", "misuse-refused-early"),
+                      ("reducer_name_twice", "'r'", "misuse-refused-early")]
+
+
+@pytest.mark.parametrize("misuse, culprit", REFUSED_ALIKE)
+def test_context_misuse_raises_determineds_type(tmp_path, misuse, culprit):
+    """The same exception type as Determined (hookdet's may derive from more), the culprit named."""
+    results = harness.run_case(tmp_path, "MisusedContext", dict(PERIODS, max_length={"Batch": 3}),
+                               hparams={"global_batch_size": 4, "misuse": misuse})
+    determined, hookdet = single(results)
+    assert_local_only_getters(misuse, determined, hookdet)
+    assert_same_records("misuse-" + misuse, determined, hookdet, culprit=culprit, weights=False)
+
+
+@pytest.mark.parametrize("misuse, culprit, difference", REFUSED_BY_HOOKDET)
+def test_context_misuse_hookdet_refuses_at_the_call(tmp_path, misuse, culprit, difference):
+    """Registered differences: hookdet refuses at the call, naming it; Determined fails inside
+    its own code (``misuse-error-type``), later, or never (``misuse-refused-early``)."""
+    assert difference in EXPECTED_DIFFERENCES
+    results = harness.run_case(tmp_path, "MisusedContext", dict(PERIODS, max_length={"Batch": 3}),
+                               hparams={"global_batch_size": 4, "misuse": misuse})
+    determined, hookdet = single(results)
+    assert hookdet["error"] is not None and culprit in hookdet["error"]["message"], hookdet["error"]
+    assert [e["event"] for e in hookdet["events"]] == ["init", "init_local_only", "fit_raised"]
+    if difference == "misuse-error-type":
+        assert determined["error"]["type"] == "AttributeError", determined["error"]
+    else:  # Determined's trial got past __init__: it trained, or failed at a later point
+        assert len(events(determined, "callback", method="on_trial_startup")) == 1
+    COMPARED[f"misuse-{misuse}"] = 2

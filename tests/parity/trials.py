@@ -519,3 +519,28 @@ class Shuffled(BaseTrial):
 
     def build_training_data_loader(self) -> Any:
         return pytorch.DataLoader(Regression(), batch_size=self.context.get_per_slot_batch_size(), shuffle=True)
+
+
+def _misuses() -> Dict[str, Any]:
+    """Wrong calls to the context, by name: each takes the trial (its model and optimizer built)."""
+    step_lr = torch.optim.lr_scheduler.StepLR
+    every_batch = pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH
+    return {
+        "stop_not_bool": lambda t: t.context.set_stop_requested("yes"),
+        "tensorboard_not_bool": lambda t: t.context.set_enable_tensorboard_logging("yes"),
+        "reducer_not_callable": lambda t: t.context.wrap_reducer(5, name="count"),
+        "step_mode_not_a_mode": lambda t: t.context.wrap_lr_scheduler(step_lr(t.optimizer, 1), step_mode="batch"),
+        "hparam_missing": lambda t: t.context.get_hparam("learning_rate"),
+        "model_not_module": lambda t: t.context.wrap_model("model"),
+        "optimizer_not_optimizer": lambda t: t.context.wrap_optimizer("optimizer"),
+        "frequency_zero": lambda t: t.context.wrap_lr_scheduler(step_lr(t.optimizer, 1), step_mode=every_batch, frequency=0),
+        "reducer_name_twice": lambda t: [t.context.wrap_reducer(len, name="r") for _ in range(2)],
+    }
+
+
+class MisusedContext(BaseTrial):
+    """Calls the context wrongly in ``__init__``, as hparam ``misuse`` names (:func:`_misuses`)."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        _misuses()[hparam(context, "misuse", "stop_not_bool")](self)
