@@ -26,7 +26,8 @@ def events(record: Dict[str, Any], kind: str, **match: Any) -> List[Dict[str, An
 
 
 def assert_local_only_getters(case: str, determined: Dict[str, Any], hookdet: Dict[str, Any]) -> None:
-    """``tensorboard-path-none``, ``trial-seed-unset``: Determined's local values, and hookdet's."""
+    """``tensorboard-path-none``, ``trial-seed-unset``, ``local-ids-missing``: Determined's local
+    values, and hookdet's."""
     det_init = events(determined, "init_local_only")
     hd_init = events(hookdet, "init_local_only")
     for record in (determined, hookdet):  # compared here, not with the rest
@@ -37,7 +38,10 @@ def assert_local_only_getters(case: str, determined: Dict[str, Any], hookdet: Di
     assert det_init[0]["trial_seed"] == {"dict": "dict", "items": {"raised": "InternalException"}}
     assert hd_init[0]["tensorboard_path_is_none"] is False, case
     assert isinstance(hd_init[0]["trial_seed"], int), case
-    COMPARED[case] = COMPARED.get(case, 0) + 2
+    for getter in ("trial_id", "experiment_id"):
+        assert det_init[0][getter] == {"dict": "dict", "items": {"raised": "AttributeError"}}, case
+        assert hd_init[0][getter] == 1, case
+    COMPARED[case] = COMPARED.get(case, 0) + 4
 
 
 #: Events whose numbers are averages (float32 in Determined, float64 in hookdet).

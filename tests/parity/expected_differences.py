@@ -165,4 +165,12 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "an error belongs at the line that caused it",
         "test_parity.py::test_context_misuse_hookdet_refuses_at_the_call",
     ),
+    "local-ids-missing": Difference(
+        "determined-bug",
+        "context.get_trial_id() and get_experiment_id() raise AttributeError locally "
+        "('DummyTrainContext' object has no attribute '_trial_id')",
+        "1 for a single run; in a search, the trial's number",
+        "a trial that names its outputs by trial id must run locally too",
+        "test_parity.py::test_basic",
+    ),
 }

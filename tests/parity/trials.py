@@ -182,7 +182,8 @@ class BaseTrial(pytorch.PyTorchTrial):
         self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=self.lr))
         event("init", getters=getters(context))
         event("init_local_only", trial_seed=_outcome(context.get_trial_seed),
-              tensorboard_path_is_none=context.get_tensorboard_path() is None)
+              tensorboard_path_is_none=context.get_tensorboard_path() is None,
+              trial_id=_outcome(context.get_trial_id), experiment_id=_outcome(context.get_experiment_id))
 
     def build_callbacks(self) -> Dict[str, Any]:
         return {"recorder": Recorder(self)}
