@@ -22,6 +22,7 @@ the default behaviour, ``<first>`` a provider whose first non-None answer wins::
     hookdet_add_callbacks(run, trial.build_callbacks()) <first> each adapted into lifecycle hooks
     if resuming: hookdet_resume_uuid(run, checkpoint) <first>  the id on_trial_startup gets
     on_trial_startup(first_batch_idx, checkpoint_uuid)
+    trial.build_training_data_loader(), trial.build_validation_data_loader()  (run.max_batches set)
     if resuming: hookdet_load_checkpoint(run, ...) <first>
                    on_checkpoint_load_start(checkpoint)
     on_training_start()
@@ -364,8 +365,9 @@ def hookdet_load_checkpoint(run: "Run", checkpoint: str) -> Optional[bool]:
 
 @hookspec
 def on_trial_startup(first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
-    """The trial is built and any checkpoint restored; ``first_batch_idx`` is where training
-    resumes (0 for a fresh run) and ``checkpoint_uuid`` the checkpoint it resumed from."""
+    """The trial is built; ``first_batch_idx`` is where training resumes (0 for a fresh run) and
+    ``checkpoint_uuid`` the checkpoint it resumes from. As in Determined, the data loaders are
+    built and the checkpoint is loaded after this hook (``run.max_batches`` is still None)."""
 
 
 @hookspec

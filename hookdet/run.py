@@ -65,10 +65,11 @@ class Run:
     trial: Optional["PyTorchTrial"] = None
     state: TrainState = dataclasses.field(default_factory=TrainState)
     resume_from: Optional[str] = None
-    #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set before training starts.
+    #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set once the data loaders
+    #: are built, after ``on_trial_startup`` and before ``on_training_start``.
     max_batches: Optional[int] = None
-    #: Batches the chief validates per pass, when the validation loader has a length; set before
-    #: training starts (for progress displays).
+    #: Batches the chief validates per pass, when the validation loader has a length; set with
+    #: ``max_batches`` (for progress displays).
     validation_length: Optional[int] = None
     #: Why training ended (:class:`hookdet.exit_codes.ExitReason`, equal to its string value).
     exit_reason: Optional["ExitReason"] = None

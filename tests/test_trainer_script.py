@@ -104,6 +104,21 @@ def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path)
     assert len({r["weights"] for r in local + on_cluster}) == 1
 
 
+def test_two_ranks_under_the_horovod_launch_layer(tmp_path: Path) -> None:
+    """``horovod.yaml`` (``python3 -m determined.launch.horovod --autohorovod python3 train.py``):
+    hookdet run starts the script's 2 ranks with horovodrun, and the script's ``pytorch.init()``
+    trains them as one data-parallel job (the horovod plugin, chosen by horovodrun's ranks)."""
+    pytest.importorskip("horovod.torch", reason="Horovod is not built here (scripts/build_horovod.sh; .ci/run builds it)")
+    launched = run([str(VENV_BIN / "hookdet"), "run", "horovod.yaml", "--run-dir", str(tmp_path / "run")], tmp_path,
+                   OMP_NUM_THREADS="1")
+    ranks = results(launched.stdout)
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["size"] for r in ranks} == {2}
+    assert {r["local"] for r in ranks} == {False}
+    assert len({r["weights"] for r in ranks}) == 1  # gradients averaged by Horovod on every step
+    checkpoints = lookup.find_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [meta["steps_completed"] for _, meta in checkpoints] == [8]  # an epoch: 256 records, 32 a batch
+
+
 def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
     tmp_path: Path, const_run: Dict[str, Any]
 ) -> None:
