@@ -10,6 +10,7 @@ covers every structure and every loader argument.
 from __future__ import annotations
 
 import collections
+import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -200,7 +201,7 @@ class LoaderArguments(BaseTrial):
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         metrics = super().train_batch(batch, epoch_idx, batch_idx)
-        Path("trained.txt").write_text(str(self.trained))  # readable while the process runs
+        Path("trained.txt").write_text(f"{self.trained} {os.getpid()}")  # read while it runs
         return metrics
 
     def build_validation_data_loader(self) -> Any:

@@ -7,7 +7,10 @@ difference and then compares everything else exactly.
 """
 from __future__ import annotations
 
-import copy
+import os
+import signal
+import threading
+import time
 
 import pytest
 
@@ -113,6 +116,27 @@ def test_plain_torch_loader_in_its_first_epoch(tmp_path):
     assert_same_records("loader-torch", determined, hookdet)
 
 
+#: How long a run that trained its 4th batch must then train nothing more to count as stuck (the
+#: 2 batches left take milliseconds).
+STUCK_S = 6
+
+
+def kill_when_stuck(progress, batches, seconds):
+    """SIGKILL the process that wrote ``progress`` ("<batches> <pid>") once it has said
+    ``batches`` for ``seconds`` without a change (or give up after 3 minutes)."""
+    deadline, since = time.monotonic() + 180, None
+    while time.monotonic() < deadline:
+        text = progress.read_text() if progress.exists() else ""
+        if text.split()[:1] == [batches]:
+            since = since or time.monotonic()
+            if time.monotonic() - since >= seconds:
+                os.kill(int(text.split()[1]), signal.SIGKILL)
+                return
+        else:
+            since = None
+        time.sleep(0.2)
+
+
 def test_plain_torch_loader_past_its_first_epoch(tmp_path):
     """``plain-loader-one-epoch``: Determined iterates a plain loader once and then spins
     without end (its training enumerator is exhausted; no error, no batch); hookdet starts the
@@ -120,10 +144,14 @@ def test_plain_torch_loader_past_its_first_epoch(tmp_path):
     assert "plain-loader-one-epoch" in EXPECTED_DIFFERENCES
     hparams = {"loader": "torch", "global_batch_size": 4}
     fit = dict(PERIODS, max_length={"Batch": 6})
+    progress = tmp_path / "determined" / "cwd" / "trained.txt"
+    watchdog = threading.Thread(target=kill_when_stuck, args=(progress, "4", STUCK_S), daemon=True)
+    watchdog.start()
     with pytest.raises(AssertionError, match=r"rc -9"):
         harness.run_case(tmp_path, "data_trials.LoaderArguments", fit, hparams=hparams,
-                         frameworks=("determined",), timeout_s=40)
-    assert (tmp_path / "determined" / "cwd" / "trained.txt").read_text() == "4", "not stuck after one epoch"
+                         frameworks=("determined",), timeout_s=180)
+    watchdog.join()
+    assert progress.read_text().split()[0] == "4", "not stuck after one epoch"
     results = harness.run_case(tmp_path, "data_trials.LoaderArguments", dict(fit, max_length={"Batch": 11}),
                                hparams=hparams, frameworks=("hookdet",))
     trained = events(results["hookdet"][0][0], "train_batch")
