@@ -1,0 +1,30 @@
+"""Prints how many behaviours the parity suite (``tests/parity``) compared, per case and in all.
+
+It lives here, not in ``tests/parity``, because pytest-xdist's controller loads only this level's
+conftest: each worker counts its own cases and hands its counts over when it finishes
+(``workeroutput``), and the controller prints the sum.
+"""
+import pytest
+
+from tests.parity.checks import COMPARED
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        workeroutput["parity_compared"] = dict(COMPARED)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_testnodedown(node, error):  # noqa: ARG001
+    for case, count in getattr(node, "workeroutput", {}).get("parity_compared", {}).items():
+        COMPARED[case] = COMPARED.get(case, 0) + count
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+    if not COMPARED:
+        return
+    terminalreporter.write_sep("-", "Determined parity")
+    for case, count in sorted(COMPARED.items()):
+        terminalreporter.write_line(f"{case}: {count} behaviours compared")
+    terminalreporter.write_line(f"total: {sum(COMPARED.values())} behaviours in {len(COMPARED)} cases")
