@@ -17,6 +17,10 @@ if [[ -z "$PYTHON" ]]; then
     if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 
+if [[ "$PYTHON" == */* ]]; then  # a path: absolute, since the build runs in a temporary directory
+    PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"
+fi
+
 if "$PYTHON" -c "import horovod.torch" 2>/dev/null; then
     echo "horovod.torch already imports under $PYTHON; nothing to do"
     exit 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,8 +55,9 @@ def run(command: List[str], tmp_path: Path, **extra: str) -> subprocess.Complete
 
 
 def results(output: str) -> List[Dict[str, Any]]:
-    """The RESULT lines the script printed, by rank."""
-    found = [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+    """The RESULT lines the script printed, by rank (horovodrun prefixes each line with
+    ``[rank]<stdout>:``)."""
+    found = [json.loads(match.group(1)) for match in re.finditer(r"^(?:\[\d+\]<stdout>:)?RESULT (.*)$", output, re.M)]
     return sorted(found, key=lambda result: result["rank"])
 
 
@@ -109,12 +111,14 @@ def test_two_ranks_under_the_horovod_launch_layer(tmp_path: Path) -> None:
     hookdet run starts the script's 2 ranks with horovodrun, and the script's ``pytorch.init()``
     trains them as one data-parallel job (the horovod plugin, chosen by horovodrun's ranks)."""
     pytest.importorskip("horovod.torch", reason="Horovod is not built here (scripts/build_horovod.sh; .ci/run builds it)")
-    launched = run([str(VENV_BIN / "hookdet"), "run", "horovod.yaml", "--run-dir", str(tmp_path / "run")], tmp_path,
-                   OMP_NUM_THREADS="1")
+    launched = run([str(VENV_BIN / "hookdet"), "run", "horovod.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
     ranks = results(launched.stdout)
     assert [r["rank"] for r in ranks] == [0, 1] and {r["size"] for r in ranks} == {2}
     assert {r["local"] for r in ranks} == {False}
-    assert len({r["weights"] for r in ranks}) == 1  # gradients averaged by Horovod on every step
+    ddp = results(run([str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "ddp")],
+                      tmp_path).stdout)
+    # Gradients averaged by Horovod on every step: every rank ends with DDP's weights, bit for bit.
+    assert len({r["weights"] for r in ranks + ddp}) == 1
     checkpoints = lookup.find_checkpoints(tmp_path / "run" / "checkpoints")
     assert [meta["steps_completed"] for _, meta in checkpoints] == [8]  # an epoch: 256 records, 32 a batch
 
