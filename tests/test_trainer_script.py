@@ -21,7 +21,6 @@ from typing import Any, Dict, List
 
 import pytest
 
-from hookdet import checkpoint_format as fmt
 from hookdet import checkpoint_lookup as lookup
 from hookdet.config import load_experiment_config
 

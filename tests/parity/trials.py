@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tests.parity.record import CONTEXTS, LATEST_CHECKPOINT, event, plain, type_name
+from tests.parity.record import CONTEXTS, LATEST_CHECKPOINT, event, type_name
 
 pytorch = importlib.import_module(os.environ.get("PARITY_FRAMEWORK", "hookdet") + ".pytorch")
 
