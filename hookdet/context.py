@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 import torch
 
-from hookdet.errors import ArgumentTypeError
 from hookdet.batch_moving import to_device as _to_device
+from hookdet.errors import ArgumentTypeError
 from hookdet.lr_scheduler import LRScheduler
 from hookdet.reducers import MetricReducer, ReducerRegistry
 

@@ -48,7 +48,8 @@ def workload_metric_to_host(
     Returns the array and the batch positions it holds (positions whose value is ``None`` are
     left out when ``allow_none``). Tensors on a device are stacked there and copied to the host
     in one transfer. Values holding one element count as scalars whatever their shape; larger
-    values (training's and validation's alike, as in Determined) must have the same shape in every batch.
+    values (training's and validation's alike, as in Determined) must have the same shape in
+    every batch.
     """
 
     fast = _scalar_tensors_to_host(values)

@@ -177,9 +177,10 @@ def reduce_training_metrics(
     Each value must be a number (a Python or numpy number, or a one-element tensor or array, on
     any device), an array of numbers of the same shape in every batch (averaged over all its
     elements, and across ranks per batch to one number, as Determined does), or ``None`` for
-    "not measured in this batch" (left out of the averages, as Determined does). ``first_batch_idx`` is the trial's index of the workload's
-    first batch, used to name the culprit batch in errors. When ranks ran different numbers of
-    batches, batch ``i`` averages the ranks that ran it. ``per_batch=False`` leaves
+    "not measured in this batch" (left out of the averages, as Determined does).
+    ``first_batch_idx`` is the trial's index of the workload's first batch, used to name the
+    culprit batch in errors. When ranks ran different numbers of batches, batch ``i`` averages
+    the ranks that ran it. ``per_batch=False`` leaves
     ``batch_metrics`` empty: the loop passes it when nothing reads them, sparing a dict per batch.
     """
 
