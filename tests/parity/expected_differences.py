@@ -99,7 +99,7 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "context.wrap_model given something that is not a module (Determined: AttributeError "
         "from its own code; hookdet: TypeError naming wrap_model)",
         "an error should say which method broke which rule, not where the framework tripped",
-        "test_parity.py::test_misuse_raises_alike",
+        "test_parity.py::test_misuse_raises_alike, test_parity.py::test_context_misuse",
     ),
     "stop-within-one-batch": Difference(
         "intended",
@@ -163,7 +163,7 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "or never (the second reducer silently replaces the first's metric)",
         "refuses each at the call, naming the method and the argument",
         "an error belongs at the line that caused it",
-        "test_parity.py::test_context_misuse_hookdet_refuses_at_the_call",
+        "test_parity.py::test_context_misuse",
     ),
     "local-ids-missing": Difference(
         "determined-bug",

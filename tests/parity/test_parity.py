@@ -288,28 +288,27 @@ REFUSED_BY_HOOKDET = [("model_not_module", "wrap_model", "misuse-error-type"),
                       ("reducer_name_twice", "'r'", "misuse-refused-early")]
 
 
-@pytest.mark.parametrize("misuse, culprit", REFUSED_ALIKE)
-def test_context_misuse_raises_determineds_type(tmp_path, misuse, culprit):
-    """The same exception type as Determined (hookdet's may derive from more), the culprit named."""
-    results = harness.run_case(tmp_path, "MisusedContext", dict(PERIODS, max_length={"Batch": 3}),
-                               hparams={"global_batch_size": 4, "misuse": misuse})
+def test_context_misuse(tmp_path):
+    """Nine wrong calls to the context, each caught and recorded, in one trial. Five raise
+    Determined's exception type (hookdet's may derive from more) naming the culprit; four hookdet
+    refuses at the call where Determined trips inside its own code (``misuse-error-type``) or
+    accepts them and fails later or never (``misuse-refused-early``)."""
+    results = harness.run_case(tmp_path, "MisusedContext", dict(PERIODS, max_length={"Batch": 3}))
     determined, hookdet = single(results)
-    assert_local_only_getters(misuse, determined, hookdet)
-    assert_same_records("misuse-" + misuse, determined, hookdet, culprit=culprit, weights=False)
-
-
-@pytest.mark.parametrize("misuse, culprit, difference", REFUSED_BY_HOOKDET)
-def test_context_misuse_hookdet_refuses_at_the_call(tmp_path, misuse, culprit, difference):
-    """Registered differences: hookdet refuses at the call, naming it; Determined fails inside
-    its own code (``misuse-error-type``), later, or never (``misuse-refused-early``)."""
-    assert difference in EXPECTED_DIFFERENCES
-    results = harness.run_case(tmp_path, "MisusedContext", dict(PERIODS, max_length={"Batch": 3}),
-                               hparams={"global_batch_size": 4, "misuse": misuse})
-    determined, hookdet = single(results)
-    assert hookdet["error"] is not None and culprit in hookdet["error"]["message"], hookdet["error"]
-    assert [e["event"] for e in hookdet["events"]] == ["init", "init_local_only", "fit_raised"]
-    if difference == "misuse-error-type":
-        assert determined["error"]["type"] == "AttributeError", determined["error"]
-    else:  # Determined's trial got past __init__: it trained, or failed at a later point
-        assert len(events(determined, "callback", method="on_trial_startup")) == 1
-    COMPARED[f"misuse-{misuse}"] = 2
+    assert_local_only_getters("misuse", determined, hookdet)
+    det_seen = {e["name"]: e for e in events(determined, "misuse")}
+    hd_seen = {e["name"]: e for e in events(hookdet, "misuse")}
+    assert list(det_seen) == list(hd_seen) == [name for name, *_ in REFUSED_ALIKE + REFUSED_BY_HOOKDET]
+    for name, culprit in REFUSED_ALIKE:
+        det, hd = det_seen[name], hd_seen[name]
+        assert det["type"] is not None and det["type"] in hd["classes"]["list"], (name, det, hd)
+        assert culprit in det["message"] and culprit in hd["message"], (name, det, hd)
+    for name, culprit, difference in REFUSED_BY_HOOKDET:
+        assert difference in EXPECTED_DIFFERENCES
+        det, hd = det_seen[name], hd_seen[name]
+        assert hd["type"] is not None and culprit in hd["message"], (name, hd)
+        assert det["type"] == ("AttributeError" if difference == "misuse-error-type" else None), (name, det)
+    for record in (determined, hookdet):
+        record["events"] = [e for e in record["events"] if e["event"] != "misuse"]
+    assert_same_records("misuse", determined, hookdet, culprit="every misuse recorded", weights=False)
+    COMPARED["misuse"] += 2 * len(det_seen)

@@ -540,8 +540,17 @@ def _misuses() -> Dict[str, Any]:
 
 
 class MisusedContext(BaseTrial):
-    """Calls the context wrongly in ``__init__``, as hparam ``misuse`` names (:func:`_misuses`)."""
+    """Makes every wrong call of :func:`_misuses` in ``__init__``, recording what each raised (a
+    ``misuse`` event), then stops: some leave Determined's context broken for training."""
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
-        _misuses()[hparam(context, "misuse", "stop_not_bool")](self)
+        for name, misuse in _misuses().items():
+            try:
+                misuse(self)
+            except Exception as error:  # noqa: BLE001 - what it raised is the observation
+                event("misuse", name=name, type=type(error).__name__, message=str(error),
+                      classes=[cls.__name__ for cls in type(error).__mro__])
+            else:
+                event("misuse", name=name, type=None)
+        raise RuntimeError("every misuse recorded")
