@@ -2,10 +2,9 @@
 the arguments of ``DataLoader``.
 
 Every trial here trains :class:`~tests.parity.trials.BaseTrial`'s linear model on the same
-records, delivered in another shape; ``train_batch`` and ``evaluate_batch`` record the batch as
-the trial received it (container types, tensor dtypes and values) and what ``data_length`` and
-``get_batch_length`` say of it. Trials pick their variant from hyperparameters, so one class
-covers every structure and every loader argument.
+records, delivered in other shapes or by other loaders. ``BatchStructures`` records each batch
+as the trial received it (container types, tensor dtypes and values) and what ``data_length``
+and ``get_batch_length`` say of it; ``LoaderArguments`` picks its loader from a hyperparameter.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import Any, Dict, Iterator, List
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, Dataset, Sampler
+from torch.utils.data import BatchSampler, Sampler, default_collate
 
 from tests.parity.record import event
 from tests.parity.trials import RECORDS, BaseTrial, Regression, hparam, pytorch
@@ -24,29 +23,21 @@ from tests.parity.trials import RECORDS, BaseTrial, Regression, hparam, pytorch
 Example = collections.namedtuple("Example", ["x", "y", "index"])
 
 
-class Shaped(Dataset):
-    """:class:`Regression`'s records in the structure ``structure`` names."""
+#: The batch structures a trial's loader may produce; ``BatchStructures`` gets one of each.
+STRUCTURES = ("tensor", "list", "dict", "nested", "namedtuple", "numpy", "custom")
 
-    def __init__(self, structure: str, records: int = RECORDS, seed: int = 0) -> None:
-        self.plain = Regression(records, seed)
-        self.structure = structure
 
-    def __len__(self) -> int:
-        return len(self.plain)
-
-    def __getitem__(self, index: int) -> Any:
-        x, y, index = self.plain[index]
-        if self.structure == "tensor":
-            return torch.cat([x, y, torch.tensor([float(index)])])
-        if self.structure == "list":
-            return [x, y, index]
-        if self.structure == "dict":
-            return {"x": x, "y": y, "index": index}
-        if self.structure == "nested":
-            return {"inputs": {"x": x, "y": y}, "meta": [index, f"record-{index}"]}
-        if self.structure == "namedtuple":
-            return Example(x, y, index)
-        return x.numpy(), y.numpy(), np.int64(index)  # "numpy" and "custom": collated below
+def shaped(structure: str, x: torch.Tensor, y: torch.Tensor, index: int) -> Any:
+    """One record in ``structure``, for the default collate (numpy and custom: collated below)."""
+    if structure == "tensor":
+        return torch.cat([x, y, torch.tensor([float(index)])])
+    if structure == "list":
+        return [x, y, index]
+    if structure == "dict":
+        return {"x": x, "y": y, "index": index}
+    if structure == "nested":
+        return {"inputs": {"x": x, "y": y}, "meta": [index, f"record-{index}"]}
+    return Example(x, y, index)
 
 
 class Graphs:
@@ -61,17 +52,20 @@ class Graphs:
         return Graphs(self.x.to(device), self.y.to(device), self.index.to(device))
 
 
-def collate_numpy(records: List[Any]) -> Any:
-    """A batch of numpy arrays, left for the framework's ``to_device`` to make tensors."""
-    return tuple(np.stack([record[i] for record in records]) for i in range(3))
+def structure_of(first_index: int, batch_size: int) -> str:
+    """The structure of the batch starting at record ``first_index``: each in turn."""
+    return STRUCTURES[(first_index // batch_size) % len(STRUCTURES)]
 
 
-def collate_graphs(records: List[Any]) -> Graphs:
-    x, y, index = collate_numpy(records)
-    return Graphs(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(index))
-
-
-COLLATE = {"numpy": collate_numpy, "custom": collate_graphs}
+def collate_mixed(records: List[Any]) -> Any:
+    """Batch ``k`` of the loader in structure ``k`` (of :data:`STRUCTURES`), built as the default
+    collate builds it; ``numpy`` is a tuple of numpy arrays, left for the framework's
+    ``to_device`` to make tensors, and ``custom`` a :class:`Graphs`."""
+    structure = structure_of(records[0][2], len(records))
+    if structure in ("numpy", "custom"):
+        x, y, index = (np.stack([np.asarray(record[i]) for record in records]) for i in range(3))
+        return (x, y, index) if structure == "numpy" else Graphs(*map(torch.from_numpy, (x, y, index)))
+    return default_collate([shaped(structure, *record) for record in records])
 
 
 def unpack(batch: Any) -> Any:
@@ -95,30 +89,26 @@ def _outcome(function: Any, batch: Any) -> Any:
 
 
 class BatchStructures(BaseTrial):
-    """Batches shaped as hparam ``structure``: tensor, list, dict, nested, namedtuple, numpy
-    (numpy arrays the framework converts) or custom (a class of the trial's own, with
-    ``get_batch_length`` overridden)."""
+    """One loader whose batches take each structure of :data:`STRUCTURES` in turn (7 batches an
+    epoch, for training and validation): tensor, list, dict, nested, namedtuple, numpy arrays
+    the framework converts, and a class of the trial's own, measured by the trial's
+    ``get_batch_length``."""
 
-    def __init__(self, context: Any) -> None:
-        super().__init__(context)
-        self.structure = hparam(context, "structure", "tensor")
-
-    def _loader(self, records: int, seed: int) -> Any:
-        return pytorch.DataLoader(
-            Shaped(self.structure, records, seed),
-            batch_size=self.context.get_per_slot_batch_size(),
-            collate_fn=COLLATE.get(self.structure),
-        )
+    def _loader(self, seed: int) -> Any:
+        records = len(STRUCTURES) * self.context.get_per_slot_batch_size()
+        return pytorch.DataLoader(Regression(records, seed), batch_size=self.context.get_per_slot_batch_size(),
+                                  collate_fn=collate_mixed)
 
     def build_training_data_loader(self) -> Any:
-        return self._loader(RECORDS, 0)
+        return self._loader(0)
 
     def build_validation_data_loader(self) -> Any:
-        return self._loader(8, 1)
+        return self._loader(1)
 
     def observe(self, kind: str, batch: Any) -> None:
-        event(kind, batch=_described(batch), data_length=_outcome(pytorch.data_length, batch),
-              batch_length=_outcome(self.get_batch_length, batch))
+        structure = structure_of(int(unpack(batch)[2][0]), self.context.get_per_slot_batch_size())
+        event(kind, structure=structure, batch=_described(batch),
+              data_length=_outcome(pytorch.data_length, batch), batch_length=_outcome(self.get_batch_length, batch))
 
     def loss(self, batch: Any) -> torch.Tensor:
         x, y, _ = unpack(batch)
@@ -133,7 +123,7 @@ class BatchStructures(BaseTrial):
         return super().evaluate_batch(_as_triple(batch))
 
     def get_batch_length(self, batch: Any) -> int:
-        if self.structure != "custom":
+        if not isinstance(batch, Graphs):
             return super().get_batch_length(batch)
         event("get_batch_length", num_graphs=batch.num_graphs)
         return batch.num_graphs

@@ -47,7 +47,7 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "report raises ModuleNotFoundError",
         "depends on tensorboard; the default run trains and logs",
         "a default run must not crash at its first report",
-        "test_parity.py::test_tensorboard_default",
+        "test_parity.py::test_tensorboard_on_by_default",
     ),
     "tensorboard-path-none": Difference(
         "determined-bug",
@@ -69,7 +69,7 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "optimizer steps under aggregation_frequency > 1",
         "steps once per real optimizer step, as its name says",
         "the scheduler must follow the optimizer, not the batch count",
-        "test_parity.py::test_aggregation",
+        "test_parity.py::test_step_every_optimizer_step_counts_optimizer_steps",
     ),
     "profiler-traces-in-none": Difference(
         "determined-bug",
@@ -126,7 +126,7 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "records) as a plain tuple, so batch.x raises AttributeError",
         "keeps the namedtuple, with the same items",
         "indexing works the same under both, and the trial's own field names keep working",
-        "test_parity_data.py::test_namedtuple_batches_stay_namedtuples",
+        "test_parity_data.py::test_batch_structures_and_get_batch_length",
     ),
     "data-length-nested": Difference(
         "determined-bug",
@@ -135,7 +135,7 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "finds the first tensor or array, recursively, as Determined's docstring says, and counts "
         "its first dimension",
         "a batch's length is its number of records",
-        "test_parity_data.py::test_nested_batch_length",
+        "test_parity_data.py::test_batch_structures_and_get_batch_length",
     ),
     "batch-length-in-training": Difference(
         "intended",
@@ -144,7 +144,7 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "calls it only on validation batches, where its count is used (logged at DEBUG)",
         "the per-batch path calls no user code whose result nobody uses (DESIGN: no hook without "
         "an implementation)",
-        "test_parity_data.py::test_custom_batch_type_and_get_batch_length",
+        "test_parity_data.py::test_batch_structures_and_get_batch_length",
     ),
     "plain-loader-one-epoch": Difference(
         "determined-bug",

@@ -16,12 +16,10 @@ import pytest
 
 from tests.parity import harness
 from tests.parity.checks import PERIODS, assert_local_only_getters, assert_same_records, events
+from tests.parity.data_trials import STRUCTURES
 from tests.parity.expected_differences import EXPECTED_DIFFERENCES
 
 pytestmark = pytest.mark.slow
-
-PLAIN_STRUCTURES = ["tensor", "list", "dict", "numpy"]
-
 
 def run(tmp_path, case, trial, hparams, max_batches, **options):
     results = harness.run_case(
@@ -33,63 +31,60 @@ def run(tmp_path, case, trial, hparams, max_batches, **options):
     return determined, hookdet
 
 
-def batches_seen(record):
-    return events(record, "train_batch_data") + events(record, "evaluate_batch_data")
+def batches_seen(record, structure):
+    return [e for e in events(record, "train_batch_data") + events(record, "evaluate_batch_data")
+            if e["structure"] == structure]
 
 
-@pytest.mark.parametrize("structure", PLAIN_STRUCTURES)
-def test_batch_structures(tmp_path, structure):
-    """Tensors, lists, dicts and numpy arrays (made tensors by ``to_device``) arrive alike."""
-    determined, hookdet = run(tmp_path, "batch-" + structure, "BatchStructures", {"structure": structure}, 6)
-    assert_same_records("batch-" + structure, determined, hookdet)
-    first = batches_seen(hookdet)[0]
-    assert first["data_length"] == first["batch_length"] == 4
-    if structure == "numpy":
-        assert [item["tensor"] for item in first["batch"]["tuple"]] == ["torch.float32"] * 2 + ["torch.int64"]
+def test_batch_structures_and_get_batch_length(tmp_path):
+    """One loader, each of its 7 batches in another structure (``data_trials.STRUCTURES``),
+    trained and validated. A tensor, a list, a dict and numpy arrays (made tensors by
+    ``to_device``) arrive alike; so does a batch class of the trial's own, moved by its ``.to``
+    and measured by the trial's ``get_batch_length``. Three registered differences, each
+    asserted on both sides before the rest is compared exactly:
 
+    - ``namedtuple-batch``: Determined's ``to_device`` makes the collated ``Example`` a plain
+      tuple; hookdet keeps it, with the same items.
+    - ``data-length-nested``: for ``{"inputs": {"x", "y"}, "meta": [...]}`` Determined's
+      ``data_length`` counts the inner dict's keys (2); hookdet the records (4).
+    - ``batch-length-in-training``: both call ``get_batch_length`` before every validation
+      batch; Determined also after every training batch, hookdet does not.
+    """
+    for name in ("namedtuple-batch", "data-length-nested", "batch-length-in-training"):
+        assert name in EXPECTED_DIFFERENCES
+    determined, hookdet = run(tmp_path, "batch-structures", "BatchStructures", {}, 7)
+    for structure in STRUCTURES:
+        assert len(batches_seen(determined, structure)) == len(batches_seen(hookdet, structure)) >= 2
 
-def test_namedtuple_batches_stay_namedtuples(tmp_path):
-    """``namedtuple-batch``: Determined's ``to_device`` rebuilds the collated ``Example`` as a
-    plain tuple; hookdet keeps it, with the same items."""
-    assert "namedtuple-batch" in EXPECTED_DIFFERENCES
-    determined, hookdet = run(tmp_path, "batch-namedtuple", "BatchStructures", {"structure": "namedtuple"}, 6)
-    for det_event, hd_event in zip(batches_seen(determined), batches_seen(hookdet)):
+    for det_event, hd_event in zip(batches_seen(determined, "namedtuple"), batches_seen(hookdet, "namedtuple")):
         assert list(det_event["batch"]) == ["tuple"] and list(hd_event["batch"]) == ["Example"]
         hd_event["batch"] = {"tuple": hd_event["batch"]["Example"]}
-    assert_same_records("batch-namedtuple", determined, hookdet)
 
-
-def test_nested_batch_length(tmp_path):
-    """``data-length-nested``: for ``{"inputs": {"x", "y"}, "meta": [...]}`` Determined's
-    ``data_length`` counts the inner dict's keys (2); hookdet finds the first tensor (4 records)."""
-    assert "data-length-nested" in EXPECTED_DIFFERENCES
-    determined, hookdet = run(tmp_path, "batch-nested", "BatchStructures", {"structure": "nested"}, 6)
-    seen = batches_seen(determined)
-    assert seen and all(e["data_length"] == e["batch_length"] == 2 for e in seen)
-    assert all(e["data_length"] == e["batch_length"] == 4 for e in batches_seen(hookdet))
+    assert all(e["data_length"] == e["batch_length"] == 2 for e in batches_seen(determined, "nested"))
+    assert all(e["data_length"] == e["batch_length"] == 4 for e in batches_seen(hookdet, "nested"))
     for record in (determined, hookdet):
-        for event in batches_seen(record):
+        for event in batches_seen(record, "nested"):
             event["data_length"] = event["batch_length"] = "compared above"
-    assert_same_records("batch-nested", determined, hookdet)
 
-
-def test_custom_batch_type_and_get_batch_length(tmp_path):
-    """A batch class of the trial's own moves itself with ``.to`` and is measured by the trial's
-    ``get_batch_length``, called before every ``evaluate_batch`` by both; Determined also calls it
-    after every training batch (``batch-length-in-training``), hookdet does not."""
-    assert "batch-length-in-training" in EXPECTED_DIFFERENCES
-    determined, hookdet = run(tmp_path, "batch-custom", "BatchStructures", {"structure": "custom"}, 6)
     after_training = [
         index for index, event in enumerate(determined["events"])
         if event["event"] == "get_batch_length" and determined["events"][index - 1]["event"] == "train_batch"
     ]
-    assert len(after_training) == len(events(determined, "train_batch")) == 6
+    assert len(after_training) == 1  # the one custom batch of the 7 trained
     determined["events"] = [e for i, e in enumerate(determined["events"]) if i not in after_training]
-    assert_same_records("batch-custom", determined, hookdet)
-    # The trial's own observation calls it once per batch; hookdet once more per validation batch.
-    calls = len(events(hookdet, "get_batch_length"))
-    assert calls == len(events(hookdet, "train_batch_data")) + 2 * len(events(hookdet, "evaluate_batch_data"))
-    assert batches_seen(hookdet)[0]["batch"]["items"]["Graphs"]["items"]["num_graphs"] == 4
+    # The trial's own observation calls it once per custom batch; hookdet once more per custom
+    # validation batch, before evaluate_batch.
+    custom = batches_seen(hookdet, "custom")
+    validated = [e for e in custom if e["event"] == "evaluate_batch_data"]
+    assert len(events(hookdet, "get_batch_length")) == len(custom) + len(validated) and validated
+
+    assert_same_records("batch-structures", determined, hookdet)
+    for structure in ("tensor", "list", "dict", "numpy", "custom"):
+        first = batches_seen(hookdet, structure)[0]
+        assert first["data_length"] == 4 or structure == "custom", (structure, first)
+        assert first["batch_length"] == 4, (structure, first)
+    numpy_batch = batches_seen(hookdet, "numpy")[0]["batch"]["tuple"]
+    assert [item["tensor"] for item in numpy_batch] == ["torch.float32"] * 2 + ["torch.int64"]
 
 
 @pytest.mark.parametrize("loader", ["drop_last", "sampler", "batch_sampler", "workers"])

@@ -23,11 +23,15 @@ def compare_ranks(tmp_path, case, trial, fit, **options):
 
 
 def test_two_ranks_basic(tmp_path):
-    """Sharded data, averaged metrics, hooks on every rank, equal weights on both ranks."""
-    results = compare_ranks(tmp_path, "2-ranks-basic", "Basic", dict(PERIODS, max_length={"Batch": 5}))
+    """Sharded data, averaged metrics, hooks on every rank, equal weights on both ranks; a
+    training metric with several elements is averaged across ranks and elements to one number
+    per batch, as Determined does."""
+    results = compare_ranks(tmp_path, "2-ranks-basic", "VectorTrainingMetric", dict(PERIODS, max_length={"Batch": 5}))
     hookdet = results["hookdet"][0]
     assert hookdet[0]["weights"] == hookdet[1]["weights"]
     assert events(hookdet[1], "train_batch")[0]["getters"]["items"]["rank"] == 1
+    workload = events(hookdet[0], "callback", method="on_training_workload_end")[0]
+    assert isinstance(workload["batch_metrics"]["list"][0]["items"]["vector"], float)
 
 
 def test_two_ranks_reducers(tmp_path):
@@ -77,10 +81,3 @@ def test_two_ranks_resume(tmp_path):
         assert {k: v for k, v in _validations(straight[rank]).items() if k > 3} == _validations(hd_resumed)
         assert_same_weights(f"2-ranks-resume[rank {rank}]", straight[rank]["weights"], hd_resumed["weights"])
 
-
-def test_two_ranks_vector_training_metric(tmp_path):
-    """A training metric with several elements: per batch, averaged across ranks and elements to
-    one number, as Determined does."""
-    results = compare_ranks(tmp_path, "2-ranks-vector-metric", "VectorTrainingMetric", dict(PERIODS, max_length={"Batch": 4}))
-    workload = events(results["hookdet"][0][0], "callback", method="on_training_workload_end")[0]
-    assert isinstance(workload["batch_metrics"]["list"][0]["items"]["vector"], float)
