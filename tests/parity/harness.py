@@ -84,6 +84,10 @@ def _launch(
     spec_path.write_text(json.dumps(spec))
     processes = []
     port = _free_port()
+    # Determined's ranks also talk over ZMQ, on ports 12360/12361 unless these say otherwise:
+    # two cases at once (two xdist workers) would collide on the defaults.
+    zmq_ports = {"INTER_TRAIN_PROCESS_COMM_PORT_1": str(_free_port()),
+                 "INTER_TRAIN_PROCESS_COMM_PORT_2": str(_free_port())}
     for rank in range(ranks):
         env = _environment(framework, workdir)
         for variable in unset_env:
@@ -96,6 +100,8 @@ def _launch(
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 USE_TORCH_DISTRIBUTED="true" if framework == "determined" else "",
             )
+            if framework == "determined":
+                env.update(zmq_ports)
         out = workdir / f"phase{phase}-rank{rank}.json"
         log = open(workdir / f"phase{phase}-rank{rank}.log", "w")
         process = subprocess.Popen(

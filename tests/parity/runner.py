@@ -53,59 +53,23 @@ def distributed_context(name: str) -> Any:
 
 def main(spec_path: str, out_path: str) -> int:
     name = record.framework()
-    pytorch = importlib.import_module(name + ".pytorch")
     spec: Dict[str, Any] = json.loads(Path(spec_path).read_text())
-    module, _, class_name = spec["trial"].rpartition(".")  # "Basic" or "data_trials.Shaped"
+    module, _, class_name = spec["trial"].rpartition(".")  # "Basic" or "data_trials.BatchStructures"
     trial_class = getattr(importlib.import_module("tests.parity." + (module or "trials")), class_name)
-    fit = {key: unit(pytorch, value) for key, value in spec.get("fit", {}).items()}
-    if spec.get("resume_from"):
-        fit["latest_checkpoint"] = Path(spec["resume_from"]).read_text().strip()
-    init_kwargs = dict(hparams=spec["hparams"], exp_conf=spec.get("exp_conf"))
-    init_kwargs.update(spec.get("init", {}))
-    distributed = distributed_context(name)
-    if distributed is not None:
-        init_kwargs["distributed"] = distributed
+    latest = Path(spec["resume_from"]).read_text().strip() if spec.get("resume_from") else None
     out: Dict[str, Any] = {"framework": name, "error": None, "weights": None}
-    context = None
-    if "experiment_file" in spec:
-        return run_experiment_file(name, spec, trial_class, fit.get("latest_checkpoint"), out, out_path)
     try:
-        with pytorch.init(**init_kwargs) as context:
-            seed_all(spec["seed"])  # the same generator state for both, whatever init seeded
-            trial = trial_class(context)
-            try:
-                pytorch.Trainer(trial, context).fit(**fit)
-            finally:
-                out["weights"] = weights(context)
-    except Exception as error:  # a misuse case records what the user would see
+        if "experiment_file" in spec:
+            run_experiment_file(name, spec, trial_class, latest)
+        else:
+            run_fit(name, spec, trial_class, latest)
+    except (Exception, SystemExit) as error:  # a misuse case records what the user would see
         out["error"] = {
             "type": type(error).__name__,
             "message": str(error),
             "classes": [cls.__name__ for cls in type(error).__mro__],
         }
         record.event("fit_raised")  # where it raised; what it raised is out["error"]
-    out["events"] = record.EVENTS
-    if record.LATEST_CHECKPOINT and (context is None or _is_chief(context)):
-        Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])
-    Path(out_path).write_text(json.dumps(out))
-    return 0
-
-
-def run_experiment_file(name: str, spec: Dict[str, Any], trial_class: Any, latest_checkpoint: Any,
-                        out: Dict[str, Any], out_path: str) -> int:
-    """The case's ``experiment_file`` through Determined's legacy harness or ``hookdet run``."""
-    from tests.parity import experiment_files
-
-    try:
-        if name == "determined":
-            experiment_files.determined_legacy_harness(
-                trial_class, spec["experiment_file"], spec["seed"], latest_checkpoint)
-        else:
-            experiment_files.hookdet_run(spec["trial"], spec["experiment_file"], latest_checkpoint)
-    except (Exception, SystemExit) as error:
-        out["error"] = {"type": type(error).__name__, "message": str(error),
-                        "classes": [cls.__name__ for cls in type(error).__mro__]}
-        record.event("fit_raised")
     context = record.CONTEXTS[-1] if record.CONTEXTS else None
     out["weights"] = weights(context) if context is not None else None
     out["events"] = record.EVENTS
@@ -113,6 +77,33 @@ def run_experiment_file(name: str, spec: Dict[str, Any], trial_class: Any, lates
         Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])
     Path(out_path).write_text(json.dumps(out))
     return 0
+
+
+def run_fit(name: str, spec: Dict[str, Any], trial_class: Any, latest_checkpoint: Any) -> None:
+    """``pytorch.init(...)``, the trial, ``Trainer(trial, context).fit(**spec["fit"])``."""
+    pytorch = importlib.import_module(name + ".pytorch")
+    fit = {key: unit(pytorch, value) for key, value in spec.get("fit", {}).items()}
+    if latest_checkpoint is not None:
+        fit["latest_checkpoint"] = latest_checkpoint
+    init_kwargs = dict(hparams=spec["hparams"], exp_conf=spec.get("exp_conf"))
+    init_kwargs.update(spec.get("init", {}))
+    distributed = distributed_context(name)
+    if distributed is not None:
+        init_kwargs["distributed"] = distributed
+    with pytorch.init(**init_kwargs) as context:
+        seed_all(spec["seed"])  # the same generator state for both, whatever init seeded
+        trial = trial_class(context)
+        pytorch.Trainer(trial, context).fit(**fit)
+
+
+def run_experiment_file(name: str, spec: Dict[str, Any], trial_class: Any, latest_checkpoint: Any) -> None:
+    """The case's ``experiment_file`` through Determined's legacy harness or ``hookdet run``."""
+    from tests.parity import experiment_files
+
+    if name == "determined":
+        experiment_files.determined_legacy_harness(trial_class, spec["experiment_file"], spec["seed"], latest_checkpoint)
+    else:
+        experiment_files.hookdet_run(spec["trial"], spec["experiment_file"], latest_checkpoint)
 
 
 def _is_chief(context: Any) -> bool:
