@@ -54,9 +54,11 @@ def run(command: List[str], tmp_path: Path, **extra: str) -> subprocess.Complete
 
 
 def results(output: str) -> List[Dict[str, Any]]:
-    """The RESULT lines the script printed, by rank (horovodrun prefixes each line with
-    ``[rank]<stdout>:``)."""
-    found = [json.loads(match.group(1)) for match in re.finditer(r"^(?:\[\d+\]<stdout>:)?RESULT (.*)$", output, re.M)]
+    """The RESULT records the script printed, by rank. Ranks share one stdout, so a record is
+    read wherever it starts: ``print`` writes a record in one piece but its newline apart, and
+    horovodrun prefixes each line with ``[rank]<stdout>:``."""
+    decoder = json.JSONDecoder()
+    found = [decoder.raw_decode(output, match.end())[0] for match in re.finditer(r"RESULT ", output)]
     return sorted(found, key=lambda result: result["rank"])
 
 

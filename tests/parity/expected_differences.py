@@ -157,8 +157,8 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
     ),
     "misuse-refused-early": Difference(
         "intended",
-        "accepts wrap_optimizer of a non-optimizer, wrap_lr_scheduler(frequency=0) and a second "
-        "wrap_reducer with a name already used, and fails later (AttributeError at the first "
+        "accepts wrap_optimizer of a non-optimizer, wrap_lr_scheduler(frequency=0), a second "
+        "wrap_reducer with a name already used, Batch(0) and Epoch(1.5), and fails later (AttributeError at the first "
         "checkpoint for the non-optimizer, ZeroDivisionError at the first batch for frequency 0) "
         "or never (the second reducer silently replaces the first's metric)",
         "refuses each at the call, naming the method and the argument",
@@ -172,5 +172,15 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "1 for a single run; in a search, the trial's number",
         "a trial that names its outputs by trial id must run locally too",
         "test_parity.py::test_basic",
+    ),
+    "getters-before-training": Difference(
+        "intended",
+        "context.current_train_batch(), is_epoch_start() and is_epoch_end() raise "
+        "InternalException (\"Training hasn't started\") when called before training, e.g. in "
+        "the trial's __init__",
+        "answer for the position training starts from (batch 0, or the resume point)",
+        "no trial written for Determined calls them there, and an answer is more useful than an "
+        "internal error",
+        "test_parity.py::test_context_misuse",
     ),
 }

@@ -285,11 +285,13 @@ REFUSED_ALIKE = [("stop_not_bool", "stop_requested"), ("tensorboard_not_bool", "
 REFUSED_BY_HOOKDET = [("model_not_module", "wrap_model", "misuse-error-type"),
                       ("optimizer_not_optimizer", "wrap_optimizer", "misuse-refused-early"),
                       ("frequency_zero", "frequency", "misuse-refused-early"),
-                      ("reducer_name_twice", "'r'", "misuse-refused-early")]
+                      ("reducer_name_twice", "'r'", "misuse-refused-early"),
+                      ("batch_zero", "Batch(0)", "misuse-refused-early"),
+                      ("epoch_not_int", "1.5", "misuse-refused-early")]
 
 
 def test_context_misuse(tmp_path):
-    """Nine wrong calls to the context, each caught and recorded, in one trial. Five raise
+    """Eleven wrong calls (to the context, ``Batch``, ``Epoch``), each caught and recorded, in one trial. Five raise
     Determined's exception type (hookdet's may derive from more) naming the culprit; four hookdet
     refuses at the call where Determined trips inside its own code (``misuse-error-type``) or
     accepts them and fails later or never (``misuse-refused-early``)."""
@@ -308,7 +310,14 @@ def test_context_misuse(tmp_path):
         det, hd = det_seen[name], hd_seen[name]
         assert hd["type"] is not None and culprit in hd["message"], (name, hd)
         assert det["type"] == ("AttributeError" if difference == "misuse-error-type" else None), (name, det)
+    # ``getters-before-training``: in __init__, Determined raises; hookdet answers (batch 0).
+    assert "getters-before-training" in EXPECTED_DIFFERENCES
+    (det_getters,) = events(determined, "before_training")
+    (hd_getters,) = events(hookdet, "before_training")
+    raised = {"dict": "dict", "items": {"raised": "InternalException"}}
+    assert {k: v for k, v in det_getters.items() if k != "event"} == dict.fromkeys(hd_getters.keys() - {"event"}, raised)
+    assert (hd_getters["current_train_batch"], hd_getters["is_epoch_start"], hd_getters["is_epoch_end"]) == (0, False, False)
     for record in (determined, hookdet):
-        record["events"] = [e for e in record["events"] if e["event"] != "misuse"]
+        record["events"] = [e for e in record["events"] if e["event"] not in ("misuse", "before_training")]
     assert_same_records("misuse", determined, hookdet, culprit="every misuse recorded", weights=False)
     COMPARED["misuse"] += 2 * len(det_seen)

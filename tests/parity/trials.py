@@ -536,6 +536,8 @@ def _misuses() -> Dict[str, Any]:
         "optimizer_not_optimizer": lambda t: t.context.wrap_optimizer("optimizer"),
         "frequency_zero": lambda t: t.context.wrap_lr_scheduler(step_lr(t.optimizer, 1), step_mode=every_batch, frequency=0),
         "reducer_name_twice": lambda t: [t.context.wrap_reducer(len, name="r") for _ in range(2)],
+        "batch_zero": lambda t: pytorch.Batch(0),
+        "epoch_not_int": lambda t: pytorch.Epoch(1.5),
     }
 
 
@@ -553,4 +555,6 @@ class MisusedContext(BaseTrial):
                       classes=[cls.__name__ for cls in type(error).__mro__])
             else:
                 event("misuse", name=name, type=None)
+        event("before_training", current_train_batch=_outcome(context.current_train_batch),
+              is_epoch_start=_outcome(context.is_epoch_start), is_epoch_end=_outcome(context.is_epoch_end))
         raise RuntimeError("every misuse recorded")
