@@ -1,9 +1,9 @@
 """Determined parity for a trial's data: every batch structure, ``get_batch_length`` and the
 ``DataLoader`` arguments (``data_trials.py``), each run under Determined 0.38.1 and hookdet.
 
-Three expected differences live here (``expected_differences.py``): ``namedtuple-batch``,
-``data-length-nested`` and ``batch-length-in-training``; each test asserts both sides of its
-difference and then compares everything else exactly.
+Four expected differences live here (``expected_differences.py``): ``namedtuple-batch``,
+``data-length-nested``, ``batch-length-in-training`` and ``plain-loader-one-epoch``; each test
+asserts both sides of its difference and then compares everything else exactly.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.parity.data_trials import STRUCTURES
 from tests.parity.expected_differences import EXPECTED_DIFFERENCES
 
 pytestmark = pytest.mark.slow
+
 
 def run(tmp_path, case, trial, hparams, max_batches, **options):
     results = harness.run_case(
