@@ -10,6 +10,7 @@ raised (type and message), and every model's final weights.
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -76,6 +77,12 @@ def main(spec_path: str, out_path: str) -> int:
     if record.LATEST_CHECKPOINT and (context is None or _is_chief(context)):
         Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])
     Path(out_path).write_text(json.dumps(out))
+    # Free the trial's objects now, not in the interpreter's finalization: a DDP model there
+    # destroys its gloo process group's threads in no safe order ("terminate called without an
+    # active exception", rc -6, seen once under the full suite's load).
+    record.CONTEXTS.clear()
+    del context
+    gc.collect()
     return 0
 
 
