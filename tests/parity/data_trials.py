@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, Sampler, default_collate
 
 from tests.parity.record import event
-from tests.parity.trials import RECORDS, BaseTrial, Regression, hparam, pytorch
+from tests.parity.trials import RECORDS, BaseTrial, Regression, hparam, outcome, pytorch
 
 Example = collections.namedtuple("Example", ["x", "y", "index"])
 
@@ -81,13 +81,6 @@ def unpack(batch: Any) -> Any:
     return batch[0], batch[1], batch[2]
 
 
-def _outcome(function: Any, batch: Any) -> Any:
-    try:
-        return function(batch)
-    except Exception as error:  # noqa: BLE001 - the type is the observation
-        return {"raised": type(error).__name__}
-
-
 class BatchStructures(BaseTrial):
     """One loader whose batches take each structure of :data:`STRUCTURES` in turn (7 batches an
     epoch, for training and validation): tensor, list, dict, nested, namedtuple, numpy arrays
@@ -108,7 +101,7 @@ class BatchStructures(BaseTrial):
     def observe(self, kind: str, batch: Any) -> None:
         structure = structure_of(int(unpack(batch)[2][0]), self.context.get_per_slot_batch_size())
         event(kind, structure=structure, batch=_described(batch),
-              data_length=_outcome(pytorch.data_length, batch), batch_length=_outcome(self.get_batch_length, batch))
+              data_length=outcome(pytorch.data_length, batch), batch_length=outcome(self.get_batch_length, batch))
 
     def loss(self, batch: Any) -> torch.Tensor:
         x, y, _ = unpack(batch)

@@ -147,10 +147,10 @@ DETERMINED_CHECKPOINT_KEYS = (
 )
 
 
-def _outcome(getter: Any) -> Any:
-    """What ``getter()`` returns, or the type of what it raises."""
+def outcome(function: Any, *args: Any) -> Any:
+    """What ``function(*args)`` returns, or the type of what it raises."""
     try:
-        return getter()
+        return function(*args)
     except Exception as error:  # noqa: BLE001 - the type is the observation
         return {"raised": type(error).__name__}
 
@@ -181,9 +181,9 @@ class BaseTrial(pytorch.PyTorchTrial):
         self.model = context.wrap_model(nn.Linear(3, 1))
         self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=self.lr))
         event("init", getters=getters(context))
-        event("init_local_only", trial_seed=_outcome(context.get_trial_seed),
+        event("init_local_only", trial_seed=outcome(context.get_trial_seed),
               tensorboard_path_is_none=context.get_tensorboard_path() is None,
-              trial_id=_outcome(context.get_trial_id), experiment_id=_outcome(context.get_experiment_id))
+              trial_id=outcome(context.get_trial_id), experiment_id=outcome(context.get_experiment_id))
 
     def build_callbacks(self) -> Dict[str, Any]:
         return {"recorder": Recorder(self)}
@@ -555,6 +555,6 @@ class MisusedContext(BaseTrial):
                       classes=[cls.__name__ for cls in type(error).__mro__])
             else:
                 event("misuse", name=name, type=None)
-        event("before_training", current_train_batch=_outcome(context.current_train_batch),
-              is_epoch_start=_outcome(context.is_epoch_start), is_epoch_end=_outcome(context.is_epoch_end))
+        event("before_training", current_train_batch=outcome(context.current_train_batch),
+              is_epoch_start=outcome(context.is_epoch_start), is_epoch_end=outcome(context.is_epoch_end))
         raise RuntimeError("every misuse recorded")
