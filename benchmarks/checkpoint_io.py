@@ -49,7 +49,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hookdet import checkpoint_format as fmt  # noqa: E402
+from hookdet.checkpoints import format as fmt  # noqa: E402
 from hookdet import pytorch  # noqa: E402
 
 LAYERS = 4

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hookdet.errors import HookdetError
 from hookdet.importing import SpecImportError, import_object
+from hookdet.runs.files import CONFIG_FILE
 
 logger = logging.getLogger("hookdet")
 
@@ -70,7 +71,7 @@ def command_run(args: argparse.Namespace) -> int:
     from hookdet.cluster_info import activated, local_cluster_info
     from hookdet.config import names_trial_class
     from hookdet.config_overrides import load_with_overrides
-    from hookdet.run_identity import write_identity
+    from hookdet.runs.identity import write_identity
     from hookdet.trainer import Trainer, fit_arguments, init
 
     config_path = Path(args.config)
@@ -131,11 +132,11 @@ def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
     ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
     returns the parent to record in it."""
-    from hookdet.run_identity import read_identity, refuse_mixed_store
+    from hookdet.runs.identity import read_identity, refuse_mixed_store
 
     if args.resume and Path(args.resume).is_dir() and read_identity(args.resume) is None:
         refuse_mixed_store(Path(args.resume))  # before anything is created
-    if not args.resume or not (Path(args.resume) / "config.json").is_file():
+    if not args.resume or not (Path(args.resume) / CONFIG_FILE).is_file():
         if args.fork:
             raise UsageError(f"--fork needs --resume RUN_DIR (a run directory), got {args.resume!r}")
         return None
@@ -329,7 +330,7 @@ def command_plugins(args: argparse.Namespace) -> int:
 
 def command_export(args: argparse.Namespace) -> int:
     """Write a bare ``model.state_dict()`` from a checkpoint."""
-    from hookdet.checkpoint_api import export_model_state
+    from hookdet.checkpoints.api import export_model_state
 
     path = export_model_state(args.checkpoint, args.output, args.model_index)
     print(f"wrote model {args.model_index}'s state_dict to {path}")
@@ -337,8 +338,8 @@ def command_export(args: argparse.Namespace) -> int:
 
 
 def command_runs(args: argparse.Namespace) -> int:
-    """``runs``, ``show``, ``compare`` and ``plot``: see :mod:`hookdet.run_index`."""
-    from hookdet import run_index
+    """``runs``, ``show``, ``compare`` and ``plot``: see :mod:`hookdet.runs.index`."""
+    from hookdet.runs import index as run_index
 
     try:
         if args.command == "runs":
@@ -348,7 +349,7 @@ def command_runs(args: argparse.Namespace) -> int:
         elif args.command == "compare":
             print(run_index.compare_runs([run_index.resolve_run(run) for run in args.runs]))
         else:
-            from hookdet.run_plot import PlotUnavailableError, plot_runs
+            from hookdet.runs.plot import PlotUnavailableError, plot_runs
 
             try:
                 plot_runs([run_index.resolve_run(run) for run in args.runs], Path(args.output))
@@ -449,7 +450,7 @@ def _report_failure(error: Exception) -> int:
     """Report an error that is not hookdet's one-line kind and return the exit status (see
     :mod:`hookdet.failure_report`); a hookdet bug is raised again, whole."""
     from hookdet import failure_report
-    from hookdet.storage_check import environment_fault
+    from hookdet.checkpoints.os_errors import environment_fault
 
     fault = environment_fault(error) if isinstance(error, OSError) else None
     if fault is not None:  # the machine's fault (disk full, no permission): one line

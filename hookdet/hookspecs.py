@@ -133,7 +133,7 @@ def hookdet_make_distributed(run: "Run") -> Any:
 
 @hookspec(firstresult=True)
 def hookdet_make_checkpoint_storage(run: "Run") -> Any:
-    """Return where checkpoints are stored: a :class:`hookdet.storage_backends.CheckpointStorage`.
+    """Return where checkpoints are stored: a :class:`hookdet.checkpoints.storage.CheckpointStorage`.
 
     Chosen by the experiment file's ``checkpoint_storage.type``; the local directory answers when
     nobody else does.

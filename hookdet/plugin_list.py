@@ -52,7 +52,7 @@ class PluginSelection:
         return name in self.names
 
 
-def resolve_plugin_list(requested: RawPluginList, storage_plugin: str) -> PluginSelection:
+def resolve_plugin_list(requested: RawPluginList) -> PluginSelection:
     """Resolve the experiment file's ``plugins:`` value (already checked by the config schema).
 
     Names are kept in order: defaults first, then added names in the order listed; duplicates
@@ -68,8 +68,6 @@ def resolve_plugin_list(requested: RawPluginList, storage_plugin: str) -> Plugin
         added = [e[len(ADD_PREFIX):] if e.startswith(ADD_PREFIX) else e for e in entries if not e.startswith(REMOVE_PREFIX)]
         names = list(DEFAULT_PLUGINS) + added
         exact = False
-    if "checkpoint" in names and storage_plugin not in names:
-        names.insert(names.index("checkpoint") + 1, storage_plugin)
     kept = tuple(name for name in dict.fromkeys(names) if name not in removed)
     return PluginSelection(names=kept, removed=removed, exact=exact)
 

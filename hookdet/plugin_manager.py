@@ -64,11 +64,6 @@ def installed_plugins() -> Dict[str, str]:
     return {ep.name: ep.value for ep in manager.list_entry_points()}
 
 
-def resolve_plugin_names(requested: Any, storage_plugin: str) -> List[str]:
-    """The plugin names to load, in order (see :func:`hookdet.plugin_list.resolve_plugin_list`)."""
-    return list(resolve_plugin_list(requested, storage_plugin).names)
-
-
 class PluginManager:
     """hookdet's plugins for one run: registration by name, conflicts, errors, tracing."""
 

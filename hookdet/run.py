@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hookdet.distributed import DistributedContext
     from hookdet.exit_codes import ExitReason
     from hookdet.plugin_manager import PluginManager
-    from hookdet.storage_backends import CheckpointStorage
+    from hookdet.checkpoints.storage import CheckpointStorage
     from hookdet.trial import PyTorchTrial
 
 

@@ -20,11 +20,11 @@ import torch
 from hookdet import cluster_info
 from hookdet import active_run
 from hookdet.config import (
-    STORAGE_PLUGIN_FOR_TYPE,
     ExperimentConfig,
     length_in_batches,
     parse_experiment_config,
 )
+from hookdet.checkpoints.registry import make_storage
 from hookdet.context import PyTorchTrialContext
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
@@ -37,8 +37,9 @@ from hookdet.plugin_list import (
     unused_plugin_config,
 )
 from hookdet.plugin_manager import PluginError, PluginManager
-from hookdet import run_ownership as ownership
-from hookdet import run_record
+from hookdet.runs import ownership as ownership
+from hookdet.runs import record as run_record
+from hookdet.runs.files import CONFIG_FILE
 from hookdet.rng import seed_everything
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
@@ -56,9 +57,8 @@ def default_run_dir(config: ExperimentConfig) -> Path:
 
 
 def plugin_selection_for(config: ExperimentConfig) -> PluginSelection:
-    """``config``'s ``plugins:`` list resolved (defaults, additions, removals, storage plugin)."""
-    storage_type = config.checkpoint_storage.type if config.checkpoint_storage else "shared_fs"
-    return resolve_plugin_list(config.plugins, STORAGE_PLUGIN_FOR_TYPE[storage_type])
+    """``config``'s ``plugins:`` list resolved (defaults, additions, removals)."""
+    return resolve_plugin_list(config.plugins)
 
 
 def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool = True) -> list:
@@ -175,7 +175,9 @@ def _open(run: Run, distributed: Optional[DistributedContext]) -> None:
         _write_run_dir(run)
         run_record.record_start(run)
     run.distributed.barrier()
-    run.storage = run.hook.hookdet_make_checkpoint_storage(run=run)
+    run.storage = run.hook.hookdet_make_checkpoint_storage(run=run) or make_storage(
+        run.config.checkpoint_storage, run.run_dir
+    )
     problem = ownership.record(run) if run.is_chief else None
     ownership.raise_problem(run.distributed.broadcast(problem))
 
@@ -189,7 +191,7 @@ def _device_for(distributed: DistributedContext) -> torch.device:
 def _write_run_dir(run: Run) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     snapshot = run.config.to_dict()
-    (run.run_dir / "config.json").write_text(json.dumps(snapshot, indent=2, sort_keys=True))
+    (run.run_dir / CONFIG_FILE).write_text(json.dumps(snapshot, indent=2, sort_keys=True))
 
 
 class Trainer:

@@ -13,8 +13,7 @@ import torch
 from hookdet import pytorch
 
 HP = {"lr": 0.05, "global_batch_size": 2}
-PLUGINS = ["no:tensorboard", "no:progress", "no:amp", "no:local_storage",
-           "flat_storage", "csv_writer", "bf16_autocast", "line_progress"]
+PLUGINS = ["no:tensorboard", "no:progress", "no:amp",            "flat_storage", "csv_writer", "bf16_autocast", "line_progress"]
 
 
 class ReplacedTrial(pytorch.PyTorchTrial):

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
 from hookdet import cli, pytorch
-from hookdet.checkpoint_api import CheckpointLoadContext, load_trial_from_checkpoint_path
+from hookdet.checkpoints.api import CheckpointLoadContext, load_trial_from_checkpoint_path
 from tests.resume_trials import GANTrial, RegressionTrial, run_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,8 +20,8 @@ import pytest
 import torch
 import xxhash
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
 from hookdet import rng
 
 

@@ -11,8 +11,8 @@ import pytest
 
 import hookdet as det
 from hookdet import InvalidHP, cluster_info, pytorch
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
 from hookdet.builtin_plugins.metrics_log import read_metrics
 from hookdet.cli import main
 from hookdet.config import parse_experiment_config

@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hookdet.checkpoints.local import LocalStorage
+from hookdet.checkpoints.registry import storage_class
+from hookdet.checkpoints.s3 import S3Storage
 from hookdet.config import (
     CLUSTER_ONLY_FIELDS,
-    STORAGE_PLUGIN_FOR_TYPE,
     ConfigError,
     DirectoryStorageConfig,
     ExperimentConfig,
@@ -119,7 +121,7 @@ def test_determined_mnist_const_yaml_loads_with_its_values(tmp_path: Path) -> No
         "mnist",
         2,
     )
-    assert storage.plugin_name == "local_storage"
+    assert storage_class(storage.type) is LocalStorage
     assert config.resources.slots_per_trial == 1
     assert config.source == str(tmp_path / "const.yaml")
 
@@ -757,19 +759,19 @@ def test_each_storage_type_maps_to_its_plugin() -> None:
         }
     )
 
-    assert shared.checkpoint_storage.plugin_name == "local_storage"
+    assert storage_class(shared.checkpoint_storage.type) is LocalStorage
     assert shared.checkpoint_storage.propagation == "rprivate"
     assert isinstance(s3.checkpoint_storage, S3StorageConfig)
-    assert s3.checkpoint_storage.plugin_name == "s3_storage"
+    assert storage_class(s3.checkpoint_storage.type) is S3Storage
     assert (s3.checkpoint_storage.endpoint_url, s3.checkpoint_storage.save_experiment_best) == (
         "http://127.0.0.1:9000",
         3,
     )
-    assert dict(STORAGE_PLUGIN_FOR_TYPE) == {
-        "shared_fs": "local_storage",
-        "directory": "local_storage",
-        "s3": "s3_storage",
-        "default": "local_storage",
+    assert {name: storage_class(name) for name in ("shared_fs", "directory", "s3", "default")} == {
+        "shared_fs": LocalStorage,
+        "directory": LocalStorage,
+        "s3": S3Storage,
+        "default": LocalStorage,
     }
 
 

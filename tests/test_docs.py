@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from hookdet import hookspecs, pytorch
-from hookdet.checkpoint_format import load_state, read_metadata
-from hookdet.checkpoint_lookup import resolve_checkpoint_dir
+from hookdet.checkpoints.format import load_state, read_metadata
+from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.cli import build_parser
 from hookdet.plugin_manager import ENTRY_POINT_GROUP, installed_plugins
 from tests.trials import OneWeightTrial

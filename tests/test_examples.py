@@ -27,8 +27,8 @@ import torch
 
 from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
-from hookdet.checkpoint_format import load_state, read_metadata
-from hookdet.checkpoint_lookup import resolve_checkpoint_dir
+from hookdet.checkpoints.format import load_state, read_metadata
+from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.cli import load_trial_class, main
 from hookdet.config import ExperimentConfig, load_experiment_config
 from hookdet.markers import hookimpl

@@ -83,7 +83,7 @@ def test_the_resolved_names_are_on_the_run(tmp_path: Path) -> None:
     with pytorch.init(exp_conf=exp_conf, run_dir=tmp_path) as context:
         run = context._run
         assert run.plugin_names == (
-            "callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "amp",
+            "callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "amp",
         )
         assert run.removed_plugins == frozenset({"progress"})
 

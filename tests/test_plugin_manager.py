@@ -15,7 +15,6 @@ from hookdet.plugin_manager import (
     PluginError,
     PluginManager,
     installed_plugins,
-    resolve_plugin_names,
 )
 from hookdet.plugin_list import resolve_plugin_list
 from tests.trials import OneWeightTrial
@@ -25,38 +24,38 @@ HP = {"lr": 0.1, "records": 4, "global_batch_size": 1}
 
 def test_every_builtin_is_an_installed_entry_point() -> None:
     installed = installed_plugins()
-    for name in (*DEFAULT_PLUGINS, "local_storage", "s3_storage", "amp", "apex", "ddp", "horovod", "profiler"):
+    for name in (*DEFAULT_PLUGINS, "amp", "apex", "ddp", "horovod", "profiler"):
         assert installed[name].startswith("hookdet.builtin_plugins."), name
 
 
-DEFAULTS_AND_STORAGE = ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "progress"]
+DEFAULTS = ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress"]
 
 
 @pytest.mark.parametrize(
     "requested, expected",
     [
-        (None, DEFAULTS_AND_STORAGE),
-        ([], DEFAULTS_AND_STORAGE),
-        (["no:progress", "no:tensorboard"], ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage"]),
+        (None, DEFAULTS),
+        ([], DEFAULTS),
+        (["no:progress", "no:tensorboard"], ["callbacks", "preemption", "metrics_log", "checkpoint"]),
         # pytest's -p: a bare name adds to the defaults, exactly as +name does
-        (["mlflow"], [*DEFAULTS_AND_STORAGE, "mlflow"]),
-        (["+hook_timing", "no:progress"], ["callbacks", "preemption", "metrics_log", "checkpoint", "local_storage", "tensorboard", "hook_timing"]),
-        (["amp", "+hook_timing"], [*DEFAULTS_AND_STORAGE, "amp", "hook_timing"]),
-        (["checkpoint"], DEFAULTS_AND_STORAGE),
+        (["mlflow"], [*DEFAULTS, "mlflow"]),
+        (["+hook_timing", "no:progress"], ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "hook_timing"]),
+        (["amp", "+hook_timing"], [*DEFAULTS, "amp", "hook_timing"]),
+        (["checkpoint"], DEFAULTS),
         # the one spelling for "exactly these"
-        ({"only": ["checkpoint", "amp"]}, ["checkpoint", "local_storage", "amp"]),
+        ({"only": ["checkpoint", "amp"]}, ["checkpoint", "amp"]),
         ({"only": []}, []),
     ],
 )
-def test_resolve_plugin_names(requested: Any, expected: list) -> None:
-    assert resolve_plugin_names(requested, "local_storage") == expected
+def test_resolve_plugin_list_names(requested: Any, expected: list) -> None:
+    assert list(resolve_plugin_list(requested).names) == expected
 
 
 def test_the_selection_keeps_what_no_removed_and_whether_it_was_exact() -> None:
-    selection = resolve_plugin_list(["amp", "no:progress"], "local_storage")
+    selection = resolve_plugin_list(["amp", "no:progress"])
     assert selection.removed == frozenset({"progress"}) and not selection.exact
     assert "amp" in selection and "progress" not in selection
-    assert resolve_plugin_list({"only": ["amp"]}, "local_storage").exact
+    assert resolve_plugin_list({"only": ["amp"]}).exact
 
 
 def test_unknown_plugin_lists_installed_ones() -> None:

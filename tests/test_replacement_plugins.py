@@ -51,7 +51,7 @@ def test_replacements_pass_the_builtins_checks(tmp_path: Path) -> None:
     assert summary["builtins_imported"] == []
     for result_ in (whole, stopped, resumed):
         assert {"flat_storage", "csv_writer", "bf16_autocast", "line_progress"} <= set(result_["loaded"])
-        assert not {"amp", "tensorboard", "progress", "local_storage"} & set(result_["loaded"])
+        assert not {"amp", "tensorboard", "progress"} & set(result_["loaded"])
         assert result_["tensorboard_enabled"] is True
         # use_amp() answered by the replacement: every forward ran under bfloat16 autocast.
         assert result_["autocast_in_forward"] == ["torch.bfloat16"]

@@ -16,8 +16,8 @@ import pytest
 
 from hookdet.builtin_plugins.metrics_log import read_metrics
 from hookdet.cli import main
-from hookdet.run_index import _number
-from hookdet.run_plot import image_size
+from hookdet.runs.index import _number
+from hookdet.runs.plot import image_size
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKDET = Path(sys.executable).with_name("hookdet")

@@ -14,22 +14,22 @@ from typing import Any, Callable
 
 import pytest
 
-from hookdet.storage_backends import (
-    METADATA_FILENAME,
+from hookdet.checkpoints.local import LocalStorage
+from hookdet.checkpoints.registry import make_storage
+from hookdet.checkpoints.storage import (
+    METADATA_FILE,
     CheckpointExistsError,
     CheckpointNotFoundError,
     CheckpointStorage,
     IncompleteCheckpointError,
-    LocalStorage,
     StorageError,
-    make_storage,
 )
 from hookdet.config import ConfigError, parse_experiment_config
-from hookdet.s3_storage import S3Storage
+from hookdet.checkpoints.s3 import S3Storage
 from tests.s3_fixture import s3_admin_client, s3_server  # noqa: F401  (s3_server: a fixture)
 
 CHECKPOINT_FILES = {
-    METADATA_FILENAME: json.dumps({"steps_completed": 12}).encode(),
+    METADATA_FILE: json.dumps({"steps_completed": 12}).encode(),
     "state_dict.pth": bytes(range(256)) * 40,
     "code/model_def.py": b"print('hello')\n",
     "callbacks/deep/nested/state.json": b"{}",
@@ -133,7 +133,7 @@ def test_exception_inside_store_path_publishes_nothing_and_leaves_no_litter(
 
 
 def test_store_without_metadata_is_refused_and_discarded(backend: Backend) -> None:
-    files_without_metadata = {k: v for k, v in CHECKPOINT_FILES.items() if k != METADATA_FILENAME}
+    files_without_metadata = {k: v for k, v in CHECKPOINT_FILES.items() if k != METADATA_FILE}
 
     with pytest.raises(IncompleteCheckpointError, match="uuid-1.*metadata.json"):
         store(backend.storage, "uuid-1", files_without_metadata)
@@ -160,7 +160,7 @@ def test_storing_over_an_existing_checkpoint_is_refused_and_keeps_the_original(
     store(backend.storage, "uuid-1")
 
     with pytest.raises(CheckpointExistsError, match="uuid-1"):
-        store(backend.storage, "uuid-1", {METADATA_FILENAME: b"{}"})
+        store(backend.storage, "uuid-1", {METADATA_FILE: b"{}"})
 
     with backend.storage.restore_path("uuid-1") as restored:
         assert read_tree(restored) == CHECKPOINT_FILES
@@ -263,7 +263,7 @@ def test_s3_objects_sit_under_prefix_and_id_with_metadata_uploaded_last(
     expected_keys = sorted(f"team/exp-3/uuid-1/{name}" for name in CHECKPOINT_FILES)
     assert s3_keys(s3_server) == expected_keys
     assert sorted(uploaded) == expected_keys
-    assert uploaded[-1] == f"team/exp-3/uuid-1/{METADATA_FILENAME}"
+    assert uploaded[-1] == f"team/exp-3/uuid-1/{METADATA_FILE}"
     assert storage.location("uuid-1") == f"s3://{s3_server['bucket']}/team/exp-3/uuid-1/"
     assert storage.describe() == (
         f"s3://{s3_server['bucket']}/team/exp-3 (endpoint {s3_server['endpoint_url']})"
@@ -272,9 +272,9 @@ def test_s3_objects_sit_under_prefix_and_id_with_metadata_uploaded_last(
 
 def test_s3_without_prefix_stores_at_bucket_root(s3_server: dict[str, str]) -> None:
     storage = s3_storage_for(s3_server, prefix="")
-    store(storage, "uuid-1", {METADATA_FILENAME: b"{}", "a/b.bin": b"1"})
+    store(storage, "uuid-1", {METADATA_FILE: b"{}", "a/b.bin": b"1"})
 
-    assert s3_keys(s3_server) == ["uuid-1/a/b.bin", f"uuid-1/{METADATA_FILENAME}"]
+    assert s3_keys(s3_server) == ["uuid-1/a/b.bin", f"uuid-1/{METADATA_FILE}"]
     assert storage.list_ids() == ["uuid-1"]
 
 
@@ -345,7 +345,7 @@ def test_s3_restore_download_is_removed_on_exit(
 
     with storage.restore_path("uuid-1") as restored:
         assert restored.parent == local_temp_dir
-        assert (restored / METADATA_FILENAME).is_file()
+        assert (restored / METADATA_FILE).is_file()
 
     assert not restored.exists()
     assert list(local_temp_dir.iterdir()) == []
@@ -449,7 +449,7 @@ def test_make_storage_s3_works_against_the_server(
 
     assert isinstance(storage, S3Storage)
     assert storage.list_ids() == ["uuid-1"]
-    assert f"via-config/uuid-1/{METADATA_FILENAME}" in s3_keys(s3_server)
+    assert f"via-config/uuid-1/{METADATA_FILE}" in s3_keys(s3_server)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import lookup as lookup
 from hookdet.config import load_experiment_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trainer_script"

@@ -22,10 +22,10 @@ from typing import IO, Any, Dict, Optional
 
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options
+from hookdet.runs.files import METRICS_FILE
 
 logger = logging.getLogger("hookdet")
 
-FILENAME = "metrics.jsonl"
 
 
 class MetricsLogPlugin:
@@ -49,7 +49,7 @@ class MetricsLogPlugin:
         """On resume, drop the reports made after the checkpoint the run continues from."""
         run = self._run
         if run is not None and checkpoint_uuid is not None and run.is_chief:
-            drop_reports_after(run.run_dir / FILENAME, first_batch_idx)
+            drop_reports_after(run.run_dir / METRICS_FILE, first_batch_idx)
 
     @hookimpl
     def hookdet_report_metrics(
@@ -58,7 +58,7 @@ class MetricsLogPlugin:
         """Append one line for this report."""
         if self._file is None:
             run.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(run.run_dir / FILENAME, "a", encoding="utf-8")
+            self._file = open(run.run_dir / METRICS_FILE, "a", encoding="utf-8")
         if group == "training":
             self._check_finite(run, steps_completed, metrics)
         record = {"group": group, "steps_completed": steps_completed, "metrics": metrics, "time": time.time()}

@@ -41,7 +41,6 @@ from hookdet.config.reading import (
 )
 from hookdet.config.screening import CLUSTER_ONLY_FIELDS
 from hookdet.config.sections import (
-    STORAGE_PLUGIN_FOR_TYPE,
     CheckpointStorageConfig,
     DirectoryStorageConfig,
     Length,
@@ -56,7 +55,6 @@ from hookdet.config.sections import (
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
-    "STORAGE_PLUGIN_FOR_TYPE",
     "TRIAL_ID_ENV",
     "TRIAL_SEED_ENV",
     "CheckpointStorageConfig",

@@ -3,12 +3,12 @@ listed), unknown fields refused with the closest known name; and pydantic's erro
 someone editing YAML."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple, Union, get_args, get_origin
+from typing import Annotated, Any, Dict, List, Literal, Mapping, Optional, Tuple, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
 from hookdet.config.problems import ConfigError, FieldPath, FieldProblem, Reporter, as_written, did_you_mean, dotted
-from hookdet.config.sections import RETENTION_KEYS, STORAGE_PLUGIN_FOR_TYPE, STORAGE_TYPES, Section
+from hookdet.config.sections import RETENTION_KEYS, STORAGE_TAGS, Section
 
 CLUSTER_ONLY_FIELDS: Tuple[str, ...] = (
     "bind_mounts",
@@ -103,20 +103,29 @@ def _section_model_of(
         return candidates[0] if candidates else None
     if not isinstance(value, Mapping):
         return None
-    by_tag = {get_args(member.model_fields["type"].annotation)[0]: member for member in candidates}
+    by_tag = {
+        get_args(member.model_fields["type"].annotation)[0]: member
+        for member in candidates
+        if get_origin(member.model_fields["type"].annotation) is Literal
+    }
     tag = value.get("type")
-    choices = ", ".join(STORAGE_TYPES)
+    from hookdet.checkpoints.registry import installed_types
+
+    installed = installed_types()
+    choices = ", ".join(installed)
     if tag is None:
         if set(value) <= RETENTION_KEYS:  # only retention counts: the default storage
             return by_tag["default"]
         raise reporter.error(key_path, f"{dotted(key_path)}.type is required: one of {choices}")
-    if tag not in by_tag:
-        raise reporter.error(
-            key_path + ("type",),
-            f"{dotted(key_path)}.type {as_written(tag)} is not a storage hookdet has; use one of "
-            f"{choices}{did_you_mean(str(tag), list(STORAGE_TYPES))}",
-        )
-    return by_tag[tag]
+    if tag in by_tag:
+        return by_tag[tag]
+    if tag in installed:
+        return None  # another package's type: its fields are its own
+    raise reporter.error(
+        key_path + ("type",),
+        f"{dotted(key_path)}.type {as_written(tag)} is not a storage hookdet has; use one of "
+        f"{choices}{did_you_mean(str(tag), installed)}",
+    )
 
 
 def screen(
@@ -170,7 +179,7 @@ _FRIENDLY_MESSAGES = {
 def _problem_from_pydantic(error: Mapping[str, Any]) -> Tuple[FieldPath, str]:
     """One pydantic error as (field path, message worded for someone editing YAML)."""
     loc = [str(part) for part in error["loc"]]
-    if len(loc) >= 2 and loc[0] == "checkpoint_storage" and loc[1] in STORAGE_PLUGIN_FOR_TYPE:
+    if len(loc) >= 2 and loc[0] == "checkpoint_storage" and loc[1] in STORAGE_TAGS:
         del loc[1]
     path = tuple(loc)
     kind = error["type"]

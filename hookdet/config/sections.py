@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import MappingProxyType
 from typing import Annotated, Any, Dict, Literal, Mapping, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from hookdet.config.problems import FieldProblem, as_written, did_you_mean
-
-STORAGE_PLUGIN_FOR_TYPE: Mapping[str, str] = MappingProxyType(
-    {"shared_fs": "local_storage", "directory": "local_storage", "s3": "s3_storage", "default": "local_storage"}
-)
-"""``checkpoint_storage.type`` -> the name of the storage plugin that serves it."""
 
 LENGTH_UNITS: Tuple[str, ...] = ("batches", "epochs", "records")
 MAX_EXPERIMENT_SEED = 2**31 - 1
@@ -200,10 +203,11 @@ class _StorageConfig(Section):
     save_trial_best: int = Field(1, ge=0)
     save_trial_latest: int = Field(1, ge=0)
 
-    @property
-    def plugin_name(self) -> str:
-        """The storage plugin that serves this type (:data:`STORAGE_PLUGIN_FOR_TYPE`)."""
-        return STORAGE_PLUGIN_FOR_TYPE[self.type]  # type: ignore[attr-defined]
+    def fields(self) -> Dict[str, Any]:
+        """The block's own fields, without ``type`` and the retention counts: what a storage
+        class is built from."""
+        values = {**self.model_dump(), **(self.model_extra or {})}
+        return {key: value for key, value in values.items() if key != "type" and key not in RETENTION_KEYS}
 
 
 class SharedFSStorageConfig(_StorageConfig):
@@ -289,12 +293,48 @@ class S3StorageConfig(_StorageConfig):
         return self
 
 
-CheckpointStorageConfig = Annotated[
-    Union[SharedFSStorageConfig, DirectoryStorageConfig, S3StorageConfig, DefaultStorageConfig],
-    Field(discriminator="type"),
-]
-"""``checkpoint_storage``, one of the types hookdet can store to, chosen by ``type`` (none:
-retention counts for the default storage)."""
+class InstalledStorageConfig(_StorageConfig):
+    """``type: <name>`` of a storage type another package installed (an entry point in
+    ``hookdet.checkpoint_storage``): its fields are its own, passed to its class as given."""
 
-#: The ``type`` values a user writes (``default`` is what a block without one becomes).
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+    @model_validator(mode="after")
+    def _type_is_installed(self) -> "InstalledStorageConfig":
+        from hookdet.checkpoints.registry import installed_types
+
+        installed = installed_types()
+        if self.type not in installed:
+            raise FieldProblem(
+                ("type",),
+                f"{as_written(self.type)} is not a storage type hookdet has; use one of "
+                f"{', '.join(installed)}{did_you_mean(self.type, installed)}",
+            )
+        return self
+
+
+#: The ``type`` values with a schema of hookdet's (``default`` is what a block without one
+#: becomes); any other installed type is an :class:`InstalledStorageConfig`.
 STORAGE_TYPES = ("shared_fs", "directory", "s3")
+#: The union's tags (pydantic names a member's errors by its tag, which the messages drop).
+STORAGE_TAGS = (*STORAGE_TYPES, "default", "installed")
+
+
+def _storage_tag(block: Any) -> str:
+    tag = block.get("type") if isinstance(block, Mapping) else getattr(block, "type", None)
+    return tag if tag in STORAGE_TAGS[:-1] else "installed"
+
+
+CheckpointStorageConfig = Annotated[
+    Union[
+        Annotated[SharedFSStorageConfig, Tag("shared_fs")],
+        Annotated[DirectoryStorageConfig, Tag("directory")],
+        Annotated[S3StorageConfig, Tag("s3")],
+        Annotated[DefaultStorageConfig, Tag("default")],
+        Annotated[InstalledStorageConfig, Tag("installed")],
+    ],
+    Discriminator(_storage_tag),
+]
+"""``checkpoint_storage``, chosen by ``type``: one of hookdet's own (none: retention counts for
+the default storage), or a type another package installed."""

@@ -2,7 +2,7 @@
 
 Re-exports only; each name lives in the module that owns its concept.
 """
-from hookdet.checkpoint_api import CheckpointLoadContext, load_trial_from_checkpoint_path
+from hookdet.checkpoints.api import CheckpointLoadContext, load_trial_from_checkpoint_path
 from hookdet.context import PyTorchExperimentalContext, PyTorchTrialContext
 from hookdet.batch_moving import TorchData, data_length, to_device
 from hookdet.data import DataLoader, adapt_batch_sampler

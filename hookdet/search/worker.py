@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
+from hookdet.runs.files import METRICS_FILE
 from hookdet.search.store import Queue
 
 logger = logging.getLogger("hookdet")
@@ -46,7 +47,7 @@ def checkpoint_steps(run_dir: Path) -> Optional[int]:
 
 def trim_metrics(run_dir: Path, steps: Optional[int]) -> None:
     """Drop ``metrics.jsonl`` lines past ``steps`` (all of them when None)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return
     kept = []
@@ -64,7 +65,7 @@ def trim_metrics(run_dir: Path, steps: Optional[int]) -> None:
 
 def validations(run_dir: Path, metric: str) -> List[List[float]]:
     """``[[batches, value], ...]`` of every validation of ``metric`` in the trial's log."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     found: List[List[float]] = []
     if not path.exists():
         return found

@@ -20,8 +20,8 @@ import torch
 
 from hookdet import pytorch
 from hookdet.builtin_plugins.amp import AmpPlugin
-from hookdet.checkpoint_format import load_state
-from hookdet.checkpoint_lookup import resolve_checkpoint_dir
+from hookdet.checkpoints.format import load_state
+from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.plugin_manager import PluginError
 from hookdet.trial import TrialError
 from tests.amp_trials import ManualScalerTrial, RegressionTrial, UseAmpAfterWrapTrial, UseAmpTrial

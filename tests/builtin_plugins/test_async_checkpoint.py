@@ -19,12 +19,12 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 import torch
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import PluginError
-from hookdet.storage_backends import LocalStorage
+from hookdet.checkpoints.local import LocalStorage
 from tests.resume_trials import RegressionTrial, run_spec
 
 HPARAMS = {"records": 32, "global_batch_size": 8, "lr": 0.05, "shuffle": True, "dropout": 0.2}
@@ -167,7 +167,7 @@ def test_background_checkpoints_equal_synchronous_ones_bit_for_bit(tmp_path: Pat
 def test_the_snapshot_keeps_shared_storage_and_parameters() -> None:
     """Views of one storage stay views of one copy (as torch.save saw them), and the copy is
     independent of the originals."""
-    from hookdet.checkpoint_writer import HostSnapshot
+    from hookdet.checkpoints.writer import HostSnapshot
 
     base = torch.arange(10.0)
     parameter = torch.nn.Parameter(torch.ones(3))

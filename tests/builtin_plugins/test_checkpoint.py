@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch import nn
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
 from hookdet.builtin_plugins.checkpoint.retention import checkpoints_to_delete
 from hookdet.cluster_info import activated, local_cluster_info

@@ -27,8 +27,8 @@ import pytest
 import torch
 import yaml
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
 from hookdet.builtin_plugins.metrics_log import read_metrics
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE

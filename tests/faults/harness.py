@@ -128,6 +128,6 @@ def wait_until(predicate: Any, process: subprocess.Popen, what: str, timeout: fl
 
 def checkpoint_metadata(root: Path) -> List[Dict[str, Any]]:
     """Metadata of every complete checkpoint directly under ``root``, oldest first."""
-    from hookdet import checkpoint_lookup as lookup
+    from hookdet.checkpoints import lookup as lookup
 
     return [metadata for _, metadata in lookup.find_checkpoints(root)]

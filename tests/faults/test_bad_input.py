@@ -17,7 +17,7 @@ from typing import Any, List
 import pytest
 import torch
 
-from hookdet import checkpoint_format as fmt
+from hookdet.checkpoints import format as fmt
 from hookdet.cli import main
 from tests.faults.harness import EXIT_TIMES, TESTS, checkpoint_metadata, write_config
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 import pytest
 
 from hookdet.builtin_plugins.metrics_log import drop_reports_after, read_metrics
-from hookdet.run_identity import read_identity
+from hookdet.runs.identity import read_identity
 from tests.faults.harness import (
     assert_one_line,
     checkpoint_metadata,

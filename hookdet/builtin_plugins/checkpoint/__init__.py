@@ -16,9 +16,9 @@ Saved (in ``state_dict.pth``, Determined's keys where Determined has one):
   a stop inside the window would lose the batches already accumulated.
 
 The files go through the run's storage (a local directory or S3), ``metadata.json`` last; see
-:mod:`hookdet.checkpoint_format` for verification.
+:mod:`hookdet.checkpoints.format` for verification.
 
-Writes are asynchronous by default (:mod:`hookdet.checkpoint_writer`): at the boundary the state
+Writes are asynchronous by default (:mod:`hookdet.checkpoints.writer`): at the boundary the state
 is copied to host memory and training goes on while a background thread writes it; at most one
 write is in flight, and the next checkpoint, a resume and the end of the run wait for it.
 ``on_checkpoint_write_end`` (chief), ``on_checkpoint_upload_end``, ``on_checkpoint_end`` and
@@ -44,20 +44,20 @@ import logging
 import sys
 import uuid as uuid_module
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from hookdet import checkpoint_format as fmt
+from hookdet.checkpoints import format as fmt
 from hookdet import rng
-from hookdet.checkpoint_writer import BackgroundWriter, HostSnapshot, write_failed
+from hookdet.checkpoints.writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.cluster_info import get_cluster_info
 from hookdet.exit_codes import ExitReason
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
-from hookdet.resume_report import report_resume
-from hookdet.storage_backends import CheckpointNotFoundError, LocalStorage
-from hookdet.builtin_plugins.checkpoint.restore import located, plugin_call, restore_checkpoint
+from hookdet.runs.resume_report import report_resume
+from hookdet.checkpoints.storage import CheckpointNotFoundError
+from hookdet.builtin_plugins.checkpoint.restore import located, metadata_of, plugin_call, restore_checkpoint
 from hookdet.builtin_plugins.checkpoint.retention import checkpoints_to_delete
 from hookdet.trial import PyTorchCallback
 
@@ -106,8 +106,7 @@ class CheckpointPlugin:
         return self._metadata(run, checkpoint).get("uuid")
 
     def _metadata(self, run: Any, checkpoint: str) -> Dict[str, Any]:
-        with located(run, checkpoint) as (directory, _hint_root):
-            return fmt.read_metadata(directory)
+        return metadata_of(run, checkpoint)
 
     # ------------------------------------------------------------------ plugin state
 
@@ -134,14 +133,16 @@ class CheckpointPlugin:
         rank_states = run.distributed.gather(
             {"rng": rng.capture_rng_state(), "gradients": _gradients(run.context)}
         )
+        storage_id = run.distributed.broadcast(str(uuid_module.uuid4()) if run.is_chief else None)
+        publishes_locally = run.storage.local_dir(storage_id) is not None
         in_background = (
             self.asynchronous
             and not _callbacks_await_completion(run.callbacks)
-            and (isinstance(run.storage, LocalStorage) or not run.plugins.implemented("on_checkpoint_write_end"))
+            and (publishes_locally or not run.plugins.implemented("on_checkpoint_write_end"))
         )
-        storage_id = location = None
+        location = None
         if run.is_chief:
-            storage_id, write = self._prepare(run, rank_states, snapshot=in_background)
+            write = self._prepare(run, storage_id, rank_states, snapshot=in_background)
             if in_background:
                 self._writer.submit(storage_id, write, run.storage)
             else:
@@ -149,7 +150,6 @@ class CheckpointPlugin:
                     location = write()
                 except Exception as error:
                     raise write_failed(storage_id, error, run.storage) from error
-        storage_id = run.distributed.broadcast(storage_id)
         self._pending = {
             "uuid": storage_id,
             "steps": run.state.batches_trained,
@@ -203,8 +203,8 @@ class CheckpointPlugin:
         storage_id = pending["uuid"]
         if run.is_chief:
             logger.info("checkpoint saved at batch %d: %s", pending["steps"], _shown(location, run.run_dir))
-            if isinstance(run.storage, LocalStorage):
-                directory = Path(location)
+            directory = run.storage.local_dir(storage_id)
+            if directory is not None:
                 before = fmt.file_stats(directory)
                 run.hook.on_checkpoint_write_end(checkpoint_dir=str(directory))
                 fmt.reseal(directory, before)
@@ -283,12 +283,11 @@ class CheckpointPlugin:
             except fmt.CheckpointError as error:
                 logger.error("%s", error)
 
-    def _prepare(self, run: Any, rank_states: List[Dict[str, Any]], snapshot: bool) -> Tuple[str, Any]:
-        """Build the checkpoint's state and metadata now; return its id and the function that
-        writes it (returning its location). With ``snapshot`` the state is first copied to host
-        memory, so the write may run while training changes the originals."""
+    def _prepare(self, run: Any, storage_id: str, rank_states: List[Dict[str, Any]], snapshot: bool) -> Any:
+        """Build the checkpoint's state and metadata now; return the function that writes it
+        under ``storage_id`` (returning its location). With ``snapshot`` the state is first
+        copied to host memory, so the write may run while training changes the originals."""
         context, state = run.context, run.state
-        storage_id = str(uuid_module.uuid4())
         trial_state = state.state_dict()
         # The checkpoint being written is, once loaded, the latest one, taken at this batch.
         trial_state.update(latest_checkpoint=storage_id, last_checkpoint_batch=state.batches_trained)
@@ -325,8 +324,8 @@ class CheckpointPlugin:
         if snapshot:
             checkpoint, copy_done = self._snapshot.take(checkpoint)
         # Remote storage publishes on upload: the hook adds its files to the staging directory.
-        hook_in_staging = not snapshot and not isinstance(run.storage, LocalStorage)
         storage = run.storage
+        hook_in_staging = not snapshot and storage.local_dir(storage_id) is None
 
         def write() -> str:
             if copy_done is not None:
@@ -339,7 +338,7 @@ class CheckpointPlugin:
                 fmt.write_metadata(directory, metadata, known_files={fmt.STATE_FILE: state_entry})
             return storage.location(storage_id)
 
-        return storage_id, write
+        return write
 
     # ------------------------------------------------------------------ retention
 

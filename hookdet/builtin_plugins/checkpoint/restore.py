@@ -11,16 +11,40 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
 from hookdet import rng
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup
+from hookdet.checkpoints.storage import StorageError
 from hookdet.plugin_manager import PluginError
-from hookdet.run_identity import locate_for_resume
-from hookdet.storage_backends import LocalStorage, StorageError
+from hookdet.runs.identity import locate_for_resume
 
 logger = logging.getLogger("hookdet")
 
 
+def _where(run: Any, checkpoint: str) -> Tuple[Any, Any]:
+    """``(local directory, None)`` or ``(storage, storage id)`` for what the user named: a
+    checkpoint directory, a run directory (its newest intact checkpoint) or a storage id of the
+    run's storage."""
+    path = Path(checkpoint)
+    if path.exists():
+        found = locate_for_resume(path, run.storage)
+        return (lookup.resolve_checkpoint_dir(found), None) if isinstance(found, Path) else found
+    if "/" in checkpoint or "\\" in checkpoint or checkpoint.startswith("."):
+        raise fmt.CheckpointError(f"cannot resume: {checkpoint} does not exist")
+    directory = run.storage.local_dir(checkpoint)
+    return (directory, None) if directory is not None and directory.is_dir() else (run.storage, checkpoint)
+
+
+def metadata_of(run: Any, checkpoint: str) -> Dict[str, Any]:
+    """The metadata of ``checkpoint`` (named as :func:`located` takes it), without fetching its
+    state from a remote storage."""
+    where, storage_id = _where(run, checkpoint)
+    if storage_id is None:
+        return fmt.read_metadata(where)
+    try:
+        return where.read_metadata(storage_id)
+    except StorageError as error:
+        raise fmt.CheckpointError(f"cannot resume from checkpoint {storage_id!r}: {error}") from error
 
 
 @contextlib.contextmanager
@@ -28,31 +52,18 @@ def located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]:
     """The local directory holding ``checkpoint`` and where its intact siblings are.
 
     ``checkpoint`` is a checkpoint directory, a run directory (its newest intact checkpoint) or
-    a storage id (fetched through the run's storage). The second value is the folder to search
-    for an intact alternative when this one is refused (None for remote storage).
+    a storage id (fetched through the run's storage, once). The second value is the folder to
+    search for an intact alternative when this one is refused (None for remote storage).
     """
-    path = Path(checkpoint)
-    if path.exists():
-        found = locate_for_resume(path, run.storage)
-        if isinstance(found, Path):
-            directory = lookup.resolve_checkpoint_dir(found)
-            yield directory, directory.parent
-            return
-        storage, checkpoint = found
-        try:
-            with storage.restore_path(checkpoint) as restored:
-                yield Path(restored), None
-        except StorageError as error:
-            raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
+    where, storage_id = _where(run, checkpoint)
+    if storage_id is None:
+        yield where, where.parent
         return
-    if "/" in checkpoint or "\\" in checkpoint or checkpoint.startswith("."):
-        raise fmt.CheckpointError(f"cannot resume: {checkpoint} does not exist")
     try:
-        with run.storage.restore_path(checkpoint) as restored:
-            restored = Path(restored)
-            yield restored, restored.parent if isinstance(run.storage, LocalStorage) else None
+        with where.restore_path(storage_id) as restored:
+            yield Path(restored), None
     except StorageError as error:
-        raise fmt.CheckpointError(f"cannot resume from checkpoint {checkpoint!r}: {error}") from error
+        raise fmt.CheckpointError(f"cannot resume from checkpoint {storage_id!r}: {error}") from error
 
 
 def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, Any]:

@@ -15,8 +15,8 @@ from typing import Any, Dict, Optional, Type
 
 import torch
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
 from hookdet.config import parse_experiment_config
 from hookdet.context import PyTorchTrialContext
 from hookdet.distributed import DistributedContext

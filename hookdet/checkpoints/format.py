@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import xxhash
 
+from hookdet.checkpoints.storage import METADATA_FILE, MalformedMetadataError, parse_metadata
 from hookdet.plugin_manager import PluginError
 
 logger = logging.getLogger("hookdet")
@@ -54,7 +55,6 @@ FORMAT_VERSION = 4
 #: The manifest key of a file's checksum in the current format.
 CHECKSUM_KEY = "xxh3_128"
 STATE_FILE = "state_dict.pth"
-METADATA_FILE = "metadata.json"
 METADATA_DIGEST_KEY = "metadata_sha256"
 
 _READ_CHUNK = 1 << 22
@@ -348,16 +348,16 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
             "(its write was interrupted, or the file was removed)"
         )
     try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+        metadata = parse_metadata(path.read_bytes(), str(path))
+    except OSError as error:
         raise CheckpointError(f"checkpoint {directory} is corrupt: {path} is unreadable: {error}") from error
-    if not isinstance(metadata, dict) or not isinstance(metadata.get("files"), dict):
-        raise CheckpointError(
-            f"checkpoint {directory} is corrupt: {path} is not hookdet checkpoint metadata "
-            "(no file manifest)"
-        )
+    except MalformedMetadataError as error:
+        raise CheckpointError(f"checkpoint {directory} is corrupt: {error}") from None
+    problem = _manifest_problem(metadata)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {directory} is corrupt: {path} is not hookdet checkpoint metadata ({problem})")
     recorded = metadata.get(METADATA_DIGEST_KEY)
-    if recorded is None and int(metadata.get("format_version", 0)) >= 2:
+    if recorded is None and metadata.get("format_version", 0) >= 2:
         raise CheckpointError(f"checkpoint {directory} is corrupt: {path} lacks its digest")
     if recorded is not None and recorded != metadata_digest(metadata):
         raise CheckpointError(
@@ -365,6 +365,26 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
             "(it was altered after it was written)"
         )
     return metadata
+
+
+def _manifest_problem(metadata: Dict[str, Any]) -> Optional[str]:
+    """What makes ``metadata`` not a hookdet checkpoint's, or None: every value verification and
+    lookup read has the type they expect, so a hand-edited file is refused, never a crash."""
+    files = metadata.get("files")
+    if not isinstance(files, dict):
+        return "no file manifest"
+    for relative, entry in files.items():
+        if not isinstance(entry, dict) or type(entry.get("size")) is not int:
+            return f"manifest entry {relative!r} has no size"
+        checksum = entry.get(CHECKSUM_KEY, entry.get("sha256"))
+        if not isinstance(checksum, (str, list)):
+            return f"manifest entry {relative!r} has no checksum"
+        if Path(relative).is_absolute() or ".." in Path(relative).parts:
+            return f"manifest entry {relative!r} points outside the checkpoint"
+    for key, kind in (("steps_completed", int), ("format_version", int), (METADATA_DIGEST_KEY, str)):
+        if key in metadata and type(metadata[key]) is not kind:
+            return f"{key} is a {type(metadata[key]).__name__}, not a {kind.__name__}"
+    return None
 
 
 def _check_size(directory: Path, relative: str, expected: Dict[str, Any]) -> Path:

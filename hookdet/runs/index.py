@@ -1,7 +1,7 @@
 """Runs you can find again: ``hookdet runs``, ``hookdet show`` and ``hookdet compare``.
 
 A run directory holds ``config.json`` (the experiment as run), ``metrics.jsonl`` (every report),
-``run.json`` (:mod:`hookdet.run_record`: state, pid, times) and, by default, ``checkpoints/``.
+``run.json`` (:mod:`hookdet.runs.record`: state, pid, times) and, by default, ``checkpoints/``.
 Everything here reads those files and nothing else, so it works on runs that are still going,
 that were killed, and on copies of run directories from other machines.
 """
@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from hookdet.run_record import read_record
+from hookdet.runs.files import CONFIG_FILE, METRICS_FILE
+from hookdet.checkpoints.storage import METADATA_FILE
+from hookdet.runs.record import read_record
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
 #: How deep ``hookdet runs DIR`` looks for run directories (a search nests trials in it).
 SEARCH_DEPTH = 4
 
@@ -207,7 +207,7 @@ def parent_config(parent: str) -> Optional[Dict[str, Any]]:
     if (path / CONFIG_FILE).is_file():
         return read_config(path)
     try:
-        metadata = json.loads((path / "metadata.json").read_text(encoding="utf-8"))
+        metadata = json.loads((path / METADATA_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     config = metadata.get("experiment_config") if isinstance(metadata, dict) else None

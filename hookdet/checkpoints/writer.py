@@ -11,9 +11,9 @@ snapshot into place on a thread of its own.
 
 At most one write is in flight: the next checkpoint, a resume, and the end of the run (completed,
 stopped or preempted) wait for it, and say so in the log when they have to. A write that fails
-raises :class:`~hookdet.checkpoint_format.CheckpointError` naming the checkpoint and the cause at
+raises :class:`~hookdet.checkpoints.format.CheckpointError` naming the checkpoint and the cause at
 the next of those points; the storage never publishes a half-written checkpoint (see
-:mod:`hookdet.storage_backends`).
+:mod:`hookdet.checkpoints.storage`).
 
 Host buffers are kept between snapshots and reused when the next state has the same layout (it
 almost always has), so after the first checkpoint a snapshot is a plain copy into memory that is
@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from hookdet.checkpoint_format import CheckpointError
+from hookdet.checkpoints.format import CheckpointError
 
 logger = logging.getLogger("hookdet")
 
@@ -177,7 +177,7 @@ class BackgroundWriter:
 def write_failed(name: str, cause: BaseException, storage: Any = None) -> CheckpointError:
     """The error that fails a run whose checkpoint ``name`` could not be written to ``storage``:
     the checkpoint, the error, and the cause in words (disk full, permission denied...)."""
-    from hookdet.storage_check import failure_cause
+    from hookdet.checkpoints.os_errors import failure_cause
 
     message = f"checkpoint {name} could not be written: {type(cause).__name__}: {cause}"
     explained = failure_cause(storage, cause)

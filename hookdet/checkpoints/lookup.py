@@ -1,6 +1,6 @@
 """Finding checkpoints on local disk: every complete one under a directory, the newest intact
 one, and what a path a user gives ``--resume`` (a checkpoint, a folder of them, a run directory)
-leads to. Completeness and integrity are :mod:`hookdet.checkpoint_format`'s rules.
+leads to. Completeness and integrity are :mod:`hookdet.checkpoints.format`'s rules.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hookdet.checkpoint_format import METADATA_FILE, STATE_FILE, CheckpointError, read_metadata, verify
+from hookdet.checkpoints.format import METADATA_FILE, STATE_FILE, CheckpointError, read_metadata, verify
 
 logger = logging.getLogger("hookdet")
 
@@ -24,22 +24,26 @@ def find_checkpoints(root: Path) -> List[Tuple[Path, Dict[str, Any]]]:
     """Checkpoints directly under ``root`` whose metadata reads, with it, oldest first.
 
     Ordered by ``steps_completed`` then creation time. Directories without readable, untampered
-    metadata are skipped: they are incomplete or corrupt by definition. Their data files are not
-    checked here; :func:`newest_intact` does that.
+    metadata are skipped, each with one line naming it and why: they are incomplete or corrupt
+    by definition. Their data files are not checked here; :func:`newest_intact` does that.
     """
     found = []
     for child in checkpoint_dirs(root):
         try:
             found.append((child, read_metadata(child)))
-        except CheckpointError:
-            continue
-    found.sort(key=lambda item: (_steps(item[1]), item[1].get("created", 0)))
+        except CheckpointError as error:
+            logger.warning("skipping %s: %s", child, error)
+    found.sort(key=lambda item: order_key(item[1]))
     return found
 
 
-def _steps(metadata: Dict[str, Any]) -> int:
-    steps = metadata.get("steps_completed", 0)
-    return steps if isinstance(steps, int) else 0
+def order_key(metadata: Dict[str, Any]) -> Tuple[int, float]:
+    """Checkpoints sort by batch, then creation time (values of the wrong type count as 0)."""
+    steps, created = metadata.get("steps_completed", 0), metadata.get("created", 0)
+    return (
+        steps if type(steps) is int else 0,
+        created if type(created) in (int, float) else 0,
+    )
 
 
 def newest_intact(root: Path, exclude: Optional[Path] = None) -> Optional[Path]:

@@ -20,14 +20,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from hookdet import checkpoint_format as fmt
-from hookdet import checkpoint_lookup as lookup
-from hookdet.s3_storage import S3Storage
-from hookdet.storage_backends import CheckpointStorage, LocalStorage
+from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import lookup as lookup
+from hookdet.checkpoints.registry import storage_from_locator
+from hookdet.checkpoints.storage import CheckpointStorage, StorageError
+from hookdet.runs.files import IDENTITY_FILE
 
 logger = logging.getLogger("hookdet")
-
-IDENTITY_FILE = "run_identity.json"
 
 
 def read_identity(run_dir: Union[str, Path]) -> Optional[Dict[str, Any]]:
@@ -46,22 +45,12 @@ def run_id_for(run_dir: Path) -> str:
     return str(identity["run_id"]) if identity else uuid.uuid4().hex
 
 
-def describe_storage(storage: Optional[CheckpointStorage]) -> Optional[Dict[str, Any]]:
-    """Where ``storage`` keeps checkpoints, as plain values (no credentials)."""
-    if isinstance(storage, LocalStorage):
-        return {"type": "local", "root": str(storage.root)}
-    if isinstance(storage, S3Storage):
-        return {"type": "s3", "bucket": storage.bucket, "prefix": storage.prefix,
-                "endpoint_url": storage.endpoint_url, "region": storage.region}
-    return None
-
-
 def write_identity(run: Any, parent: Optional[Dict[str, Any]] = None) -> None:
     """Record the run's id and storage (and ``parent`` for a fork) in its run directory."""
     previous = read_identity(run.run_dir) or {}
     identity = {
         "run_id": run.run_id,
-        "storage": describe_storage(run.storage),
+        "storage": run.storage.locator() if run.storage is not None else None,
         "parent": parent if parent is not None else previous.get("parent"),
     }
     path = Path(run.run_dir) / IDENTITY_FILE
@@ -75,43 +64,21 @@ def write_identity(run: Any, parent: Optional[Dict[str, Any]] = None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def storage_of(identity: Dict[str, Any], current: Optional[CheckpointStorage]) -> Optional[CheckpointStorage]:
-    """The storage a run directory's identity names; ``current`` (the resuming run's storage)
-    when it is the same place, so its credentials are used."""
-    recorded = identity.get("storage") or {}
-    if describe_storage(current) == recorded:
-        return current
-    if recorded.get("type") == "local":
-        return LocalStorage(recorded["root"])
-    if recorded.get("type") == "s3":
-        return S3Storage(bucket=recorded["bucket"], prefix=recorded.get("prefix") or "",
-                         endpoint_url=recorded.get("endpoint_url"), region=recorded.get("region"))
-    return None
-
-
-def _s3_metadata(storage: S3Storage, storage_id: str) -> Optional[Dict[str, Any]]:
-    key = storage.location(storage_id)[len(f"s3://{storage.bucket}/"):].rstrip("/") + "/" + fmt.METADATA_FILE
+def storage_of(identity: Dict[str, Any], current: Optional[CheckpointStorage]) -> CheckpointStorage:
+    """The storage a run directory's identity records; ``current`` (the resuming run's storage)
+    when it is the same place, so its credentials are used. :class:`~fmt.CheckpointError` when
+    the recorded type is not installed or its record does not rebuild it."""
     try:
-        body = storage.client.get_object(Bucket=storage.bucket, Key=key)["Body"].read()
-        return json.loads(body)
-    except Exception as error:  # an unreadable checkpoint is not a candidate
-        logger.warning("skipping checkpoint %s: cannot read its metadata: %s", storage_id, error)
-        return None
+        return storage_from_locator(identity.get("storage") or {}, current)
+    except StorageError as error:
+        raise fmt.CheckpointError(f"cannot find the run's checkpoints: {error}") from error
 
 
-def _checkpoints_of_run(storage: CheckpointStorage, run_id: str) -> List[Tuple[str, int]]:
-    """(storage id, steps) of the complete checkpoints ``run_id`` wrote into ``storage``."""
-    found = []
-    if isinstance(storage, LocalStorage):
-        for directory, metadata in lookup.find_checkpoints(storage.root):
-            if metadata.get("run_id") == run_id:
-                found.append((directory.name, int(metadata.get("steps_completed") or 0)))
-    elif isinstance(storage, S3Storage):
-        for storage_id in storage.list_ids():
-            metadata = _s3_metadata(storage, storage_id)
-            if metadata is not None and metadata.get("run_id") == run_id:
-                found.append((storage_id, int(metadata.get("steps_completed") or 0)))
-    return sorted(found, key=lambda item: item[1])
+def checkpoints_of_run(storage: CheckpointStorage, run_id: str) -> List[Tuple[str, Dict[str, Any]]]:
+    """(storage id, metadata) of the complete checkpoints ``run_id`` wrote into ``storage``,
+    oldest first (by batch, then creation time)."""
+    found = [(storage_id, metadata) for storage_id, metadata in storage.list() if metadata.get("run_id") == run_id]
+    return sorted(found, key=lambda item: lookup.order_key(item[1]))
 
 
 def locate_for_resume(
@@ -120,9 +87,11 @@ def locate_for_resume(
     """What ``--resume TARGET`` means: a local checkpoint directory, or (storage, storage id).
 
     A run directory with an identity leads to its run's newest intact checkpoint in the storage
-    it records. A checkpoint directory is itself. A folder of checkpoints (or an older run
-    directory) resolves as before, unless it holds checkpoints of more than one run: then this
-    refuses, listing each run's newest checkpoint, so the user names the one meant.
+    it records (a local one is verified here, newer damaged ones skipped with a line naming
+    each; a remote one is verified once downloaded). A checkpoint directory is itself. A folder
+    of checkpoints (or an older run directory) resolves as before, unless it holds checkpoints
+    of more than one run: then this refuses, listing each run's newest checkpoint, so the user
+    names the one meant.
     """
     target = Path(target)
     identity = read_identity(target)
@@ -131,32 +100,20 @@ def locate_for_resume(
         return lookup.resolve_checkpoint_dir(target)
     storage = storage_of(identity, current)
     run_id = str(identity["run_id"])
-    if storage is None:
-        raise fmt.CheckpointError(f"cannot resume: {target / IDENTITY_FILE} names no storage hookdet knows")
-    if isinstance(storage, LocalStorage):
-        intact = None
-        for directory, metadata in reversed(lookup.find_checkpoints(storage.root)):
-            if metadata.get("run_id") != run_id:
-                continue
-            try:
-                fmt.verify(directory)
-            except fmt.CheckpointError as error:
-                logger.warning("skipping checkpoint that fails verification: %s", error)
-                continue
-            intact = directory
-            break
-        if intact is None:
-            raise fmt.CheckpointError(
-                f"cannot resume: run {target} (run id {run_id}) has no intact checkpoint in "
-                f"{storage.describe()}"
-            )
-        return intact
-    checkpoints = _checkpoints_of_run(storage, run_id)
-    if not checkpoints:
-        raise fmt.CheckpointError(
-            f"cannot resume: run {target} (run id {run_id}) has no checkpoint in {storage.describe()}"
-        )
-    return storage, checkpoints[-1][0]
+    checkpoints = checkpoints_of_run(storage, run_id)
+    for storage_id, _metadata in reversed(checkpoints):
+        directory = storage.local_dir(storage_id)
+        if directory is None:
+            return storage, storage_id
+        try:
+            fmt.verify(directory)
+        except fmt.CheckpointError as error:
+            logger.warning("skipping checkpoint that fails verification: %s", error)
+            continue
+        return directory
+    raise fmt.CheckpointError(
+        f"cannot resume: run {target} (run id {run_id}) has no intact checkpoint in {storage.describe()}"
+    )
 
 
 def refuse_mixed_store(folder: Path) -> None:

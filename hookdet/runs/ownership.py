@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from hookdet.run_identity import run_id_for, write_identity
-from hookdet.storage_backends import StorageError
-from hookdet.storage_check import describe_os_error, storage_problem
-from hookdet.run_lock import RunDirLock, RunDirLockedError, sweep_stale_writes
+from hookdet.runs.identity import run_id_for, write_identity
+from hookdet.checkpoints.os_errors import describe_os_error
+from hookdet.checkpoints.storage import StorageError
+from hookdet.runs.lock import RunDirLock, RunDirLockedError, sweep_stale_writes
 
 #: Locks held by this process, by ``id(run)``.
 _held: Dict[int, RunDirLock] = {}
@@ -45,7 +45,7 @@ def accept(claim: Optional[Dict[str, str]]) -> Optional[str]:
 def record(run: Any) -> Optional[str]:
     """Check the storage takes checkpoints, write the run's identity (id, storage) and sweep
     stale writes (chief, locked); the storage's problem in one line, or None."""
-    problem = storage_problem(run.storage)
+    problem = run.storage.check()
     if problem is None:
         write_identity(run)
         sweep_stale_writes(run)

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from hookdet.run_index import iter_series, read_reports
+from hookdet.runs.index import iter_series, read_reports
 
 COLUMNS = 3
 PANEL_WIDTH_PX = 400

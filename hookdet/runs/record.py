@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hookdet.exit_codes import ExitReason
+from hookdet.runs.files import RUN_RECORD_FILE
 
 logger = logging.getLogger("hookdet")
 
-FILENAME = "run.json"
 
 #: How ``Run.exit_reason`` reads as a run's final state.
 _STATE_FOR_EXIT_REASON = {
@@ -37,8 +37,8 @@ def _now() -> str:
 
 
 def _write(run_dir: Path, record: Dict[str, Any]) -> None:
-    path = Path(run_dir) / FILENAME
-    partial = path.with_name(f".{FILENAME}.partial")
+    path = Path(run_dir) / RUN_RECORD_FILE
+    partial = path.with_name(f".{RUN_RECORD_FILE}.partial")
     partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     partial.replace(path)
 
@@ -79,14 +79,14 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
     try:
         _write(run.run_dir, record)
     except OSError as problem:  # never hide how the run really ended behind this
-        logger.warning("could not record the end of the run in %s: %s", Path(run.run_dir) / FILENAME, problem)
+        logger.warning("could not record the end of the run in %s: %s", Path(run.run_dir) / RUN_RECORD_FILE, problem)
 
 
 def read_record(run_dir: Any, check_alive: bool = True) -> Optional[Dict[str, Any]]:
     """The run's record, None if it has none (or an unreadable one). A ``running`` run whose
     process no longer exists on this host reads as ``killed``."""
     try:
-        record = json.loads((Path(run_dir) / FILENAME).read_text(encoding="utf-8"))
+        record = json.loads((Path(run_dir) / RUN_RECORD_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict):

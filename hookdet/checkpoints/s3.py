@@ -13,16 +13,17 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Dict, Optional
 
-from hookdet.storage_backends import (
-    METADATA_FILENAME,
+from hookdet.checkpoints.storage import (
+    METADATA_FILE,
     CheckpointExistsError,
     CheckpointNotFoundError,
     CheckpointStorage,
     IncompleteCheckpointError,
     StorageError,
     check_storage_id,
+    parse_metadata,
 )
 
 __all__ = ["S3_TIMEOUTS", "S3Storage"]
@@ -45,6 +46,10 @@ S3_TIMEOUTS = {
 }
 """Seconds to connect, seconds to wait for an answer, and attempts per S3 request (botocore's
 standard retry mode backs off between them); environment variables override each."""
+
+#: Seconds the pre-flight probe (:meth:`S3Storage.check`) waits to connect and for an answer;
+#: short, because it is one request.
+PROBE_TIMEOUT_S = float(os.environ.get("HOOKDET_S3_PROBE_TIMEOUT", "5"))
 
 
 def _import_boto3() -> Any:
@@ -167,16 +172,16 @@ class S3Storage(CheckpointStorage):
     @contextlib.contextmanager
     def store_path(self, storage_id: str) -> Iterator[Path]:
         key_prefix = self._checkpoint_key_prefix(storage_id)
-        metadata_key = key_prefix + METADATA_FILENAME
+        metadata_key = key_prefix + METADATA_FILE
         if metadata_key in self._list_keys(key_prefix):
             raise CheckpointExistsError(storage_id, self.describe())
         staging_dir = Path(tempfile.mkdtemp(prefix=f"hookdet-store-{storage_id}-"))
         try:
             yield staging_dir
-            if not (staging_dir / METADATA_FILENAME).is_file():
+            if not (staging_dir / METADATA_FILE).is_file():
                 raise IncompleteCheckpointError(
                     f"checkpoint {storage_id!r} for {self.describe()} was written without "
-                    f"{METADATA_FILENAME}; nothing was uploaded because it could not be restored"
+                    f"{METADATA_FILE}; nothing was uploaded because it could not be restored"
                 )
             self._upload(staging_dir, storage_id, key_prefix)
         finally:
@@ -185,7 +190,7 @@ class S3Storage(CheckpointStorage):
     def _upload(self, staging_dir: Path, storage_id: str, key_prefix: str) -> None:
         """Upload the staged files, ``metadata.json`` last; on failure remove what was sent."""
         existing_keys = self._list_keys(key_prefix)
-        if key_prefix + METADATA_FILENAME in existing_keys:
+        if key_prefix + METADATA_FILE in existing_keys:
             raise CheckpointExistsError(storage_id, self.describe())
         if existing_keys:
             # Leftovers of an upload that died before its metadata.json: never a checkpoint,
@@ -197,8 +202,8 @@ class S3Storage(CheckpointStorage):
             for path in staging_dir.rglob("*")
             if path.is_file()
         )
-        relative_files.remove(METADATA_FILENAME)
-        relative_files.append(METADATA_FILENAME)
+        relative_files.remove(METADATA_FILE)
+        relative_files.append(METADATA_FILE)
         uploaded_keys: list[str] = []
         try:
             for relative_file in relative_files:
@@ -215,9 +220,9 @@ class S3Storage(CheckpointStorage):
     def restore_path(self, storage_id: str) -> Iterator[Path]:
         key_prefix = self._checkpoint_key_prefix(storage_id)
         keys = self._list_keys(key_prefix)
-        if key_prefix + METADATA_FILENAME not in keys:
+        if key_prefix + METADATA_FILE not in keys:
             detail = (
-                f"objects under {key_prefix!r} lack {METADATA_FILENAME}, "
+                f"objects under {key_prefix!r} lack {METADATA_FILE}, "
                 "so the upload never finished"
                 if keys
                 else ""
@@ -247,7 +252,7 @@ class S3Storage(CheckpointStorage):
         keys = self._list_keys(key_prefix)
         if not keys:
             raise CheckpointNotFoundError(storage_id, self.describe())
-        metadata_key = key_prefix + METADATA_FILENAME
+        metadata_key = key_prefix + METADATA_FILE
         if metadata_key in keys:
             self._delete_keys([metadata_key], f"checkpoint {storage_id!r}")
             keys.remove(metadata_key)
@@ -258,6 +263,56 @@ class S3Storage(CheckpointStorage):
         storage_ids = set()
         for key in self._list_keys(root):
             storage_id, _, rest = key[len(root) :].partition("/")
-            if rest == METADATA_FILENAME and storage_id and not storage_id.startswith("."):
+            if rest == METADATA_FILE and storage_id and not storage_id.startswith("."):
                 storage_ids.add(storage_id)
         return sorted(storage_ids)
+
+    # ------------------------------------------------------------------ the protocol's questions
+
+    type_name = "s3"
+
+    @classmethod
+    def from_config(cls, config: Any, run_dir: Path) -> "S3Storage":
+        """The storage of a validated ``type: s3`` block."""
+        return cls(
+            bucket=config.bucket,
+            prefix=config.prefix or "",
+            endpoint_url=config.endpoint_url,
+            access_key=config.access_key,
+            secret_key=config.secret_key,
+            region=config.region,
+        )
+
+    def locator(self) -> Dict[str, Any]:
+        return {"type": self.type_name, "bucket": self.bucket, "prefix": self.prefix,
+                "endpoint_url": self.endpoint_url, "region": self.region}
+
+    def read_metadata(self, storage_id: str) -> Dict[str, Any]:
+        """One GET of ``metadata.json``; the state stays in the bucket."""
+        from botocore.exceptions import ClientError
+
+        key = self._checkpoint_key_prefix(storage_id) + METADATA_FILE
+        try:
+            with self._s3_errors(f"reading {key!r}"):
+                body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except StorageError as error:
+            cause = error.__cause__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise CheckpointNotFoundError(storage_id, self.describe()) from None
+            raise
+        return parse_metadata(body, f"s3://{self.bucket}/{key}")
+
+    def check(self) -> Optional[str]:
+        """The bucket answers a ``HEAD`` within :data:`PROBE_TIMEOUT_S`, in one attempt
+        (unreachable or hanging endpoint, missing bucket, bad credentials)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = self.new_client(PROBE_TIMEOUT_S, PROBE_TIMEOUT_S, max_attempts=1)
+        try:
+            client.head_bucket(Bucket=self.bucket)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            return f"checkpoint storage {self.describe()}: bucket {self.bucket!r} refused: {code or error}"
+        except BotoCoreError as error:
+            return f"checkpoint storage {self.describe()} is unreachable: {error}"
+        return None
