@@ -133,7 +133,13 @@ def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
     returns the parent to record in it."""
     from hookdet.runs.identity import read_identity, refuse_mixed_store
+    from hookdet.runs.index import is_run_dir
 
+    if not args.resume and args.run_dir and launched_rank() is None and is_run_dir(Path(args.run_dir)):
+        raise UsageError(
+            f"run directory {args.run_dir} already holds a run{_state_of(Path(args.run_dir))}; continue it "
+            f"with --resume {args.run_dir}, or give another --run-dir (one run directory, one history)"
+        )
     if args.resume and Path(args.resume).is_dir() and read_identity(args.resume) is None:
         refuse_mixed_store(Path(args.resume))  # before anything is created
     if not args.resume or not (Path(args.resume) / CONFIG_FILE).is_file():
@@ -146,6 +152,17 @@ def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     if args.run_dir is None:
         args.run_dir = args.resume
     return None
+
+
+def _state_of(run_dir: Path) -> str:
+    """`` (running: pid 12 on host h)``, `` (completed)``...: what the run directory's record says."""
+    from hookdet.runs.record import read_record
+
+    record = read_record(run_dir) or {}
+    state = record.get("state")
+    if state == "running":
+        return f" (running: pid {record.get('pid')} on host {record.get('host')})"
+    return f" ({state})" if state else ""
 
 
 def launched_rank() -> Optional[int]:

@@ -97,6 +97,7 @@ class TrainingLoop:
                 rank=self.distributed.rank,
                 seed=self.run.trial_seed,
             )
+            self.run.first_batch = self.state.batches_trained
             self.hook.on_training_start()  # before a step-zero validation, as in Determined
             if step_zero_validation and self.state.batches_trained == 0 and not test_mode:
                 self._validate()

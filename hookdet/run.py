@@ -71,6 +71,13 @@ class Run:
     #: Batches the chief validates per pass, when the validation loader has a length; set with
     #: ``max_batches`` (for progress displays).
     validation_length: Optional[int] = None
+    #: The batch this process started training from (after any restore); None until training
+    #: starts. A run that fails with nothing trained past it changed nothing of its history.
+    first_batch: Optional[int] = None
+    #: The run directory's records as they were before this process wrote its own (file name
+    #: -> bytes, None where absent), put back by :func:`hookdet.runs.record.record_end` when a
+    #: resume fails before training a batch.
+    prior_records: Optional[Dict[str, Optional[bytes]]] = None
     #: Why training ended (:class:`hookdet.exit_codes.ExitReason`, equal to its string value).
     exit_reason: Optional["ExitReason"] = None
     #: Which run this is: made when the run directory is first used, kept across resumes into it.

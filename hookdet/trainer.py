@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
 import re
@@ -39,7 +38,6 @@ from hookdet.plugin_list import (
 from hookdet.plugin_manager import PluginError, PluginManager
 from hookdet.runs import ownership as ownership
 from hookdet.runs import record as run_record
-from hookdet.runs.files import CONFIG_FILE
 from hookdet.rng import seed_everything
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
@@ -121,12 +119,12 @@ def init(
     try:
         active_run.enter(run)
         manager.start(run)
-        _open(run, distributed)
-        run.context = PyTorchTrialContext(run)
         try:
+            _open(run, distributed)
+            run.context = PyTorchTrialContext(run)
             yield run.context
         except BaseException as error:
-            if run.is_chief:
+            if run.prior_records is not None:  # the chief, once it recorded the start
                 run_record.record_end(run, error)
             raise
         if run.is_chief:
@@ -172,7 +170,6 @@ def _open(run: Run, distributed: Optional[DistributedContext]) -> None:
     claim = ownership.take(run) if run.is_chief else None
     run.run_id = ownership.accept(run.distributed.broadcast(claim))
     if run.is_chief:
-        _write_run_dir(run)
         run_record.record_start(run)
     run.distributed.barrier()
     run.storage = run.hook.hookdet_make_checkpoint_storage(run=run) or make_storage(
@@ -186,12 +183,6 @@ def _device_for(distributed: DistributedContext) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", distributed.local_rank)
     return torch.device("cpu")
-
-
-def _write_run_dir(run: Run) -> None:
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    snapshot = run.config.to_dict()
-    (run.run_dir / CONFIG_FILE).write_text(json.dumps(snapshot, indent=2, sort_keys=True))
 
 
 class Trainer:

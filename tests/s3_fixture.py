@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -35,6 +36,10 @@ def moto_endpoint_url() -> str:
     global _running_server, _running_endpoint_url
     with _server_lock:
         if _running_endpoint_url is None:
+            # moto's request recorder (which tests may switch on) writes where this says, read
+            # once when moto is imported; by default it would write into the working directory.
+            recordings = tempfile.mkdtemp(prefix="hookdet-moto-")
+            os.environ.setdefault("MOTO_RECORDER_FILEPATH", os.path.join(recordings, "recording"))
             from moto.server import ThreadedMotoServer
 
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

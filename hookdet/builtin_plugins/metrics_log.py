@@ -8,7 +8,9 @@ already reduced for the report (no extra device sync); with ``plugin_config: {me
 {stop_on_nonfinite: true}}`` the run also stops there, with a checkpoint, as on a stop request.
 
 A resume continues the same file: reports a killed run made after the checkpoint it resumes
-from are dropped first, so the file holds each step once, as if the run had never stopped.
+from are dropped first, so the file holds each step once, as if the run had never stopped. They
+are dropped when the resumed run writes its first report, not before: a resume that fails
+before then leaves the file as it was.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class MetricsLogPlugin:
         self._file: Optional[IO[str]] = None
         self._run: Any = None
         self._nonfinite_seen: set = set()
+        self._resumed_at: Optional[int] = None
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
@@ -46,10 +49,10 @@ class MetricsLogPlugin:
 
     @hookimpl
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
-        """On resume, drop the reports made after the checkpoint the run continues from."""
-        run = self._run
-        if run is not None and checkpoint_uuid is not None and run.is_chief:
-            drop_reports_after(run.run_dir / METRICS_FILE, first_batch_idx)
+        """On resume, note the batch it continues from: reports after it are dropped before the
+        first new one is written."""
+        if checkpoint_uuid is not None:
+            self._resumed_at = first_batch_idx
 
     @hookimpl
     def hookdet_report_metrics(
@@ -58,6 +61,8 @@ class MetricsLogPlugin:
         """Append one line for this report."""
         if self._file is None:
             run.run_dir.mkdir(parents=True, exist_ok=True)
+            if self._resumed_at is not None:
+                drop_reports_after(run.run_dir / METRICS_FILE, self._resumed_at)
             self._file = open(run.run_dir / METRICS_FILE, "a", encoding="utf-8")
         if group == "training":
             self._check_finite(run, steps_completed, metrics)

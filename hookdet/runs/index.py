@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from hookdet.runs.files import CONFIG_FILE, METRICS_FILE
+from hookdet.runs.files import CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE
 from hookdet.checkpoints.storage import METADATA_FILE
 from hookdet.runs.record import read_record
 
@@ -53,7 +53,7 @@ class RunSummary:
 
 def is_run_dir(path: Path) -> bool:
     """Whether ``path`` looks like a run directory."""
-    return path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file())
+    return path.is_dir() and any((path / name).is_file() for name in (CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE))
 
 
 def find_runs(root: Path) -> List[Path]:

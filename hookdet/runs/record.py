@@ -1,11 +1,16 @@
-"""``run.json``: what a run directory says about the run that wrote it, so it can be found again.
+"""``run.json`` and ``config.json``: what a run directory says about the run that wrote it.
 
-The chief writes it when the run starts (state ``running``, its pid and host, the start time,
-what it resumed from) and again when the run ends (``completed``, ``preempted``, ``stopped`` or
-``failed`` with the error, the batches trained, the best searcher metric, the latest checkpoint).
-Each write replaces the file atomically. A run killed outright (SIGKILL, power cut) cannot write
-its end, so :func:`read_record` checks the pid of a run still marked ``running`` on this host: if
-that process is gone, the run reads as ``killed``.
+The chief writes them when the run starts (``config.json``: the experiment as it runs;
+``run.json``: state ``running``, its pid and host, the start time, what it resumed from) and
+``run.json`` again when the run ends (``completed``, ``preempted``, ``stopped`` or ``failed``
+with the error, the batches trained, the best searcher metric, the latest checkpoint). Each write
+replaces the file atomically. A run killed outright (SIGKILL, power cut) cannot write its end, so
+:func:`read_record` checks the pid of a run still marked ``running`` on this host: if that
+process is gone, the run reads as ``killed``.
+
+A resume that fails before it trains a batch (a checkpoint that does not fit, a trial that
+does not build) changed nothing of the run, so it leaves nothing either: both files are put back
+as they were, and the run reads as it did before the attempt.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hookdet.exit_codes import ExitReason
-from hookdet.runs.files import RUN_RECORD_FILE
+from hookdet.runs.files import CONFIG_FILE, RUN_RECORD_FILE
 
 logger = logging.getLogger("hookdet")
 
@@ -37,14 +42,30 @@ def _now() -> str:
 
 
 def _write(run_dir: Path, record: Dict[str, Any]) -> None:
-    path = Path(run_dir) / RUN_RECORD_FILE
-    partial = path.with_name(f".{RUN_RECORD_FILE}.partial")
-    partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _replace(Path(run_dir) / RUN_RECORD_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _replace(path: Path, content: bytes) -> None:
+    """Write ``path`` whole or not at all."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(content)
     partial.replace(path)
 
 
+def _read_bytes(path: Path) -> Optional[bytes]:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 def record_start(run: Any) -> None:
-    """Mark ``run`` (its directory exists) as running in this process."""
+    """Write the run's ``config.json`` and mark it running in this process, keeping the records
+    it replaces in ``run.prior_records``."""
+    run_dir = Path(run.run_dir)
+    run.prior_records = {name: _read_bytes(run_dir / name) for name in (RUN_RECORD_FILE, CONFIG_FILE)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _replace(run_dir / CONFIG_FILE, json.dumps(run.config.to_dict(), indent=2, sort_keys=True).encode())
     previous = read_record(run.run_dir) or {}
     _write(run.run_dir, {
         "state": "running",
@@ -60,7 +81,11 @@ def record_start(run: Any) -> None:
 
 
 def record_end(run: Any, error: Optional[BaseException]) -> None:
-    """Record how ``run`` ended: its exit reason, or ``failed`` with ``error``."""
+    """Record how ``run`` ended: its exit reason, or ``failed`` with ``error`` (a resume that
+    failed before training a batch puts the run's records back instead)."""
+    if error is not None and _changed_nothing(run):
+        _put_back(run)
+        return
     record = read_record(run.run_dir, check_alive=False) or {}
     state = run.state
     if error is not None:
@@ -80,6 +105,26 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
         _write(run.run_dir, record)
     except OSError as problem:  # never hide how the run really ended behind this
         logger.warning("could not record the end of the run in %s: %s", Path(run.run_dir) / RUN_RECORD_FILE, problem)
+
+
+def _changed_nothing(run: Any) -> bool:
+    """Whether ``run`` continued a run that was there before and failed before training a batch."""
+    prior = run.prior_records or {}
+    trained = run.first_batch is not None and run.state.batches_trained > run.first_batch
+    return prior.get(RUN_RECORD_FILE) is not None and not trained
+
+
+def _put_back(run: Any) -> None:
+    for name, content in (run.prior_records or {}).items():
+        path = Path(run.run_dir) / name
+        try:
+            if content is None:
+                path.unlink(missing_ok=True)
+            else:
+                _replace(path, content)
+        except OSError as problem:
+            logger.warning("could not put %s back as it was: %s", path, problem)
+    logger.info("the resume failed before training a batch: %s is left as it was", run.run_dir)
 
 
 def read_record(run_dir: Any, check_alive: bool = True) -> Optional[Dict[str, Any]]:

@@ -10,13 +10,14 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -32,6 +33,23 @@ from tests.faults.harness import (
     write_config,
 )
 from tests.s3_fixture import s3_server  # noqa: F401  (a fixture)
+
+
+@contextlib.contextmanager
+def recording(endpoint_url: str) -> Iterator[List[Tuple[str, str]]]:
+    """The (method, URL) of every request the S3 server answers inside the block (moto's own
+    recorder, on the server)."""
+    import requests
+
+    made: List[Tuple[str, str]] = []
+    requests.post(f"{endpoint_url}/moto-api/recorder/reset-recording", timeout=10)
+    requests.post(f"{endpoint_url}/moto-api/recorder/start-recording", timeout=10)
+    try:
+        yield made
+    finally:
+        requests.post(f"{endpoint_url}/moto-api/recorder/stop-recording", timeout=10)
+        lines = requests.get(f"{endpoint_url}/moto-api/recorder/download-recording", timeout=60).text
+        made.extend((entry["method"], entry["url"]) for entry in map(json.loads, lines.splitlines()))
 
 
 def reports(run_dir: Path) -> List[Any]:
@@ -83,9 +101,13 @@ def test_resume_run_dir_finds_its_checkpoint_in_s3(tmp_path: Path, s3_server: Di
     status, _, stderr = run(["run", str(config), "--run-dir", str(tmp_path / "run")], "s3: stop at 6", fault=False)
     assert status == 0, stderr[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
-    status, stdout, stderr = run(["run", str(config), "--resume", str(tmp_path / "run")], "s3: resume RUN_DIR", fault=False)
+    with recording(s3_server["endpoint_url"]) as requests_made:
+        status, stdout, stderr = run(["run", str(config), "--resume", str(tmp_path / "run")], "s3: resume RUN_DIR", fault=False)
     assert status == 0, stderr[-3000:]
     assert "at batch 6" in stderr and "s3://" in stdout
+    # The resumed checkpoint's state is downloaded once; finding it reads metadata only.
+    state_gets = [url for method, url in requests_made if method == "GET" and url.endswith("/state_dict.pth")]
+    assert len(state_gets) == 1, requests_made
     steps = [r["steps_completed"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["group"] == "training"]
     assert steps == list(range(1, 13))
 

@@ -57,7 +57,7 @@ from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.runs.resume_report import report_resume
 from hookdet.checkpoints.storage import CheckpointNotFoundError
-from hookdet.builtin_plugins.checkpoint.restore import located, metadata_of, plugin_call, restore_checkpoint
+from hookdet.builtin_plugins.checkpoint.restore import find, located, metadata_of, plugin_call, restore_checkpoint
 from hookdet.builtin_plugins.checkpoint.retention import checkpoints_to_delete
 from hookdet.trial import PyTorchCallback
 
@@ -87,6 +87,8 @@ class CheckpointPlugin:
         self._saved: List[Dict[str, Any]] = []
         #: Batches trained in each checkpoint asked about (``hookdet_resume_point``) or restored.
         self._resume_points: Dict[str, int] = {}
+        #: Where each checkpoint asked about is (restore.find), looked up once.
+        self._found: Dict[str, Any] = {}
 
     @hookimpl
     def hookdet_resume_point(self, run: Any, checkpoint: str) -> int:
@@ -106,7 +108,14 @@ class CheckpointPlugin:
         return self._metadata(run, checkpoint).get("uuid")
 
     def _metadata(self, run: Any, checkpoint: str) -> Dict[str, Any]:
-        return metadata_of(run, checkpoint)
+        return metadata_of(self._find(run, checkpoint))
+
+    def _find(self, run: Any, checkpoint: str) -> Any:
+        """Where ``checkpoint`` is, looked up once per run (a run directory's newest intact
+        checkpoint does not change while this run holds its lock)."""
+        if checkpoint not in self._found:
+            self._found[checkpoint] = find(run, checkpoint)
+        return self._found[checkpoint]
 
     # ------------------------------------------------------------------ plugin state
 
@@ -232,7 +241,7 @@ class CheckpointPlugin:
         """Restore everything from ``checkpoint``: a checkpoint directory, a run directory (its
         newest intact checkpoint) or a storage id."""
         self.finish_write(run, wait=True, before="a checkpoint is loaded")
-        with located(run, checkpoint) as (directory, hint_root):
+        with located(self._find(run, checkpoint)) as (directory, hint_root):
             metadata = restore_checkpoint(run, directory, hint_root)
         written_by = metadata.get("run_id")
         if run.is_chief:

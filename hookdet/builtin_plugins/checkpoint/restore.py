@@ -21,10 +21,10 @@ from hookdet.runs.identity import locate_for_resume
 logger = logging.getLogger("hookdet")
 
 
-def _where(run: Any, checkpoint: str) -> Tuple[Any, Any]:
+def find(run: Any, checkpoint: str) -> Tuple[Any, Any]:
     """``(local directory, None)`` or ``(storage, storage id)`` for what the user named: a
     checkpoint directory, a run directory (its newest intact checkpoint) or a storage id of the
-    run's storage."""
+    run's storage. Damaged checkpoints passed over on the way are each named once, here."""
     path = Path(checkpoint)
     if path.exists():
         found = locate_for_resume(path, run.storage)
@@ -35,10 +35,10 @@ def _where(run: Any, checkpoint: str) -> Tuple[Any, Any]:
     return (directory, None) if directory is not None and directory.is_dir() else (run.storage, checkpoint)
 
 
-def metadata_of(run: Any, checkpoint: str) -> Dict[str, Any]:
-    """The metadata of ``checkpoint`` (named as :func:`located` takes it), without fetching its
-    state from a remote storage."""
-    where, storage_id = _where(run, checkpoint)
+def metadata_of(found: Tuple[Any, Any]) -> Dict[str, Any]:
+    """The metadata of a checkpoint :func:`find` found, without fetching its state from a
+    remote storage."""
+    where, storage_id = found
     if storage_id is None:
         return fmt.read_metadata(where)
     try:
@@ -48,14 +48,11 @@ def metadata_of(run: Any, checkpoint: str) -> Dict[str, Any]:
 
 
 @contextlib.contextmanager
-def located(run: Any, checkpoint: str) -> Iterator[Tuple[Path, Optional[Path]]]:
-    """The local directory holding ``checkpoint`` and where its intact siblings are.
-
-    ``checkpoint`` is a checkpoint directory, a run directory (its newest intact checkpoint) or
-    a storage id (fetched through the run's storage, once). The second value is the folder to
-    search for an intact alternative when this one is refused (None for remote storage).
-    """
-    where, storage_id = _where(run, checkpoint)
+def located(found: Tuple[Any, Any]) -> Iterator[Tuple[Path, Optional[Path]]]:
+    """The local directory holding a checkpoint :func:`find` found (fetched from a remote
+    storage, once) and the folder to search for an intact alternative when this one is refused
+    (None for remote storage)."""
+    where, storage_id = found
     if storage_id is None:
         yield where, where.parent
         return
