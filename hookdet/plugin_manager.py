@@ -23,7 +23,7 @@ from hookdet import hookspecs
 from hookdet import default_hooks
 from hookdet.errors import HookdetError
 from hookdet.markers import HOOK_NAMESPACE
-from hookdet.plugin_list import DEFAULT_PLUGINS, resolve_plugin_list  # noqa: F401 (DEFAULT_PLUGINS re-exported)
+from hookdet.plugin_list import DEFAULT_PLUGINS  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("hookdet")
 

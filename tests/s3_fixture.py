@@ -26,6 +26,9 @@ S3_TEST_ACCESS_KEY = "hookdet-test-access-key"
 S3_TEST_SECRET_KEY = "hookdet-test-secret-key"
 S3_TEST_REGION = "us-east-1"
 
+#: The system's temporary folder, read before any test points ``tempfile`` elsewhere.
+_SYSTEM_TMP = tempfile.gettempdir()
+
 _server_lock = threading.Lock()
 _running_server: Any = None
 _running_endpoint_url: str | None = None
@@ -38,7 +41,7 @@ def moto_endpoint_url() -> str:
         if _running_endpoint_url is None:
             # moto's request recorder (which tests may switch on) writes where this says, read
             # once when moto is imported; by default it would write into the working directory.
-            recordings = tempfile.mkdtemp(prefix="hookdet-moto-")
+            recordings = tempfile.mkdtemp(prefix="hookdet-moto-", dir=_SYSTEM_TMP)
             os.environ.setdefault("MOTO_RECORDER_FILEPATH", os.path.join(recordings, "recording"))
             from moto.server import ThreadedMotoServer
 

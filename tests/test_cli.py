@@ -14,7 +14,7 @@ from typing import Any, List
 import pytest
 import torch
 
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def test_determined_trial_runs_through_hookdet_run(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "cluster-only fields ignored when running locally: environment" in result.stderr
     assert "completed after 48 batches" in result.stdout
-    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    records = read_reports(tmp_path / "run")
     validations = [r for r in records if r["group"] == "validation"]
     assert [r["steps_completed"] for r in validations] == [16, 32, 48]
     assert validations[-1]["metrics"]["accuracy"] > 0.5

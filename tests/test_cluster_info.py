@@ -13,7 +13,7 @@ import hookdet as det
 from hookdet import InvalidHP, cluster_info, pytorch
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.cli import main
 from hookdet.config import parse_experiment_config
 from hookdet.script_entrypoint import EntrypointError, exit_status, script_command, split_launch_layer
@@ -204,7 +204,7 @@ def under_hookdet_run(exp_conf: Dict[str, Any]) -> Any:
 def validation_losses(run_dir: Path) -> Dict[int, float]:
     return {
         record["steps_completed"]: record["metrics"]["validation_loss"]
-        for record in read_metrics(run_dir / "metrics.jsonl")
+        for record in read_reports(run_dir)
         if record["group"] == "validation"
     }
 

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.checkpoints.format import load_state, read_metadata
 from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.cli import load_trial_class, main
@@ -95,11 +95,11 @@ def hookdet_run(name: str, config: Path, run_dir: Path, *extra: str) -> None:
 
 
 def validations(run_dir: Path) -> List[Dict[str, Any]]:
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["group"] == "validation"]
+    return [r for r in read_reports(run_dir) if r["group"] == "validation"]
 
 
 def trainings(run_dir: Path) -> List[Dict[str, Any]]:
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["group"] == "training"]
+    return [r for r in read_reports(run_dir) if r["group"] == "training"]
 
 
 def latest_state(run_dir: Path) -> Dict[str, Any]:

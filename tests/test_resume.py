@@ -41,7 +41,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from tests.resume_trials import run_spec
 from tests.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
@@ -184,11 +184,11 @@ def test_stop_and_resume_in_new_process_is_bitwise_exact(resume_matrix: Dict[str
     assert straight["exit_reason"] == "completed" and len(straight["batch_metrics"]) == 12
     assert_resume_exact(straight, entry["stopped"][k], entry["resumed"][k], k)
     # metrics.jsonl of the stopped run dir holds the stopped and the resumed run's reports.
-    def validations(path: Path) -> List[Any]:
-        return [(r["steps_completed"], r["metrics"]) for r in read_metrics(path) if r["group"] == "validation"]
+    def validations(run_dir: Path) -> List[Any]:
+        return [(r["steps_completed"], r["metrics"]) for r in read_reports(run_dir) if r["group"] == "validation"]
 
-    assert validations(entry["root"] / f"stop{k}" / "metrics.jsonl") == validations(
-        entry["root"] / "straight" / "metrics.jsonl"
+    assert validations(entry["root"] / f"stop{k}") == validations(
+        entry["root"] / "straight"
     )
 
 
@@ -199,7 +199,7 @@ def test_a_stop_due_at_a_validation_boundary_validates_first(tmp_path: Path) -> 
     stopped = run_spec(spec)
     assert stopped["batches_trained"] == 6
     assert len(stopped["validations"]) == 2  # at 3 and at 6
-    records = read_metrics(tmp_path / "metrics.jsonl")
+    records = read_reports(tmp_path)
     assert [r["steps_completed"] for r in records if r["group"] == "validation"] == [3, 6]
 
 

@@ -14,7 +14,7 @@ from typing import Dict, List
 
 import pytest
 
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.cli import main
 from hookdet.runs.index import _number
 from hookdet.runs.plot import image_size
@@ -80,7 +80,7 @@ def output_of(capsys: pytest.CaptureFixture, *args: str) -> str:
 
 
 def best(run_dir: Path) -> float:
-    return min(r["metrics"]["validation_loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["group"] == "validation")
+    return min(r["metrics"]["validation_loss"] for r in read_reports(run_dir) if r["group"] == "validation")
 
 
 @pytest.mark.slow
@@ -93,7 +93,7 @@ def test_runs_lists_each_run_with_its_state(runs: Dict[str, Path], capsys: pytes
     }
     assert rows["completed"][2] == "8/8" and rows["resumed"][2] == "12/12" and rows["failed"][2] == "5/8"
     for name in ("preempted", "killed"):
-        reported = max(r["steps_completed"] for r in read_metrics(runs[name] / "metrics.jsonl"))
+        reported = max(r["steps_completed"] for r in read_reports(runs[name]))
         assert int(rows[name][2].split("/")[0]) >= reported >= 4
     assert rows["completed"][3] == f"validation_loss={_number(best(runs['completed']))}"
     assert rows["completed"][-1] == str(runs["completed"])
@@ -110,7 +110,7 @@ def test_show_prints_state_config_changes_metrics_and_checkpoints(runs: Dict[str
         "    hyperparameters.lr: 0.1 -> 0.05",
         '    searcher.max_length.batches: 8 -> 12',
     ]
-    records = read_metrics(runs["resumed"] / "metrics.jsonl")
+    records = read_reports(runs["resumed"])
     losses = [r["metrics"]["loss"] for r in records if r["group"] == "training"]
     row = next(line.split() for line in shown.splitlines() if line.split()[:2] == ["training", "loss"])
     assert row[2:] == [str(len(losses)), *(_number(v) for v in (losses[0], losses[-1], min(losses), max(losses)))]
@@ -131,7 +131,7 @@ def test_compare_puts_metrics_side_by_side(runs: Dict[str, Path], capsys: pytest
     rows = {" ".join(line.split()[:-3]): line.split()[-3:] for line in table[1:] if line.strip()}
     assert rows["state"] == ["completed", "completed", "preempted"]
     last = [
-        _number([r for r in read_metrics(runs[name] / "metrics.jsonl") if r["group"] == "validation"][-1]["metrics"]["validation_loss"])
+        _number([r for r in read_reports(runs[name]) if r["group"] == "validation"][-1]["metrics"]["validation_loss"])
         for name in ("completed", "resumed", "preempted")
     ]
     assert rows["validation validation_loss (last)"] == last

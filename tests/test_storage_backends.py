@@ -25,8 +25,13 @@ from hookdet.checkpoints.storage import (
     StorageError,
 )
 from hookdet.config import ConfigError, parse_experiment_config
+from hookdet.checkpoints.azure import AzureStorage
+from hookdet.checkpoints.gcs import GCSStorage
+from hookdet.checkpoints.object_store import ObjectStorage
+from hookdet.checkpoints.registry import storage_class
 from hookdet.checkpoints.s3 import S3Storage
 from tests.s3_fixture import s3_admin_client, s3_server  # noqa: F401  (s3_server: a fixture)
+from tests.storage_servers import azure_server, flatfs_installed, gcs_server  # noqa: F401  (fixtures)
 
 CHECKPOINT_FILES = {
     METADATA_FILE: json.dumps({"steps_completed": 12}).encode(),
@@ -91,19 +96,34 @@ def s3_storage_for(server: dict[str, str], prefix: str = "experiments/7") -> S3S
     )
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "gcs", "azure", "flatfs"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path, local_temp_dir: Path) -> Backend:
+    """Every storage type hookdet has, each against its real server, and one from another
+    package (``tests/fixtures/hookdet-flatfs``), found by its type name as a run finds it."""
     if request.param == "local":
         root = tmp_path / "ckpts"
         return Backend(
             LocalStorage(root),
             lambda: sorted(p.name for p in root.iterdir()) if root.exists() else [],
         )
-    server = request.getfixturevalue("s3_server")
-    return Backend(
-        s3_storage_for(server),
-        lambda: s3_keys(server) + sorted(p.name for p in local_temp_dir.iterdir()),
-    )
+    if request.param == "flatfs":
+        request.getfixturevalue("flatfs_installed")
+        root = tmp_path / "flat"
+        return Backend(
+            storage_class("flatfs")(root=str(root)),
+            lambda: sorted(p.name for p in root.iterdir()) if root.exists() else [],
+        )
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        storage: ObjectStorage = s3_storage_for(server)
+    elif request.param == "gcs":
+        server = request.getfixturevalue("gcs_server")
+        storage = GCSStorage(bucket=server["bucket"], prefix="experiments/7")
+    else:
+        server = request.getfixturevalue("azure_server")
+        storage = AzureStorage(container=f"{server['container']}/experiments/7",
+                               connection_string=server["connection_string"])
+    return Backend(storage, lambda: storage.list_keys("") + sorted(p.name for p in local_temp_dir.iterdir()))
 
 
 # ------------------------------------------------------------------ behaviour of every backend
@@ -455,8 +475,9 @@ def test_make_storage_s3_works_against_the_server(
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ({"type": "gcs", "bucket": "b"}, "type 'gcs' is not a storage hookdet has; use one of shared_fs, directory, s3"),
-        ({"host_path": "/x"}, "checkpoint_storage.type is required: one of shared_fs, directory, s3"),
+        ({"type": "gsc", "bucket": "b"}, "type 'gsc' is not a storage hookdet has; use one of shared_fs, directory, s3, gcs, azure; did you mean 'gcs'?"),
+        ({"host_path": "/x"}, "checkpoint_storage.type is required: one of shared_fs, directory, s3, gcs, azure"),
+        ({"type": "azure", "container": "c"}, "checkpoint_storage.connection_string: give connection_string or account_url"),
         ({"type": "s3", "bucket": "b", "bukket": "c"}, "unknown field 'checkpoint_storage.bukket'"),
         ({"type": "s3"}, "checkpoint_storage.bucket is required"),
         ({"type": "directory"}, "checkpoint_storage.container_path is required"),

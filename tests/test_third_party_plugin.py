@@ -17,7 +17,7 @@ from typing import Dict
 
 import pytest
 
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.plugin_manager import installed_plugins
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +80,6 @@ def test_a_yaml_plugins_list_loads_it_by_name_with_its_options(
     )
     assert result.returncode == 0, result.stderr
     recorded = json.loads((run_dir / "sample_plugin.json").read_text())
-    expected_reports = [[r["group"], r["steps_completed"]] for r in read_metrics(run_dir / "metrics.jsonl")]
+    expected_reports = [[r["group"], r["steps_completed"]] for r in read_reports(run_dir)]
     assert recorded == {"greeting": "bonjour", "batches": 10, "reports": expected_reports}
     assert len(expected_reports) == 4

@@ -1,6 +1,5 @@
-"""Writes every training and validation report to ``metrics.jsonl`` in the run directory.
-
-One JSON object per line (``group``, ``steps_completed``, ``metrics``, ``time``), flushed as it is
+"""Writes every training and validation report to ``metrics.jsonl`` in the run directory
+(:mod:`hookdet.runs.metrics`: the file's format and its readers), each line flushed as it is
 written, so the file is complete up to the last report even after a crash.
 
 A training metric that is NaN or infinite is warned about once per metric, from the values
@@ -14,17 +13,14 @@ before then leaves the file as it was.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
-from pathlib import Path
 from typing import IO, Any, Dict, Optional
 
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import check_known_options
-from hookdet.runs.files import METRICS_FILE
+from hookdet.runs.metrics import drop_reports_after, metrics_path, report_line
 
 logger = logging.getLogger("hookdet")
 
@@ -62,12 +58,11 @@ class MetricsLogPlugin:
         if self._file is None:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             if self._resumed_at is not None:
-                drop_reports_after(run.run_dir / METRICS_FILE, self._resumed_at)
-            self._file = open(run.run_dir / METRICS_FILE, "a", encoding="utf-8")
+                drop_reports_after(run.run_dir, self._resumed_at)
+            self._file = open(metrics_path(run.run_dir), "a", encoding="utf-8")
         if group == "training":
             self._check_finite(run, steps_completed, metrics)
-        record = {"group": group, "steps_completed": steps_completed, "metrics": metrics, "time": time.time()}
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(report_line(group, steps_completed, metrics, time.time()))
         self._file.flush()
 
     def _check_finite(self, run: Any, steps: int, metrics: Dict[str, Any]) -> None:
@@ -94,33 +89,3 @@ class MetricsLogPlugin:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def read_metrics(path: Any) -> list:
-    """The records of a ``metrics.jsonl`` file, in order."""
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def drop_reports_after(path: Path, steps: int) -> int:
-    """Rewrite ``path`` without the records whose ``steps_completed`` exceeds ``steps`` (and
-    without a torn last line); atomic. Returns how many records were dropped."""
-    if not Path(path).is_file():
-        return 0
-    kept, dropped = [], 0
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line cut short by a kill
-                dropped += 1
-                continue
-            if isinstance(record, dict) and record.get("steps_completed", 0) > steps:
-                dropped += 1
-                continue
-            kept.append(line if line.endswith("\n") else line + "\n")
-    if dropped:
-        partial = Path(path).with_name(f".{Path(path).name}.partial")
-        partial.write_text("".join(kept), encoding="utf-8")
-        os.replace(partial, path)
-    return dropped

@@ -9,14 +9,16 @@ extra arguments, as in Determined. Checkpoints are verified and loaded with
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, Type
+from typing import Any, Dict, Iterator, Optional, Type
 
 import torch
 
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
+from hookdet.checkpoints.storage import StorageError
 from hookdet.config import parse_experiment_config
 from hookdet.context import PyTorchTrialContext
 from hookdet.distributed import DistributedContext
@@ -129,14 +131,31 @@ def export_model_state(checkpoint: str, output: str, model_index: int = 0) -> Pa
         raise fmt.CheckpointError(f"cannot export to {output}: it is a directory; name the .pt file to write")
     if not output_path.absolute().parent.is_dir():
         raise fmt.CheckpointError(f"cannot export to {output}: directory {output_path.absolute().parent} does not exist")
-    directory = lookup.resolve_checkpoint_dir(Path(checkpoint))
-    models = fmt.load_state(directory, map_location="cpu").get("models_state_dict", [])
-    if not 0 <= model_index < len(models):
-        raise fmt.CheckpointError(
-            f"checkpoint {directory} holds {len(models)} model(s); there is no model {model_index}"
-        )
-    output_path = Path(output)
-    partial = output_path.with_name(f".{output_path.name}.partial")
-    torch.save(models[model_index], partial)
+    with _fetched(Path(checkpoint)) as directory:
+        models = fmt.load_state(directory, map_location="cpu").get("models_state_dict", [])
+        if not 0 <= model_index < len(models):
+            raise fmt.CheckpointError(
+                f"checkpoint {directory} holds {len(models)} model(s); there is no model {model_index}"
+            )
+        partial = output_path.with_name(f".{output_path.name}.partial")
+        torch.save(models[model_index], partial)
     partial.replace(output_path)
     return output_path
+
+
+@contextlib.contextmanager
+def _fetched(target: Path) -> Iterator[Path]:
+    """A local directory of the checkpoint ``target`` names: itself, or a run directory's newest
+    intact checkpoint wherever the run's storage keeps it (fetched when it is remote)."""
+    from hookdet.runs.identity import locate_for_resume
+
+    found = locate_for_resume(target, None)
+    if isinstance(found, Path):
+        yield found
+        return
+    storage, storage_id = found
+    try:
+        with storage.restore_path(storage_id) as restored:
+            yield Path(restored)
+    except StorageError as error:
+        raise fmt.CheckpointError(f"cannot read checkpoint {storage_id!r}: {error}") from error

@@ -1,7 +1,7 @@
 """Storage types by name: ``checkpoint_storage.type`` -> the class that serves it.
 
 Types are entry points in the group ``hookdet.checkpoint_storage`` (hookdet declares its own
-there: ``shared_fs``, ``directory``, ``s3``), loaded by name through stevedore only when a run
+there: ``shared_fs``, ``directory``, ``s3``, ``gcs``, ``azure``), loaded by name through stevedore only when a run
 asks for that type. A package adds a type with one line in its ``pyproject.toml``::
 
     [project.entry-points."hookdet.checkpoint_storage"]
@@ -29,7 +29,7 @@ def installed_types() -> List[str]:
     """Every storage type installed: hookdet's own in Determined's order, then others by name."""
     from stevedore import NamedExtensionManager
 
-    built_in = ["shared_fs", "directory", "s3"]
+    built_in = ["shared_fs", "directory", "s3", "gcs", "azure"]
     names = {entry_point.name for entry_point in NamedExtensionManager(GROUP, names=[]).list_entry_points()}
     return [name for name in built_in if name in names] + sorted(names - set(built_in))
 

@@ -293,6 +293,40 @@ class S3StorageConfig(_StorageConfig):
         return self
 
 
+class GCSStorageConfig(_StorageConfig):
+    """``type: gcs``: a Google Cloud Storage ``bucket`` (objects under ``prefix``)."""
+
+    type: Literal["gcs"] = "gcs"
+    bucket: str
+    prefix: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _prefix_stays_inside(self) -> "GCSStorageConfig":
+        if self.prefix is not None and ".." in self.prefix.split("/"):
+            raise FieldProblem(("prefix",), f"prefix must not contain '..'; got {as_written(self.prefix)}")
+        return self
+
+
+class AzureStorageConfig(_StorageConfig):
+    """``type: azure``: an Azure Blob Storage ``container``, reached with ``connection_string``
+    or ``account_url`` (and ``credential``), as Determined requires one of the two."""
+
+    type: Literal["azure"] = "azure"
+    container: str
+    connection_string: Optional[str] = None
+    account_url: Optional[str] = None
+    credential: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _reachable(self) -> "AzureStorageConfig":
+        if not (self.connection_string or self.account_url):
+            raise FieldProblem(
+                ("connection_string",),
+                "give connection_string or account_url (at least one, as Determined requires)",
+            )
+        return self
+
+
 class InstalledStorageConfig(_StorageConfig):
     """``type: <name>`` of a storage type another package installed (an entry point in
     ``hookdet.checkpoint_storage``): its fields are its own, passed to its class as given."""
@@ -316,7 +350,7 @@ class InstalledStorageConfig(_StorageConfig):
 
 #: The ``type`` values with a schema of hookdet's (``default`` is what a block without one
 #: becomes); any other installed type is an :class:`InstalledStorageConfig`.
-STORAGE_TYPES = ("shared_fs", "directory", "s3")
+STORAGE_TYPES = ("shared_fs", "directory", "s3", "gcs", "azure")
 #: The union's tags (pydantic names a member's errors by its tag, which the messages drop).
 STORAGE_TAGS = (*STORAGE_TYPES, "default", "installed")
 
@@ -331,6 +365,8 @@ CheckpointStorageConfig = Annotated[
         Annotated[SharedFSStorageConfig, Tag("shared_fs")],
         Annotated[DirectoryStorageConfig, Tag("directory")],
         Annotated[S3StorageConfig, Tag("s3")],
+        Annotated[GCSStorageConfig, Tag("gcs")],
+        Annotated[AzureStorageConfig, Tag("azure")],
         Annotated[DefaultStorageConfig, Tag("default")],
         Annotated[InstalledStorageConfig, Tag("installed")],
     ],

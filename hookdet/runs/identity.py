@@ -81,6 +81,16 @@ def checkpoints_of_run(storage: CheckpointStorage, run_id: str) -> List[Tuple[st
     return sorted(found, key=lambda item: lookup.order_key(item[1]))
 
 
+def newest_checkpoint_steps(run_dir: Path) -> Optional[int]:
+    """Batches trained at the newest checkpoint the run in ``run_dir`` wrote, wherever its
+    storage keeps it; None when it wrote none (or records no identity)."""
+    identity = read_identity(run_dir)
+    if identity is None:
+        return None
+    checkpoints = checkpoints_of_run(storage_of(identity, None), str(identity["run_id"]))
+    return lookup.order_key(checkpoints[-1][1])[0] if checkpoints else None
+
+
 def locate_for_resume(
     target: Path, current: Optional[CheckpointStorage]
 ) -> Union[Path, Tuple[CheckpointStorage, str]]:

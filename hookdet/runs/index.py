@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from hookdet.runs.files import CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE
+from hookdet.runs.files import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE
 from hookdet.checkpoints.storage import METADATA_FILE
+from hookdet.runs.metrics import read_reports
 from hookdet.runs.record import read_record
 
 #: How deep ``hookdet runs DIR`` looks for run directories (a search nests trials in it).
@@ -80,23 +81,6 @@ def resolve_run(given: str) -> Path:
         if is_run_dir(candidate):
             return candidate
     raise RunNotFoundError(f"{given}: not a run directory (no {CONFIG_FILE} or {METRICS_FILE} in it)")
-
-
-def read_reports(path: Path) -> List[Dict[str, Any]]:
-    """The run's reports; a line cut short by a crash is skipped."""
-    reports = []
-    try:
-        with open(path / METRICS_FILE, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    report = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(report, dict) and isinstance(report.get("metrics"), dict):
-                    reports.append(report)
-    except OSError:
-        pass
-    return reports
 
 
 def read_config(path: Path) -> Dict[str, Any]:
@@ -228,29 +212,30 @@ def metrics_summary(reports: List[Dict[str, Any]]) -> List[List[str]]:
 
 
 def checkpoints_of(summary: RunSummary) -> Tuple[str, List[Tuple[str, Dict[str, Any]]]]:
-    """Where the run's checkpoints are and, for local storage, (path, metadata) of each one of
-    this run (a shared directory may hold other runs' checkpoints: those are left out)."""
-    storage = summary.config.get("checkpoint_storage") or {}
-    kind = storage.get("type", "shared_fs") if storage else "shared_fs"
-    if kind not in ("shared_fs", "directory"):
-        return f"{kind} storage (not listed here)", []
-    if not storage:
-        root = summary.path / "checkpoints"
-    elif kind == "directory":
-        root = Path(storage.get("container_path", ""))
-    else:
-        root = Path(storage.get("host_path", "")) / (storage.get("storage_path") or "")
-    found = []
-    for metadata_file in sorted(root.glob("*/metadata.json")) if root.is_dir() else []:
-        try:
-            metadata = json.loads(metadata_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if storage and metadata.get("experiment_config") != summary.config:
-            continue
-        found.append((_relative(metadata_file.parent, summary.path), metadata))
-    found.sort(key=lambda item: item[1].get("steps_completed", 0))
-    return _relative(root, summary.path), found
+    """Where the run's checkpoints are, and (location, metadata) of each one this run wrote,
+    wherever its storage keeps them (a shared store's checkpoints of other runs are left out)."""
+    from hookdet.checkpoints import format as fmt
+    from hookdet.checkpoints import lookup
+    from hookdet.checkpoints.storage import StorageError
+    from hookdet.runs.identity import checkpoints_of_run, read_identity, storage_of
+
+    identity = read_identity(summary.path)
+    if identity is None:  # a run directory of hookdet 0.1: its own checkpoints folder
+        root = summary.path / CHECKPOINTS_DIR
+        found = [(_relative(path, summary.path), metadata) for path, metadata in lookup.find_checkpoints(root)]
+        return _relative(root, summary.path), found
+    try:
+        storage = storage_of(identity, None)
+        checkpoints = checkpoints_of_run(storage, str(identity["run_id"]))
+    except (fmt.CheckpointError, StorageError, OSError) as error:
+        return f"not readable: {error}", []
+    found, where = [], storage.describe()
+    for storage_id, metadata in checkpoints:
+        local = storage.local_dir(storage_id)
+        if local is not None:
+            where = _relative(local.parent, summary.path)
+        found.append((_relative(local, summary.path) if local is not None else storage.location(storage_id), metadata))
+    return where, found
 
 
 def _relative(path: Path, run_dir: Path) -> str:

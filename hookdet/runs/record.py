@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hookdet.exit_codes import ExitReason
-from hookdet.runs.files import CONFIG_FILE, RUN_RECORD_FILE
+from hookdet.runs.files import CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE
 
 logger = logging.getLogger("hookdet")
 
@@ -125,6 +125,14 @@ def _put_back(run: Any) -> None:
         except OSError as problem:
             logger.warning("could not put %s back as it was: %s", path, problem)
     logger.info("the resume failed before training a batch: %s is left as it was", run.run_dir)
+
+
+def forget_attempt(run_dir: Path) -> None:
+    """Remove the records of an attempt that left no checkpoint (its run id stays), so the
+    directory holds no run and the next attempt starts it afresh (a search restarts a trial
+    killed before its first checkpoint this way)."""
+    for name in (RUN_RECORD_FILE, CONFIG_FILE, METRICS_FILE):
+        (Path(run_dir) / name).unlink(missing_ok=True)
 
 
 def read_record(run_dir: Any, check_alive: bool = True) -> Optional[Dict[str, Any]]:

@@ -12,7 +12,6 @@ directory and the store.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -24,7 +23,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
-from hookdet.runs.files import METRICS_FILE
+from hookdet.runs.identity import newest_checkpoint_steps
+from hookdet.runs.metrics import drop_reports_after, read_reports
+from hookdet.runs.record import forget_attempt
 from hookdet.search.store import Queue
 
 logger = logging.getLogger("hookdet")
@@ -33,50 +34,13 @@ HEARTBEAT_SECONDS = 2.0
 PREEMPTED, INVALID_HP = PREEMPTED_EXIT_CODE, INVALID_HP_EXIT_CODE
 
 
-def checkpoint_steps(run_dir: Path) -> Optional[int]:
-    """Batches trained at the newest complete checkpoint in ``run_dir`` (None: no checkpoint)."""
-    best: Optional[int] = None
-    for metadata in Path(run_dir).glob("checkpoints/*/metadata.json"):
-        try:
-            steps = int(json.loads(metadata.read_text())["steps_completed"])
-        except (OSError, ValueError, KeyError):
-            continue
-        best = steps if best is None else max(best, steps)
-    return best
-
-
-def trim_metrics(run_dir: Path, steps: Optional[int]) -> None:
-    """Drop ``metrics.jsonl`` lines past ``steps`` (all of them when None)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return
-    kept = []
-    if steps is not None:
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line)["steps_completed"] <= steps:
-                    kept.append(line)
-            except (ValueError, KeyError):
-                break  # a torn last line
-    partial = path.with_name(".metrics.jsonl.partial")
-    partial.write_text("".join(line + "\n" for line in kept))
-    partial.replace(path)
-
-
 def validations(run_dir: Path, metric: str) -> List[List[float]]:
-    """``[[batches, value], ...]`` of every validation of ``metric`` in the trial's log."""
-    path = Path(run_dir) / METRICS_FILE
-    found: List[List[float]] = []
-    if not path.exists():
-        return found
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("group") == "validation" and metric in record.get("metrics", {}):
-            found.append([record["steps_completed"], float(record["metrics"][metric])])
-    return found
+    """``[[batches, value], ...]`` of every validation of ``metric`` in the trial's reports."""
+    return [
+        [report["steps_completed"], float(report["metrics"][metric])]
+        for report in read_reports(run_dir)
+        if report.get("group") == "validation" and metric in report["metrics"]
+    ]
 
 
 class Slot:
@@ -147,8 +111,11 @@ class SegmentRunner:
             self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
             return
         run_dir = Path(attrs["run_dir"])
-        steps = checkpoint_steps(run_dir)
-        trim_metrics(run_dir, steps)
+        steps = newest_checkpoint_steps(run_dir)
+        if steps is None:
+            forget_attempt(run_dir)
+        else:
+            drop_reports_after(run_dir, steps)
         command = [sys.executable, "-m", "hookdet", "run", attrs["config"], "--run-dir", str(run_dir),
                    "--model-dir", attrs["model_dir"]]
         if steps is not None:

@@ -20,7 +20,7 @@ import torch
 
 from hookdet import cli
 from hookdet.builtin_plugins.ddp import DDPPlugin, check_ddp_options, ddp_keyword_options
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugin_manager import PluginError, PluginManager
 from tests.distributed_trials import (
@@ -62,7 +62,7 @@ def _check_launch(result: subprocess.CompletedProcess, expected_status: int = 0)
 def _training_losses(run_dir: Path) -> Dict[int, float]:
     return {
         record["steps_completed"]: record["metrics"]["loss"]
-        for record in read_metrics(run_dir / "metrics.jsonl")
+        for record in read_reports(run_dir)
         if record["group"] == "training"
     }
 
@@ -217,7 +217,7 @@ def _wait_for_training_reports(metrics: Path, count: int, process: subprocess.Po
 def _reports(run_dir: Path) -> Dict[Any, Dict[str, Any]]:
     return {
         (record["group"], record["steps_completed"]): record["metrics"]
-        for record in read_metrics(run_dir / "metrics.jsonl")
+        for record in read_reports(run_dir)
     }
 
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, Generator
 import pytest
 
 from hookdet import pytorch
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import PluginError
 from tests.trials import OneWeightTrial, fit
@@ -30,7 +30,7 @@ def test_counts_every_hook_call_and_implementation(tmp_path: Path, capsys: Any) 
     trial = fit(OneWeightTrial, HP, tmp_path, config={"plugins": PLUGINS}, max_length=pytorch.Batch(12),
                 validation_period=pytorch.Batch(4), reporting_period=pytorch.Batch(3))
     report = timing_report(tmp_path)
-    reports = read_metrics(tmp_path / "metrics.jsonl")
+    reports = read_reports(tmp_path)
     hooks = report["hooks"]
 
     assert hooks["hookdet_report_metrics"]["calls"] == len(reports) == 9
@@ -106,7 +106,7 @@ def test_wrappers_are_timed_around_the_yield_only(tmp_path: Path) -> None:
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(6), validation_period=pytorch.Batch(3),
                                             reporting_period=pytorch.Batch(3))
     assert around.batches == 6
-    training = [r["metrics"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["group"] == "training"]
+    training = [r["metrics"] for r in read_reports(tmp_path) if r["group"] == "training"]
     assert [metrics["wrapped"] for metrics in training] == [1.0, 1.0]
 
     report = timing_report(tmp_path)

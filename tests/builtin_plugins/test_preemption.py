@@ -30,7 +30,7 @@ import yaml
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
 from tests.resume_trials import RegressionTrial
 
@@ -80,8 +80,7 @@ def wait_for(predicate: Any, process: subprocess.Popen, what: str, timeout: floa
 
 
 def training_records(run_dir: Path) -> List[Dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [r for r in read_metrics(path) if r["group"] == "training"] if path.exists() else []
+    return [r for r in read_reports(run_dir) if r["group"] == "training"]
 
 
 def final_state(run_dir: Path) -> Dict[str, Any]:
@@ -106,7 +105,7 @@ def assert_states_equal(expected: Any, actual: Any, where: str = "state") -> Non
 
 
 def reports(run_dir: Path) -> List[Any]:
-    return [(r["group"], r["steps_completed"], r["metrics"]) for r in read_metrics(run_dir / "metrics.jsonl")]
+    return [(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(run_dir)]
 
 
 # ---------------------------------------------------------------------------------------------

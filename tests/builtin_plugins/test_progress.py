@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.progress import ProgressPlugin, format_metrics
 from hookdet.live_view import format_number
 from hookdet.plugin_manager import PluginError
@@ -125,7 +125,7 @@ def test_live_view_in_a_terminal(tmp_path: Path) -> None:
 
     # The latest metrics, each group on its own labelled row: every training metric readable
     # (the row wraps instead of squeezing the bar), the searcher metric first in validation.
-    latest = {record["group"]: record for record in read_metrics(tmp_path / "run" / "metrics.jsonl")}
+    latest = {record["group"]: record for record in read_reports(tmp_path / "run")}
     final_frame = lines[lines.index(bars[-1]):]
     training_rows = [line for line in final_frame if re.match(r" *training  @ batch 40  ", line)]
     assert training_rows, final_frame
@@ -153,7 +153,7 @@ def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     messages = [line.split(" hookdet INFO ", 1)[1] for line in result.stderr.splitlines() if " hookdet INFO " in line]
     reports = [line for line in messages if line.startswith(("training:", "validation:"))]
-    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    records = read_reports(tmp_path / "run")
     assert len(records) == 8
     # One line per report, the searcher metric first in validation.
     expected = [

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.builtin_plugins.metrics_log import read_metrics
+from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.tensorboard import DiscardingWriter, TorchWriter
 from hookdet.distributed import DistributedContext
 from hookdet.plugin_manager import PluginError
@@ -41,7 +41,7 @@ def reported_scalars(run_dir: Path) -> Dict[str, List[Tuple[int, float]]]:
     """``metrics.jsonl`` as TensorBoard would hold it: float32 values; a later report of the same
     step replaces an earlier one."""
     by_tag: Dict[str, Dict[int, float]] = {}
-    for record in read_metrics(run_dir / "metrics.jsonl"):
+    for record in read_reports(run_dir):
         for name, value in record["metrics"].items():
             tag = f"{record['group']}/{name}"
             by_tag.setdefault(tag, {})[record["steps_completed"]] = float(np.float32(value))

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from hookdet.builtin_plugins.metrics_log import drop_reports_after, read_metrics
+from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.identity import read_identity
 from tests.faults.harness import (
     assert_one_line,
@@ -53,7 +53,7 @@ def recording(endpoint_url: str) -> Iterator[List[Tuple[str, str]]]:
 
 
 def reports(run_dir: Path) -> List[Any]:
-    return [(r["group"], r["steps_completed"], r["metrics"]) for r in read_metrics(run_dir / "metrics.jsonl")]
+    return [(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(run_dir)]
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_resume_run_dir_finds_its_checkpoint_in_s3(tmp_path: Path, s3_server: Di
     # The resumed checkpoint's state is downloaded once; finding it reads metadata only.
     state_gets = [url for method, url in requests_made if method == "GET" and url.endswith("/state_dict.pth")]
     assert len(state_gets) == 1, requests_made
-    steps = [r["steps_completed"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["group"] == "training"]
+    steps = [r["steps_completed"] for r in read_reports(tmp_path / "run") if r["group"] == "training"]
     assert steps == list(range(1, 13))
 
 
@@ -164,5 +164,6 @@ def test_resume_drops_reports_a_killed_run_made_after_its_checkpoint(tmp_path: P
     path = tmp_path / "metrics.jsonl"
     records = [{"group": "training", "steps_completed": step, "metrics": {}} for step in range(1, 7)]
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"group": "trai')  # torn last line
-    assert drop_reports_after(path, 4) == 3
-    assert [r["steps_completed"] for r in read_metrics(path)] == [1, 2, 3, 4]
+    assert drop_reports_after(tmp_path, 4) == 3
+    assert [r["steps_completed"] for r in read_reports(tmp_path)] == [1, 2, 3, 4]
+    assert path.read_text().endswith("\n")  # the torn line is gone too

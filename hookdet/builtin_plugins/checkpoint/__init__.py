@@ -142,15 +142,14 @@ class CheckpointPlugin:
         rank_states = run.distributed.gather(
             {"rng": rng.capture_rng_state(), "gradients": _gradients(run.context)}
         )
-        storage_id = run.distributed.broadcast(str(uuid_module.uuid4()) if run.is_chief else None)
-        publishes_locally = run.storage.local_dir(storage_id) is not None
         in_background = (
             self.asynchronous
             and not _callbacks_await_completion(run.callbacks)
-            and (publishes_locally or not run.plugins.implemented("on_checkpoint_write_end"))
+            and (_publishes_locally(run.storage) or not run.plugins.implemented("on_checkpoint_write_end"))
         )
-        location = None
+        storage_id = location = None
         if run.is_chief:
+            storage_id = str(uuid_module.uuid4())
             write = self._prepare(run, storage_id, rank_states, snapshot=in_background)
             if in_background:
                 self._writer.submit(storage_id, write, run.storage)
@@ -159,6 +158,7 @@ class CheckpointPlugin:
                     location = write()
                 except Exception as error:
                     raise write_failed(storage_id, error, run.storage) from error
+        storage_id = run.distributed.broadcast(storage_id)
         self._pending = {
             "uuid": storage_id,
             "steps": run.state.batches_trained,
@@ -334,7 +334,7 @@ class CheckpointPlugin:
             checkpoint, copy_done = self._snapshot.take(checkpoint)
         # Remote storage publishes on upload: the hook adds its files to the staging directory.
         storage = run.storage
-        hook_in_staging = not snapshot and storage.local_dir(storage_id) is None
+        hook_in_staging = not snapshot and not _publishes_locally(storage)
 
         def write() -> str:
             if copy_done is not None:
@@ -393,6 +393,12 @@ def _callbacks_await_completion(callbacks: Dict[str, Any]) -> bool:
         for callback in callbacks.values()
         for method in COMPLETION_CALLBACKS
     )
+
+
+def _publishes_locally(storage: Any) -> bool:
+    """Whether ``storage`` publishes checkpoints as local directories, readable in place (asked
+    with an id that names no checkpoint: the answer is the storage's, whatever the id)."""
+    return storage.local_dir("any-checkpoint") is not None
 
 
 def _shown(location: str, run_dir: Path) -> str:

@@ -1,0 +1,186 @@
+"""Checkpoints in an object store (S3, Google Cloud Storage, Azure Blob Storage): what they share.
+
+An object store cannot rename a prefix, so a checkpoint's files are uploaded first and its
+``metadata.json`` last: a checkpoint is complete exactly when its ``metadata.json`` exists.
+Objects live under ``<prefix>/<storage id>/<relative path>``. :class:`ObjectStorage` does the
+checkpoint logic once — staging, upload order, leftovers of a dead upload, download, delete,
+listing, metadata alone — over five primitives each vendor's class implements with its own
+library (boto3, google-cloud-storage, azure-storage-blob):
+:meth:`~ObjectStorage.list_keys`, :meth:`~ObjectStorage.upload_file`,
+:meth:`~ObjectStorage.download_file`, :meth:`~ObjectStorage.get_bytes` and
+:meth:`~ObjectStorage.delete_keys`. Each raises :class:`StorageError` naming what it did
+where; :meth:`~ObjectStorage.get_bytes` answers None for a missing object.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, Dict, List, Optional
+
+from hookdet.checkpoints.storage import (
+    METADATA_FILE,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CheckpointStorage,
+    IncompleteCheckpointError,
+    StorageError,
+    check_storage_id,
+    parse_metadata,
+)
+
+
+def normalize_prefix(prefix: Optional[str]) -> str:
+    """``prefix`` without leading, trailing or doubled slashes; ValueError on ``.``/``..``."""
+    if prefix is None:
+        return ""
+    if not isinstance(prefix, str):
+        raise ValueError(f"a storage prefix must be a str, not {type(prefix).__name__}")
+    parts = [part for part in prefix.split("/") if part]
+    if any(part in (".", "..") for part in parts):
+        raise ValueError(f"storage prefix {prefix!r} must not contain '.' or '..' components")
+    return "/".join(parts)
+
+
+class ObjectStorage(CheckpointStorage):
+    """A :class:`CheckpointStorage` over an object store's five primitives (module docstring).
+
+    Subclasses set :attr:`prefix` (normalized) and implement the primitives, :meth:`describe`
+    and :meth:`url`.
+    """
+
+    prefix: str = ""
+
+    # ------------------------------------------------------------------ the vendor's primitives
+
+    @abc.abstractmethod
+    def list_keys(self, key_prefix: str) -> List[str]:
+        """Every object key starting with ``key_prefix``."""
+
+    @abc.abstractmethod
+    def upload_file(self, local_file: Path, key: str) -> None:
+        """Store ``local_file`` as object ``key``."""
+
+    @abc.abstractmethod
+    def download_file(self, key: str, local_file: Path) -> None:
+        """Write object ``key`` to ``local_file``."""
+
+    @abc.abstractmethod
+    def get_bytes(self, key: str) -> Optional[bytes]:
+        """Object ``key``'s content, or None when there is no such object."""
+
+    @abc.abstractmethod
+    def delete_keys(self, keys: List[str]) -> None:
+        """Delete the objects ``keys`` (all, or raise)."""
+
+    @abc.abstractmethod
+    def url(self, key: str) -> str:
+        """``s3://bucket/key``, ``gs://...``: where object ``key`` is, for messages."""
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def location(self, storage_id: str) -> str:
+        return self.url(self.checkpoint_key_prefix(storage_id))
+
+    def checkpoint_key_prefix(self, storage_id: str) -> str:
+        """The key prefix, ending in '/', under which one checkpoint's objects live."""
+        check_storage_id(storage_id)
+        return f"{self.prefix}/{storage_id}/" if self.prefix else f"{storage_id}/"
+
+    @contextlib.contextmanager
+    def store_path(self, storage_id: str) -> Iterator[Path]:
+        key_prefix = self.checkpoint_key_prefix(storage_id)
+        if key_prefix + METADATA_FILE in self.list_keys(key_prefix):
+            raise CheckpointExistsError(storage_id, self.describe())
+        staging_dir = Path(tempfile.mkdtemp(prefix=f"hookdet-store-{storage_id}-"))
+        try:
+            yield staging_dir
+            if not (staging_dir / METADATA_FILE).is_file():
+                raise IncompleteCheckpointError(
+                    f"checkpoint {storage_id!r} for {self.describe()} was written without "
+                    f"{METADATA_FILE}; nothing was uploaded because it could not be restored"
+                )
+            self._upload(staging_dir, storage_id, key_prefix)
+        finally:
+            shutil.rmtree(staging_dir, ignore_errors=True)
+
+    def _upload(self, staging_dir: Path, storage_id: str, key_prefix: str) -> None:
+        """Upload the staged files, ``metadata.json`` last; on failure remove what was sent."""
+        existing_keys = self.list_keys(key_prefix)
+        if key_prefix + METADATA_FILE in existing_keys:
+            raise CheckpointExistsError(storage_id, self.describe())
+        if existing_keys:
+            # Leftovers of an upload that died before its metadata.json: never a checkpoint,
+            # and mixing them into this one would add files it never had.
+            self.delete_keys(existing_keys)
+        relative_files = sorted(
+            path.relative_to(staging_dir).as_posix() for path in staging_dir.rglob("*") if path.is_file()
+        )
+        relative_files.remove(METADATA_FILE)
+        relative_files.append(METADATA_FILE)
+        uploaded_keys: List[str] = []
+        try:
+            for relative_file in relative_files:
+                self.upload_file(staging_dir / relative_file, key_prefix + relative_file)
+                uploaded_keys.append(key_prefix + relative_file)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.delete_keys(uploaded_keys)
+            raise
+
+    @contextlib.contextmanager
+    def restore_path(self, storage_id: str) -> Iterator[Path]:
+        key_prefix = self.checkpoint_key_prefix(storage_id)
+        keys = self.list_keys(key_prefix)
+        if key_prefix + METADATA_FILE not in keys:
+            detail = f"objects under {key_prefix!r} lack {METADATA_FILE}, so the upload never finished" if keys else ""
+            raise CheckpointNotFoundError(storage_id, self.describe(), detail)
+        download_dir = Path(tempfile.mkdtemp(prefix=f"hookdet-restore-{storage_id}-"))
+        try:
+            for key in keys:
+                if key.endswith("/"):
+                    continue  # a folder marker some tools create; it holds no data
+                relative_file = PurePosixPath(key[len(key_prefix):])
+                if relative_file.is_absolute() or ".." in relative_file.parts:
+                    raise StorageError(
+                        f"{self.describe()}: checkpoint {storage_id!r} holds object {key!r}, "
+                        "whose name would escape the checkpoint directory"
+                    )
+                local_file = download_dir.joinpath(*relative_file.parts)
+                local_file.parent.mkdir(parents=True, exist_ok=True)
+                self.download_file(key, local_file)
+            yield download_dir
+        finally:
+            shutil.rmtree(download_dir, ignore_errors=True)
+
+    def delete(self, storage_id: str) -> None:
+        key_prefix = self.checkpoint_key_prefix(storage_id)
+        keys = self.list_keys(key_prefix)
+        if not keys:
+            raise CheckpointNotFoundError(storage_id, self.describe())
+        metadata_key = key_prefix + METADATA_FILE
+        if metadata_key in keys:  # first: a half-deleted checkpoint never looks complete
+            self.delete_keys([metadata_key])
+            keys.remove(metadata_key)
+        if keys:
+            self.delete_keys(keys)
+
+    def list_ids(self) -> List[str]:
+        root = f"{self.prefix}/" if self.prefix else ""
+        storage_ids = set()
+        for key in self.list_keys(root):
+            storage_id, _, rest = key[len(root):].partition("/")
+            if rest == METADATA_FILE and storage_id and not storage_id.startswith("."):
+                storage_ids.add(storage_id)
+        return sorted(storage_ids)
+
+    def read_metadata(self, storage_id: str) -> Dict[str, Any]:
+        """One request for ``metadata.json``; the state stays in the store."""
+        key = self.checkpoint_key_prefix(storage_id) + METADATA_FILE
+        content = self.get_bytes(key)
+        if content is None:
+            raise CheckpointNotFoundError(storage_id, self.describe())
+        return parse_metadata(content, self.url(key))
