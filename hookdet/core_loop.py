@@ -340,12 +340,13 @@ class TrainingLoop:
                 avg_metrics=avg_metrics, batch_metrics=reduced.batch_metrics
             )
         if self.run.is_chief:
-            self.hook.hookdet_report_metrics(
-                run=self.run,
-                group="training",
-                steps_completed=self.state.batches_trained,
-                metrics=avg_metrics,
-            )
+            self._report("training", avg_metrics)
+
+    def _report(self, group: str, metrics: Dict[str, Any]) -> None:
+        """Record a report in the run's history (chief), then tell the plugins."""
+        steps = self.state.batches_trained
+        self.run.report_log.append(group, steps, metrics, continues_from=self.run.first_batch or 0)
+        self.hook.hookdet_report_metrics(run=self.run, group=group, steps_completed=steps, metrics=metrics)
 
     def _validate_unless_current(self) -> None:
         """Validate unless this batch count has been; checkpoint after it as the policy says."""
@@ -388,12 +389,7 @@ class TrainingLoop:
         self.state.last_validation_batch = self.state.batches_trained
         is_best = self._record_validation(metrics)
         if self.run.is_chief:
-            hook.hookdet_report_metrics(
-                run=self.run,
-                group="validation",
-                steps_completed=self.state.batches_trained,
-                metrics=metrics,
-            )
+            self._report("validation", metrics)
         return is_best
 
     def _evaluate_batches(self) -> Tuple[Dict[str, Any], List[Any]]:

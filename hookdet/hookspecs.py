@@ -39,12 +39,12 @@ the default behaviour, ``<first>`` a provider whose first non-None answer wins::
         if last batch of an epoch: on_training_epoch_end(epoch_idx)
         at a reporting / validation / checkpoint boundary, or a stop:
             on_training_workload_end(avg_metrics, batch_metrics)
-            hookdet_report_metrics(run, "training", ...)            [chief]
+            metrics.jsonl; hookdet_report_metrics(run, "training", ...) [chief]
         at a validation boundary:
             on_validation_start(); on_validation_epoch_start()
             per batch: trial.evaluate_batch(...); hookdet_validation_batch_end(...)
             on_validation_epoch_end(outputs); on_validation_end(metrics)
-            hookdet_report_metrics(run, "validation", ...)          [chief]
+            metrics.jsonl; hookdet_report_metrics(run, "validation", ...) [chief]
         at a checkpoint boundary or a stop:
             hookdet_save_checkpoint(run) <first>
                 on_checkpoint_save_start(checkpoint)                 [chief]
@@ -331,8 +331,9 @@ def hookdet_report_metrics(
     """Record reduced metrics: ``group`` is ``"training"`` or ``"validation"``.
 
     Fires on the chief only, at reporting boundaries, with plain JSON-serialisable values already
-    averaged across ranks. ``steps_completed`` counts batches trained so far. TensorBoard, the
-    run's ``metrics.jsonl``, progress bars and MLflow listen here.
+    averaged across ranks. ``steps_completed`` counts batches trained so far. The host has
+    already recorded the report in the run's ``metrics.jsonl`` (:mod:`hookdet.runs.metrics`);
+    TensorBoard, progress bars, MLflow and the non-finite watch (``metrics_log``) listen here.
     """
 
 

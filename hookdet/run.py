@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hookdet.exit_codes import ExitReason
     from hookdet.plugin_manager import PluginManager
     from hookdet.checkpoints.storage import CheckpointStorage
+    from hookdet.runs.metrics import ReportLog
     from hookdet.trial import PyTorchTrial
 
 
@@ -71,6 +72,9 @@ class Run:
     #: Batches the chief validates per pass, when the validation loader has a length; set with
     #: ``max_batches`` (for progress displays).
     validation_length: Optional[int] = None
+    #: The run's ``metrics.jsonl`` (:class:`hookdet.runs.metrics.ReportLog`), written by the loop
+    #: on the chief; None on other ranks.
+    report_log: Optional["ReportLog"] = None
     #: The batch this process started training from (after any restore); None until training
     #: starts. A run that fails with nothing trained past it changed nothing of its history.
     first_batch: Optional[int] = None

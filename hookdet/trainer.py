@@ -38,6 +38,7 @@ from hookdet.plugin_list import (
 from hookdet.plugin_manager import PluginError, PluginManager
 from hookdet.runs import ownership as ownership
 from hookdet.runs import record as run_record
+from hookdet.runs.metrics import ReportLog
 from hookdet.rng import seed_everything
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
@@ -134,6 +135,8 @@ def init(
             run.hook.hookdet_unconfigure(run=run)
         finally:
             active_run.leave(run)
+            if run.report_log is not None:
+                run.report_log.close()
             if run.distributed is not None and distributed is None:
                 run.distributed.close()
             ownership.give_up(run)
@@ -171,6 +174,7 @@ def _open(run: Run, distributed: Optional[DistributedContext]) -> None:
     run.run_id = ownership.accept(run.distributed.broadcast(claim))
     if run.is_chief:
         run_record.record_start(run)
+        run.report_log = ReportLog(run.run_dir)
     run.distributed.barrier()
     run.storage = run.hook.hookdet_make_checkpoint_storage(run=run) or make_storage(
         run.config.checkpoint_storage, run.run_dir

@@ -129,3 +129,20 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_line_and_resume_goes_on(t
     assert [(r["group"], r["steps_completed"], r["metrics"]) for r in reports] == [
         (r["group"], r["steps_completed"], r["metrics"]) for r in expected
     ]
+
+
+@pytest.mark.slow
+def test_the_history_is_the_hosts_record_with_metrics_log_off(tmp_path: Path) -> None:
+    stop = write_config(tmp_path / "stop.yaml", {"stop_at": 6}, plugins=["no:metrics_log"])
+    whole = write_config(tmp_path / "whole.yaml", plugins=["no:metrics_log"])
+    run_dir = tmp_path / "run"
+    trained(stop, run_dir, "stop at 6, no:metrics_log")
+    status, _, stderr = run(["run", str(whole), "--resume", str(run_dir)], "resume, no:metrics_log", fault=False)
+    assert status == 0, stderr[-3000:]
+    reports = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    assert [r["steps_completed"] for r in reports if r["group"] == "training"] == list(range(1, 13))
+    status, shown, stderr = run(["show", str(run_dir)], "show, no:metrics_log", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert "batches: 12/12" in shown
+    loss_row = next(line.split() for line in shown.splitlines() if line.split()[:2] == ["training", "loss"])
+    assert loss_row[2] == "12"  # every training report, read from the host's record
