@@ -1,12 +1,20 @@
-"""Prints how many behaviours the parity suite (``tests/parity``) compared, per case and in all.
+"""Prints how many behaviours the parity suite (``tests/parity``) compared, per case and in all;
+gives the tests' runs a checkpoint index of their own (``HOOKDET_HOME``).
 
 It lives here, not in ``tests/parity``, because pytest-xdist's controller loads only this level's
 conftest: each worker counts its own cases and hands its counts over when it finishes
 (``workeroutput``), and the controller prints the sum.
 """
+import os
+import tempfile
+
 import pytest
 
 from tests.parity.checks import COMPARED
+
+# Runs started by the tests (and their child processes) index their checkpoints here, not in the
+# user's ~/.local/share/hookdet (hookdet.checkpoints.user_index).
+os.environ.setdefault("HOOKDET_HOME", tempfile.mkdtemp(prefix="hookdet-home-"))
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001

@@ -49,6 +49,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from hookdet.checkpoints import format as fmt
+from hookdet.checkpoints import user_index
 from hookdet import rng
 from hookdet.checkpoints.writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.cluster_info import get_cluster_info
@@ -217,6 +218,7 @@ class CheckpointPlugin:
                 before = fmt.file_stats(directory)
                 run.hook.on_checkpoint_write_end(checkpoint_dir=str(directory))
                 fmt.reseal(directory, before)
+            user_index.record(storage_id, run.storage.locator(), run.run_dir)
         run.state.latest_checkpoint = storage_id
         run.hook.on_checkpoint_upload_end(uuid=storage_id)
         run.hook.on_checkpoint_end(checkpoint_dir=location)
@@ -378,6 +380,7 @@ class CheckpointPlugin:
                 logger.warning("could not delete checkpoint %s: %s", storage_id, error)
                 continue
             gone.add(storage_id)
+            user_index.forget(storage_id)
             logger.info("retention deleted checkpoint %s", storage_id)
         self._saved = [entry for entry in self._saved if entry["uuid"] not in gone]
 
