@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import xxhash
 
+from hookdet.checkpoints import determined_format
 from hookdet.checkpoints.storage import METADATA_FILE, MalformedMetadataError, parse_metadata
 from hookdet.plugin_manager import PluginError
 
@@ -353,6 +354,8 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
         raise CheckpointError(f"checkpoint {directory} is corrupt: {path} is unreadable: {error}") from error
     except MalformedMetadataError as error:
         raise CheckpointError(f"checkpoint {directory} is corrupt: {error}") from None
+    if determined_format.written_by_determined(metadata):
+        return _determined(determined_format.read_metadata, directory)
     problem = _manifest_problem(metadata)
     if problem is not None:
         raise CheckpointError(f"checkpoint {directory} is corrupt: {path} is not hookdet checkpoint metadata ({problem})")
@@ -365,6 +368,14 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
             "(it was altered after it was written)"
         )
     return metadata
+
+
+def _determined(read: Any, directory: Path, *args: Any) -> Any:
+    """``read(directory, *args)`` of :mod:`.determined_format`, its refusals as CheckpointError."""
+    try:
+        return read(directory, *args)
+    except (determined_format.DeterminedCheckpointError, MalformedMetadataError, OSError) as error:
+        raise CheckpointError(f"Determined checkpoint {directory}: {error}") from None
 
 
 def _manifest_problem(metadata: Dict[str, Any]) -> Optional[str]:
@@ -417,7 +428,7 @@ def verify(directory: Path) -> Dict[str, Any]:
     """
     directory = Path(directory)
     metadata = read_metadata(directory)
-    for relative, expected in metadata["files"].items():
+    for relative, expected in metadata.get("files", {}).items():  # Determined's have no manifest
         _check_file(directory, relative, expected)
     return metadata
 
@@ -432,6 +443,8 @@ def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: 
     """
     directory = Path(directory)
     metadata = read_metadata(directory)
+    if "determined_version" in metadata:
+        return _determined(determined_format.load_state, directory, map_location)
     expected = metadata["files"].get(STATE_FILE)
     if expected is None:
         raise CheckpointError(f"checkpoint {directory} has no {STATE_FILE} in its manifest")

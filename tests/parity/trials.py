@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import random
 from typing import Any, Dict
 
 import numpy as np
@@ -558,3 +559,16 @@ class MisusedContext(BaseTrial):
         event("before_training", current_train_batch=outcome(context.current_train_batch),
               is_epoch_start=outcome(context.is_epoch_start), is_epoch_end=outcome(context.is_epoch_end))
         raise RuntimeError("every misuse recorded")
+
+
+class Continued(SchedulerModes):
+    """:class:`SchedulerModes` whose batches draw from every global generator (torch, NumPy,
+    Python), so a checkpoint carries RNG state that matters, and a callback with state."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        x, y, records = batch
+        noise = torch.randn_like(x) * 0.01 + float(np.random.rand()) * 0.01 + random.random() * 0.01
+        return super().train_batch((x + noise, y, records), epoch_idx, batch_idx)
+
+    def build_callbacks(self) -> Dict[str, Any]:
+        return {"recorder": Recorder(self)}

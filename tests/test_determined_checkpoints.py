@@ -1,0 +1,95 @@
+"""Checkpoints the real ``determined==0.38.1`` wrote, taken by every entry a user has:
+``hookdet run --resume <dir>``, ``load_trial_from_checkpoint_path(<dir>)``; and a hostile one
+(pickled code in ``state_dict.pth`` or ``trial_state.pkl``) refused in one line, its code never
+run. The bit-for-bit continuation is ``tests/parity/test_parity_determined_checkpoints.py``.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hookdet.checkpoints import format as fmt
+from hookdet.runs.metrics import read_reports
+from tests.faults.harness import REPO, assert_one_line, run, write_config
+from tests.parity import harness
+
+PERIODS = {"validation_period": {"Batch": 4}, "checkpoint_period": {"Batch": 4},
+           "reporting_period": {"Batch": 2}, "checkpoint_policy": "all"}
+
+
+@pytest.fixture(scope="module")
+def determined_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint directory Determined wrote at batch 4 of :class:`tests.parity.trials.Continued`."""
+    root = tmp_path_factory.mktemp("determined")
+    harness.run_case(root, "Continued", dict(PERIODS, max_length={"Batch": 4}), frameworks=("determined",))
+    uuid = (root / "determined" / "cwd" / "latest_checkpoint.txt").read_text().strip()
+    return root / "determined" / "data" / "determined" / uuid
+
+
+def experiment(tmp_path: Path) -> Path:
+    return write_config(
+        tmp_path / "exp.yaml", {"global_batch_size": 4},
+        entrypoint="tests.parity.trials:Continued",
+        searcher={"name": "single", "metric": "val_loss", "smaller_is_better": True, "max_length": {"batches": 7}},
+        min_checkpoint_period={"batches": 4},
+    )
+
+
+@pytest.mark.slow
+def test_hookdet_run_resumes_a_determined_checkpoint(tmp_path: Path, determined_checkpoint: Path) -> None:
+    run_dir = tmp_path / "run"
+    status, _, stderr = run(["run", str(experiment(tmp_path)), "--resume", str(determined_checkpoint),
+                             "--run-dir", str(run_dir), "--model-dir", str(REPO)], "resume Determined's", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert f"resumed from checkpoint {determined_checkpoint} at batch 4" in stderr
+    assert [r["steps_completed"] for r in read_reports(run_dir) if r["group"] == "training"] == [5, 6, 7]
+
+
+def test_load_trial_from_a_determined_checkpoint(determined_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARITY_FRAMEWORK", "hookdet")
+    from hookdet import pytorch
+
+    trial = pytorch.load_trial_from_checkpoint_path(str(determined_checkpoint))
+    saved = torch.load(determined_checkpoint / "state_dict.pth", weights_only=False)["models_state_dict"][0]
+    assert type(trial).__name__ == "Continued"
+    assert set(saved) == set(trial.model.state_dict())
+    assert all(torch.equal(trial.model.state_dict()[name], tensor) for name, tensor in saved.items())
+
+
+class RunsCode:
+    """Pickles into a call of ``os.system``: loading it would run a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: D105
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("tampered", ["state_dict.pth", "trial_state.pkl"])
+def test_a_determined_checkpoint_with_code_in_it_is_refused_in_one_line(
+    tmp_path: Path, determined_checkpoint: Path, tampered: str
+) -> None:
+    hostile = tmp_path / "hostile"
+    shutil.copytree(determined_checkpoint, hostile)
+    marker = tmp_path / "code-ran"
+    if tampered == "state_dict.pth":
+        state = torch.load(hostile / "state_dict.pth", weights_only=False)
+        state["callbacks"]["recorder"] = {"calls": RunsCode(marker)}
+        torch.save(state, hostile / "state_dict.pth")
+    else:
+        (hostile / "trial_state.pkl").write_bytes(pickle.dumps({"batches_trained": RunsCode(marker)}))
+
+    with pytest.raises(fmt.CheckpointError, match=f"{tampered}.*(posix.system|os.system)") as refused:
+        fmt.load_state(hostile)
+    assert "weights_only" not in str(refused.value) and "trust" not in str(refused.value)
+    status, _, stderr = run(["run", str(experiment(tmp_path)), "--resume", str(hostile), "--run-dir",
+                             str(tmp_path / "run"), "--model-dir", str(REPO)], f"hostile {tampered}")
+    assert status == 2, stderr[-3000:]
+    assert_one_line(stderr, tampered, "never runs code")
+    assert not marker.exists()
