@@ -23,6 +23,7 @@ from hookdet import loader_adapters
 from hookdet.batch_moving import batch_mover
 from hookdet.data import DataLoader
 from hookdet import workload_metrics
+from hookdet.checkpoints.format import CheckpointError, check_weights_only
 from hookdet.metric_values import MetricError, check_metrics_serialisable
 from hookdet.trial import (
     Batch,
@@ -189,7 +190,10 @@ class TrainingLoop:
         next_boundary = batches_at_next_boundary(periods, state.batches_trained, self.max_batches)
         # The run shares the list, so an observer (the live view) reads the latest batch's
         # metrics without a per-batch hook.
-        workload: List[Dict[str, Any]] = []
+        # A run preempted between two reports left its workload's batches in the checkpoint:
+        # they join this workload, so the next report averages what it would have without a stop.
+        workload: List[Dict[str, Any]] = list(self.run.carried_workload or [])
+        self.run.carried_workload = None
         self.run.workload_metrics = workload
         context.experimental.reset_reducers()
         self._set_train_mode(True)
@@ -280,7 +284,10 @@ class TrainingLoop:
         report = reached(reporting_period, trained, epoch_ended, epoch_length)
         if not (validate or checkpoint or report or stopping or done):
             return None
-        self._finish_workload(workload)
+        if self._carries(workload, validate or report or done):
+            self.run.carried_workload = workload  # into the checkpoint below, not into a report
+        else:
+            self._finish_workload(workload)
         # A validation due at this batch runs even when stopping (as Determined validates at a
         # boundary before it checks for a stop), so a stopped-and-resumed run reports the same
         # validations as one that never stopped.
@@ -300,6 +307,23 @@ class TrainingLoop:
             self.run.exit_reason = ExitReason.COMPLETED
             return True
         return False
+
+    def _carries(self, workload: List[Dict[str, Any]], reports_here: bool) -> bool:
+        """Whether a preemption between two reports carries the workload in the checkpoint
+        instead of reporting it, so the resumed run's reports equal an uninterrupted run's.
+
+        Only what a checkpoint can hold is carried: plain values and tensors, and no custom
+        training reducer (whose state is the user's object); otherwise the workload is
+        reported at the stop, as Determined reports it."""
+        if reports_here or self.run.exit_reason != ExitReason.PREEMPTED or not workload:
+            return False
+        if self.context._reducers.has_training_reducers():
+            return False
+        try:
+            check_weights_only(workload, "the workload's metrics")
+        except CheckpointError:
+            return False
+        return True
 
     def _bind_batch_hooks(self) -> Tuple[bool, bool, bool, bool]:
         """Whether the train-batch, batch-end and epoch start/end hooks have implementations

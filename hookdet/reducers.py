@@ -237,6 +237,10 @@ class ReducerRegistry:
     def __len__(self) -> int:
         return len(self._registrations)
 
+    def has_training_reducers(self) -> bool:
+        """Whether any reducer reports in training workloads (its state is the trial's)."""
+        return any(registration.for_training for registration in self._registrations)
+
     def wrap(
         self,
         reducer: MetricReducer | Callable[[list[Any]], Any],

@@ -75,6 +75,10 @@ class Run:
     #: The run's ``metrics.jsonl`` (:class:`hookdet.runs.metrics.ReportLog`), written by the loop
     #: on the chief; None on other ranks.
     report_log: Optional["ReportLog"] = None
+    #: The batches of a workload a preemption stopped between two reports, each rank's own:
+    #: the loop sets it before the stop's checkpoint, which keeps it; a resume restores it and
+    #: the loop starts its first workload with them (None otherwise).
+    carried_workload: Optional[list] = None
     #: The batch this process started training from (after any restore); None until training
     #: starts. A run that fails with nothing trained past it changed nothing of its history.
     first_batch: Optional[int] = None

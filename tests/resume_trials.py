@@ -16,6 +16,7 @@ import copy
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -106,6 +107,8 @@ class _StopAt:
         stop_at = self.context.get_hparams().get("stop_at")
         if stop_at is not None and batch_idx + 1 == stop_at:
             self.context.set_stop_requested(True)
+        if self.context.get_hparams().get("sigterm_at") == batch_idx + 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal, at an exact batch
 
 
 class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
@@ -115,7 +118,8 @@ class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
     scheduler (none|batch|epoch: a StepLR stepped by the loop), stateful (use
     :class:`StatefulCallback`), hidden, layers (extra hidden x hidden layers, to make
     checkpoints big), sleep (seconds per batch, to make training slow enough to interrupt),
-    startup_log (a file the recorder appends ``on_trial_startup``'s arguments to), stop_at.
+    startup_log (a file the recorder appends ``on_trial_startup``'s arguments to), stop_at,
+    sigterm_at (the process sends itself SIGTERM after that batch, as a preemption would).
     """
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:

@@ -27,6 +27,8 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
+from hookdet.launcher import child_setup_for
+
 REPO = Path(__file__).resolve().parents[1]
 AZURITE = REPO / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 #: Azurite's well-known development account (published by Microsoft; it guards nothing).
@@ -110,6 +112,7 @@ def azure_port() -> int:
                 [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location,
                  "--skipApiVersionCheck", "--silent", "--loose"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=child_setup_for(os.getpid()),  # it ends with this process, however that ends
             )
             atexit.register(process.kill)
             atexit.register(shutil.rmtree, location, True)

@@ -146,3 +146,55 @@ def test_the_history_is_the_hosts_record_with_metrics_log_off(tmp_path: Path) ->
     assert "batches: 12/12" in shown
     loss_row = next(line.split() for line in shown.splitlines() if line.split()[:2] == ["training", "loss"])
     assert loss_row[2] == "12"  # every training report, read from the host's record
+
+
+@pytest.mark.slow
+def test_sigterm_at_any_batch_then_resume_gives_the_uninterrupted_history(tmp_path: Path) -> None:
+    """Reports every 5 batches; a real SIGTERM after batch 3, 7 and 13 (between reports) and 10
+    (on one): each resumed run's ``metrics.jsonl`` equals the uninterrupted run's, value for
+    value, because the stop carries its workload's batches in the checkpoint instead of
+    reporting them."""
+    fields = dict(scheduling_unit=5, min_validation_period={"batches": 10}, min_checkpoint_period={"batches": 10},
+                  searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
+                            "max_length": {"batches": 20}})
+    straight = trained(write_config(tmp_path / "straight.yaml", **fields), tmp_path / "straight", "straight")
+    expected = [json.loads(line) for line in straight[METRICS_FILE].decode().splitlines()]
+    whole = write_config(tmp_path / "whole.yaml", **fields)
+    for batch in (3, 7, 10, 13):
+        run_dir = tmp_path / f"sigterm-{batch}"
+        config = write_config(tmp_path / f"sigterm-{batch}.yaml", {"sigterm_at": batch}, **fields)
+        status, _, stderr = run(["run", str(config), "--run-dir", str(run_dir)], f"SIGTERM after batch {batch}", fault=False)
+        assert status == 75, stderr[-3000:]
+        assert f"checkpoint saved at batch {batch}" in stderr
+        status, _, stderr = run(["run", str(whole), "--resume", str(run_dir)], f"resume after {batch}", fault=False)
+        assert status == 0, stderr[-3000:]
+        reports = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+        assert [(r["group"], r["steps_completed"], r["metrics"]) for r in reports] == [
+            (r["group"], r["steps_completed"], r["metrics"]) for r in expected
+        ], f"SIGTERM after batch {batch}"
+
+
+@pytest.mark.slow
+def test_sigterm_between_reports_on_two_ranks_then_resume_gives_the_uninterrupted_history(tmp_path: Path) -> None:
+    """The same on 2 gloo ranks: each rank carries its own batches, averaged across ranks at the
+    resumed run's next report as they would have been."""
+    fields = dict(scheduling_unit=5, min_validation_period={"batches": 10}, min_checkpoint_period={"batches": 10},
+                  resources={"slots_per_trial": 2},
+                  searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
+                            "max_length": {"batches": 15}})
+    straight = trained(write_config(tmp_path / "straight.yaml", **fields), tmp_path / "straight", "2 ranks, straight")
+    run_dir = tmp_path / "stopped"
+    status, _, stderr = run(["run", str(write_config(tmp_path / "stop.yaml", {"sigterm_at": 7}, **fields)),
+                             "--run-dir", str(run_dir)], "2 ranks, SIGTERM after batch 7", fault=False)
+    assert status == 75, stderr[-3000:]
+    stopped = [json.loads(line)["steps_completed"] for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    assert stopped == [5], stopped  # nothing reported at the stop
+    status, _, stderr = run(["run", str(write_config(tmp_path / "whole.yaml", **fields)), "--resume", str(run_dir)],
+                            "2 ranks, resume", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert (run_dir / METRICS_FILE).read_bytes().count(b"\n") == straight[METRICS_FILE].count(b"\n")
+    reports = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    expected = [json.loads(line) for line in straight[METRICS_FILE].decode().splitlines()]
+    assert [(r["group"], r["steps_completed"], r["metrics"]) for r in reports] == [
+        (r["group"], r["steps_completed"], r["metrics"]) for r in expected
+    ]

@@ -11,6 +11,9 @@ Saved (in ``state_dict.pth``, Determined's keys where Determined has one):
 - ``trial_state``: the loop's counters, which are also the data position (the samplers are pure
   functions of seed, epoch and batches consumed, so nothing else about the loaders is needed);
 - ``rng_state``: every rank's Python, NumPy, torch and CUDA generator state;
+- ``workloads`` (only when a preemption stopped training between two reports): every rank's
+  metrics of the batches trained since the last report, which the resumed run's next report
+  averages in, so its reports equal an uninterrupted run's;
 - ``gradients`` (only when some gradient exists, e.g. in the middle of an
   ``aggregation_frequency`` window): every rank's accumulated ``.grad`` tensors, without which
   a stop inside the window would lose the batches already accumulated.
@@ -141,7 +144,7 @@ class CheckpointPlugin:
         in the background from a host snapshot, or, in synchronous mode, before returning."""
         self.finish_write(run, wait=True, before="the next checkpoint")
         rank_states = run.distributed.gather(
-            {"rng": rng.capture_rng_state(), "gradients": _gradients(run.context)}
+            {"rng": rng.capture_rng_state(), "gradients": _gradients(run.context), "workload": run.carried_workload}
         )
         in_background = (
             self.asynchronous
@@ -318,6 +321,8 @@ class CheckpointPlugin:
         }
         if any(rank["gradients"] is not None for rank in rank_states):
             checkpoint["gradients"] = [rank["gradients"] for rank in rank_states]
+        if any(rank["workload"] for rank in rank_states):
+            checkpoint["workloads"] = [rank["workload"] for rank in rank_states]
         run.hook.on_checkpoint_save_start(checkpoint=checkpoint)
         fmt.check_weights_only(checkpoint, "checkpoint")  # a bad value fails here, before any write
         metadata = fmt.base_metadata(

@@ -109,6 +109,14 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
     gradients = state.get("gradients")
     if gradients:
         _restore_gradients(context, gradients[rank % len(gradients)], directory)
+    workloads = state.get("workloads")  # the batches a preemption stopped between two reports
+    if workloads and len(workloads) == size:
+        run.carried_workload = _to_device(workloads[rank], run.device)
+    elif workloads:
+        logger.warning(
+            "checkpoint %s carries a workload of %d rank(s), resuming on %d: its batches are left "
+            "out of the next training report", directory, len(workloads), size,
+        )
     _restore_plugins_and_callbacks(run, state, directory)
 
     epoch_length = run.state.epoch_length
@@ -197,6 +205,18 @@ def _load_list(kind: str, objects: List[Any], states: List[Any], directory: Path
                 f"cannot resume: checkpoint {directory}: {kind} {index} ({name}) does not match "
                 f"the trial's: {error}"
             ) from error
+
+
+def _to_device(value: Any, device: Any) -> Any:
+    """Carried metrics with their tensors back on the run's device, where ``train_batch`` made
+    the metrics they will be averaged with."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(item, device) for item in value)
+    return value
 
 
 def _restore_gradients(context: Any, saved: Optional[List[Dict[str, torch.Tensor]]], directory: Path) -> None:
