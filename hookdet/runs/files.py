@@ -1,0 +1,19 @@
+"""The names of a run directory's files: one table, so every reader and writer agrees.
+
+::
+
+    <run dir>/
+      run.json            RUN_RECORD_FILE  state, pid and host, times, how it ended (record.py)
+      config.json         CONFIG_FILE      the experiment as it ran
+      metrics.jsonl       METRICS_FILE     every training and validation report (metrics.py)
+      run_identity.json   IDENTITY_FILE    the run id and where its checkpoints are (identity.py)
+      .hookdet.lock       LOCK_FILE        who holds the run (lock.py)
+      checkpoints/        CHECKPOINTS_DIR  the default checkpoint storage
+"""
+
+RUN_RECORD_FILE = "run.json"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+IDENTITY_FILE = "run_identity.json"
+LOCK_FILE = ".hookdet.lock"
+CHECKPOINTS_DIR = "checkpoints"
