@@ -17,6 +17,11 @@ the page cache warm:
   every tensor into host buffers (kept from the previous checkpoint); the background write is
   then waited for, untimed, and its duration from submission to publication gives
   ``async_write`` and the background throughput;
+* ``stall_in_training``: what a user sees: the time ``steps`` training steps take right after an
+  asynchronous ``hookdet_save_checkpoint`` (the save included), less the time the same steps
+  take with no checkpoint; ``steps`` covers twice the background write, so the writer competing
+  with training for the cores and the interpreter lock is counted, not only the time
+  ``hookdet_save_checkpoint`` blocks;
 * ``sync_save``: ``hookdet_save_checkpoint`` end to end in the synchronous mode — the same plus
   serialising with the XXH3-128 checksum computed while writing, the manifest and
   ``metadata.json``, fsync of every file and the directory, and the atomic rename;
@@ -110,6 +115,34 @@ def fsync_save(obj: Any, path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def stall_in_training(
+    trial: BigTrial, save: Callable[[bool], None], finish: Callable[[], None], forget: Callable[[], None],
+    write_seconds: float, repeats: int,
+) -> Dict[str, List[float]]:
+    """``stall_in_training`` (see the module docstring), and the steps it ran each time."""
+    batch = next(iter(trial.build_training_data_loader()))
+    batch = [tensor.to(trial.context.device) for tensor in batch]
+
+    def steps(count: int) -> None:
+        for index in range(count):
+            trial.train_batch(batch, 0, index)
+        if trial.context.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    steps(5)
+    step_seconds = (time.perf_counter() - start) / 5
+    count = max(5, int(2 * write_seconds / step_seconds) + 1)
+    timings = interleaved(
+        {"plain_steps": lambda: steps(count), "checkpointed_steps": lambda: (save(True), steps(count))},
+        repeats,
+        before={"checkpointed_steps": forget},
+        after={"checkpointed_steps": finish},
+    )
+    stall = [with_checkpoint - plain for with_checkpoint, plain in zip(timings["checkpointed_steps"], timings["plain_steps"])]
+    return {"stall_in_training": stall, "stall_steps": [float(count)]}
+
+
 def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
     """Every timing for one state size, in one run."""
     width = WIDTHS[size]
@@ -197,6 +230,8 @@ def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
         )
         results["async_write"] = write_seconds
         results["async_blocked_first"] = first_blocked
+        results.update(stall_in_training(trial, save, finish_background_write, forget_previous,
+                                         statistics.median(write_seconds), repeats))
         sizes = {"bare_bytes": bare_path.stat().st_size, "hookdet_bytes": (checkpoint_dir / fmt.STATE_FILE).stat().st_size}
         forget_previous()
     medians = {name: statistics.median(values) for name, values in results.items()}
@@ -211,6 +246,8 @@ def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
         "background_write_MB_per_s": sizes["hookdet_bytes"] / 1e6 / medians["async_write"],
         "ratios": {
             "async_blocked_vs_torch_save": medians["async_blocked"] / medians["bare_save"],
+            "async_blocked_vs_torch_save_fsync": medians["async_blocked"] / medians["bare_save_fsync"],
+            "stall_in_training_vs_torch_save_fsync": medians["stall_in_training"] / medians["bare_save_fsync"],
             "sync_save_vs_torch_save_fsync": medians["sync_save"] / medians["bare_save_fsync"],
             "load_vs_torch_load": medians["hookdet_load"] / medians["bare_load"],
             "load_vs_torch_load_apply": medians["hookdet_load"] / medians["bare_load_apply"],

@@ -5,6 +5,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
+from hookdet.runs.files import TENSORBOARD_DIR
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -119,7 +121,7 @@ class Run:
     @property
     def tensorboard_dir(self) -> Path:
         """Where TensorBoard files of this run go (never None)."""
-        return self.run_dir / "tensorboard"
+        return self.run_dir / TENSORBOARD_DIR
 
     def options(self, plugin_name: str) -> Dict[str, Any]:
         """The ``plugin_config`` block for ``plugin_name`` (empty when absent)."""

@@ -150,7 +150,11 @@ def flatfs_installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     sys.path.insert(0, str(site))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    from hookdet.checkpoints.registry import storage_class
+    from stevedore import ExtensionManager
 
+    from hookdet.checkpoints.registry import GROUP, storage_class
+
+    # stevedore reads a group's entry points once per process; this process installed one since.
+    ExtensionManager.ENTRY_POINT_CACHE.pop(GROUP, None)
     storage_class.cache_clear()
     return site

@@ -458,14 +458,14 @@ def test_every_problem_of_a_file_is_reported_in_one_message_in_file_order(tmp_pa
           max_lenght: {batches: 5}
         scheduling_unit: many
         checkpoint_storage:
-          type: gcs
+          type: ftp
         """))
     with pytest.raises(ConfigError) as caught:
         load_experiment_config(path)
     lines = str(caught.value).splitlines()
     assert [line.split(": ", 1)[0].strip() for line in lines] == [f"{path}:{n}" for n in (3, 7, 8, 10)]
     assert "global_batch_size" in lines[0] and "did you mean 'max_length'" in lines[1]
-    assert "scheduling_unit" in lines[2] and "'gcs' is not a storage hookdet has" in lines[3]
+    assert "scheduling_unit" in lines[2] and "'ftp' is not a storage hookdet has" in lines[3]
 
 
 # ------------------------------------------------------------------------------ hyperparameters
@@ -784,9 +784,9 @@ def test_each_storage_type_maps_to_its_plugin() -> None:
             "checkpoint_storage.type is required: one of shared_fs, directory, s3",
         ),
         (
-            {"type": "gcs", "bucket": "b"},
+            {"type": "ftp", "bucket": "b"},
             "checkpoint_storage.type",
-            "checkpoint_storage.type 'gcs' is not a storage hookdet has",
+            "checkpoint_storage.type 'ftp' is not a storage hookdet has",
         ),
         (
             {"type": "shared-fs", "host_path": "/h"},

@@ -35,6 +35,7 @@ class AzureStorage(ObjectStorage):
     """Checkpoints as blobs ``<path>/<storage id>/<relative file path>`` in one container."""
 
     type_name = "azure"
+    vendor = "Azure"
 
     def __init__(
         self,
@@ -84,7 +85,7 @@ class AzureStorage(ObjectStorage):
         return self.container.url.rsplit("/", 1)[0]
 
     def describe(self) -> str:
-        return f"azure container {self._container_path()}"
+        return f"container {self._container_path()}"
 
     def url(self, key: str) -> str:
         return f"azure://{self.container_name}/{key}"
@@ -101,45 +102,33 @@ class AzureStorage(ObjectStorage):
             self._container = service.get_container_client(self.container_name)
         return self._container
 
-    def _failed(self, action: str, error: Exception) -> StorageError:
-        return StorageError(f"Azure storage {self.describe()}: {action} failed: {error}")
-
     def list_keys(self, key_prefix: str) -> List[str]:
-        try:
+        with self.failing_as(f"listing {key_prefix or 'the container'}"):
             return [item.name for item in self.container.list_blobs(name_starts_with=key_prefix or None, timeout=AZURE_TIMEOUT_S)]
-        except Exception as error:
-            raise self._failed(f"listing {key_prefix or 'the container'}", error) from error
 
     def upload_file(self, local_file: Path, key: str) -> None:
-        try:
-            with open(local_file, "rb") as data:
-                self.container.upload_blob(key, data, overwrite=True, timeout=AZURE_TIMEOUT_S)
-        except Exception as error:
-            raise self._failed(f"uploading {key!r}", error) from error
+        with self.failing_as(f"uploading {key!r}"), open(local_file, "rb") as data:
+            self.container.upload_blob(key, data, overwrite=True, timeout=AZURE_TIMEOUT_S)
 
     def download_file(self, key: str, local_file: Path) -> None:
-        try:
-            with open(local_file, "wb") as out:
-                self.container.download_blob(key, timeout=AZURE_TIMEOUT_S).readinto(out)
-        except Exception as error:
-            raise self._failed(f"downloading {key!r}", error) from error
+        with self.failing_as(f"downloading {key!r}"), open(local_file, "wb") as out:
+            self.container.download_blob(key, timeout=AZURE_TIMEOUT_S).readinto(out)
 
     def get_bytes(self, key: str) -> Optional[bytes]:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            return self.container.download_blob(key, timeout=AZURE_TIMEOUT_S).readall()
-        except ResourceNotFoundError:
-            return None
-        except Exception as error:
-            raise self._failed(f"reading {key!r}", error) from error
+            with self.failing_as(f"reading {key!r}"):
+                return self.container.download_blob(key, timeout=AZURE_TIMEOUT_S).readall()
+        except StorageError as error:
+            if isinstance(error.__cause__, ResourceNotFoundError):
+                return None
+            raise
 
     def delete_keys(self, keys: List[str]) -> None:
-        try:
+        with self.failing_as(f"deleting {len(keys)} blob(s)"):
             for key in keys:
                 self.container.delete_blob(key, timeout=AZURE_TIMEOUT_S)
-        except Exception as error:
-            raise self._failed(f"deleting {len(keys)} blob(s)", error) from error
 
     def check(self) -> Optional[str]:
         """The container exists and answers."""

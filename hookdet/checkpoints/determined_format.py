@@ -25,9 +25,8 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from hookdet.checkpoints.storage import METADATA_FILE, parse_metadata
+from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, parse_metadata
 
-STATE_FILE = "state_dict.pth"
 LOAD_DATA_FILE = "load_data.json"
 TRIAL_STATE_FILE = "trial_state.pkl"
 

@@ -45,7 +45,7 @@ import torch
 import xxhash
 
 from hookdet.checkpoints import determined_format
-from hookdet.checkpoints.storage import METADATA_FILE, MalformedMetadataError, parse_metadata
+from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, MalformedMetadataError, parse_metadata
 from hookdet.plugin_manager import PluginError
 
 logger = logging.getLogger("hookdet")
@@ -55,7 +55,6 @@ logger = logging.getLogger("hookdet")
 FORMAT_VERSION = 4
 #: The manifest key of a file's checksum in the current format.
 CHECKSUM_KEY = "xxh3_128"
-STATE_FILE = "state_dict.pth"
 METADATA_DIGEST_KEY = "metadata_sha256"
 
 _READ_CHUNK = 1 << 22

@@ -39,6 +39,7 @@ class GCSStorage(ObjectStorage):
     """Checkpoints as objects ``<prefix>/<storage id>/<relative file path>`` in one bucket."""
 
     type_name = "gcs"
+    vendor = "GCS"
 
     def __init__(self, bucket: str, prefix: Optional[str] = None) -> None:
         if not isinstance(bucket, str) or not bucket or "/" in bucket:
@@ -67,43 +68,33 @@ class GCSStorage(ObjectStorage):
             self._bucket = _client().bucket(self.bucket_name)
         return self._bucket
 
-    def _failed(self, action: str, error: Exception) -> StorageError:
-        return StorageError(f"GCS storage {self.describe()}: {action} failed: {error}")
-
     def list_keys(self, key_prefix: str) -> List[str]:
-        try:
+        with self.failing_as(f"listing {key_prefix or 'the bucket'}"):
             return [blob.name for blob in self.bucket.list_blobs(prefix=key_prefix, timeout=GCS_TIMEOUT_S)]
-        except Exception as error:
-            raise self._failed(f"listing {key_prefix or 'the bucket'}", error) from error
 
     def upload_file(self, local_file: Path, key: str) -> None:
-        try:
+        with self.failing_as(f"uploading {key!r}"):
             self.bucket.blob(key).upload_from_filename(str(local_file), timeout=GCS_TIMEOUT_S)
-        except Exception as error:
-            raise self._failed(f"uploading {key!r}", error) from error
 
     def download_file(self, key: str, local_file: Path) -> None:
-        try:
+        with self.failing_as(f"downloading {key!r}"):
             self.bucket.blob(key).download_to_filename(str(local_file), timeout=GCS_TIMEOUT_S)
-        except Exception as error:
-            raise self._failed(f"downloading {key!r}", error) from error
 
     def get_bytes(self, key: str) -> Optional[bytes]:
         from google.api_core.exceptions import NotFound
 
         try:
-            return self.bucket.blob(key).download_as_bytes(timeout=GCS_TIMEOUT_S)
-        except NotFound:
-            return None
-        except Exception as error:
-            raise self._failed(f"reading {key!r}", error) from error
+            with self.failing_as(f"reading {key!r}"):
+                return self.bucket.blob(key).download_as_bytes(timeout=GCS_TIMEOUT_S)
+        except StorageError as error:
+            if isinstance(error.__cause__, NotFound):
+                return None
+            raise
 
     def delete_keys(self, keys: List[str]) -> None:
-        try:
+        with self.failing_as(f"deleting {len(keys)} object(s)"):
             for key in keys:
                 self.bucket.blob(key).delete(timeout=GCS_TIMEOUT_S)
-        except Exception as error:
-            raise self._failed(f"deleting {len(keys)} object(s)", error) from error
 
     def check(self) -> Optional[str]:
         """The bucket exists and answers."""

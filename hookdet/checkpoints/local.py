@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 
 from hookdet.checkpoints.os_errors import describe_os_error
 from hookdet.checkpoints.storage import (
+    CHECKPOINTS_DIR,
     METADATA_FILE,
     TEMP_DIR_PREFIX,
     CheckpointExistsError,
@@ -146,7 +147,7 @@ class LocalStorage(CheckpointStorage):
         """``shared_fs`` under ``host_path`` (joined with ``storage_path``), ``directory`` in
         ``container_path``, and the default (retention counts only): ``<run_dir>/checkpoints``."""
         if config is None or config.type == "default":
-            return cls(Path(run_dir) / "checkpoints")
+            return cls(Path(run_dir) / CHECKPOINTS_DIR)
         if config.type == "directory":
             return cls(config.container_path)
         return cls(config.root())

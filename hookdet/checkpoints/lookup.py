@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hookdet.checkpoints.format import METADATA_FILE, STATE_FILE, CheckpointError, read_metadata, verify
+from hookdet.checkpoints.storage import CHECKPOINTS_DIR
 
 logger = logging.getLogger("hookdet")
 
@@ -94,7 +95,7 @@ def resolve_checkpoint_dir(target: Path) -> Path:
             f"{target} is not a complete checkpoint: it has no {METADATA_FILE} "
             f"(its write was interrupted, or the file was removed){intact_hint(target.parent, target)}"
         )
-    for root in (target / "checkpoints", target):
+    for root in (target / CHECKPOINTS_DIR, target):
         candidates = checkpoint_dirs(root)
         if not candidates:
             continue

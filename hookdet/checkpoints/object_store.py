@@ -53,6 +53,8 @@ class ObjectStorage(CheckpointStorage):
     """
 
     prefix: str = ""
+    #: Who the store is, for messages: ``S3 storage s3://bucket/prefix: listing ... failed``.
+    vendor: str = "object"
 
     # ------------------------------------------------------------------ the vendor's primitives
 
@@ -79,6 +81,21 @@ class ObjectStorage(CheckpointStorage):
     @abc.abstractmethod
     def url(self, key: str) -> str:
         """``s3://bucket/key``, ``gs://...``: where object ``key`` is, for messages."""
+
+    def vendor_errors(self) -> tuple:
+        """The exceptions the vendor's library raises for a failed request."""
+        return (Exception,)
+
+    @contextlib.contextmanager
+    def failing_as(self, action: str) -> Iterator[None]:
+        """Turn the vendor library's errors (no bucket, bad credentials, no connection) into
+        one :class:`StorageError` that says what was being done where."""
+        try:
+            yield
+        except StorageError:
+            raise
+        except self.vendor_errors() as error:
+            raise StorageError(f"{self.vendor} storage {self.describe()}: {action} failed: {error}") from error
 
     # ------------------------------------------------------------------ checkpoints
 

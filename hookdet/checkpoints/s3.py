@@ -7,9 +7,7 @@ hanging the run.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -53,6 +51,7 @@ class S3Storage(ObjectStorage):
     """
 
     type_name = "s3"
+    vendor = "S3"
 
     def __init__(
         self,
@@ -123,40 +122,34 @@ class S3Storage(ObjectStorage):
             ),
         )
 
-    @contextlib.contextmanager
-    def _s3_errors(self, action: str) -> Iterator[None]:
-        """Turn boto3's errors (no bucket, bad credentials, no connection) into one
-        :class:`StorageError` that says what was being done where."""
+    def vendor_errors(self) -> tuple:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        try:
-            yield
-        except (BotoCoreError, ClientError) as err:
-            raise StorageError(f"S3 storage {self.describe()}: {action} failed: {err}") from err
+        return (BotoCoreError, ClientError)
 
     # ------------------------------------------------------------------ boto3's primitives
 
     def list_keys(self, key_prefix: str) -> List[str]:
         keys: List[str] = []
-        with self._s3_errors(f"listing {key_prefix or 'the bucket'}"):
+        with self.failing_as(f"listing {key_prefix or 'the bucket'}"):
             paginator = self.client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=key_prefix):
                 keys.extend(item["Key"] for item in page.get("Contents", ()))
         return keys
 
     def upload_file(self, local_file: Path, key: str) -> None:
-        with self._s3_errors(f"uploading {key!r}"):
+        with self.failing_as(f"uploading {key!r}"):
             self.client.upload_file(str(local_file), self.bucket, key)
 
     def download_file(self, key: str, local_file: Path) -> None:
-        with self._s3_errors(f"downloading {key!r}"):
+        with self.failing_as(f"downloading {key!r}"):
             self.client.download_file(self.bucket, key, str(local_file))
 
     def get_bytes(self, key: str) -> Optional[bytes]:
         from botocore.exceptions import ClientError
 
         try:
-            with self._s3_errors(f"reading {key!r}"):
+            with self.failing_as(f"reading {key!r}"):
                 return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except StorageError as error:
             cause = error.__cause__
@@ -167,7 +160,7 @@ class S3Storage(ObjectStorage):
     def delete_keys(self, keys: List[str]) -> None:
         """In batches of S3's 1000-key limit; any refusal raises."""
         batch_limit = 1000
-        with self._s3_errors(f"deleting {len(keys)} object(s)"):
+        with self.failing_as(f"deleting {len(keys)} object(s)"):
             for start in range(0, len(keys), batch_limit):
                 batch = keys[start : start + batch_limit]
                 response = self.client.delete_objects(

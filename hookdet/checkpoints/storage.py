@@ -46,6 +46,10 @@ __all__ = [
     "parse_metadata",
 ]
 
+#: The state file, Determined's name for it (hookdet's checkpoints and Determined's alike).
+STATE_FILE = "state_dict.pth"
+#: The default storage's folder in a run directory.
+CHECKPOINTS_DIR = "checkpoints"
 METADATA_FILE = "metadata.json"
 """The file whose presence marks a checkpoint as complete; writers must create it."""
 

@@ -9,11 +9,14 @@
       run_identity.json   IDENTITY_FILE    the run id and where its checkpoints are (identity.py)
       .hookdet.lock       LOCK_FILE        who holds the run (lock.py)
       checkpoints/        CHECKPOINTS_DIR  the default checkpoint storage
+      tensorboard/        TENSORBOARD_DIR  the tensorboard plugin's event files
 """
+from hookdet.checkpoints import storage
 
 RUN_RECORD_FILE = "run.json"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 IDENTITY_FILE = "run_identity.json"
 LOCK_FILE = ".hookdet.lock"
-CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINTS_DIR = storage.CHECKPOINTS_DIR  # the default storage's, named where it is made
+TENSORBOARD_DIR = "tensorboard"

@@ -24,7 +24,7 @@ from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet.checkpoints.registry import storage_from_locator
 from hookdet.checkpoints.storage import CheckpointStorage, StorageError
-from hookdet.runs.files import IDENTITY_FILE
+from hookdet.runs.files import CHECKPOINTS_DIR, IDENTITY_FILE
 
 logger = logging.getLogger("hookdet")
 
@@ -129,7 +129,7 @@ def locate_for_resume(
 def refuse_mixed_store(folder: Path) -> None:
     """Refuse a folder (not a run directory with an identity) whose checkpoints were written by several runs, naming each run."""
     runs: Dict[str, List[Tuple[int, Path, Dict[str, Any]]]] = {}
-    for root in (folder / "checkpoints", folder):
+    for root in (folder / CHECKPOINTS_DIR, folder):
         for directory, metadata in lookup.find_checkpoints(root):
             run_id = str(metadata.get("run_id") or "(no run id)")
             runs.setdefault(run_id, []).append((int(metadata.get("steps_completed") or 0), directory, metadata))

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from hookdet.runs.files import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE
+from hookdet.runs.files import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE, TENSORBOARD_DIR
 from hookdet.checkpoints.storage import METADATA_FILE
 from hookdet.runs.metrics import read_reports
 from hookdet.runs.record import read_record
@@ -71,7 +71,7 @@ def find_runs(root: Path) -> List[Path]:
             if is_run_dir(candidate):
                 found.append(candidate)
         subdirectories[:] = [name for name in subdirectories if not is_run_dir(Path(directory) / name)
-                             and name not in ("checkpoints", "tensorboard")]
+                             and name not in (CHECKPOINTS_DIR, TENSORBOARD_DIR)]
     return sorted(found)
 
 
