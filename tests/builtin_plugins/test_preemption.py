@@ -257,6 +257,9 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
     final = hookdet_run(config, run_dir, resume=run_dir)
     output = finish(final)
     assert final.returncode == 0, output[-3000:]
+    # Each of these is a checkpoint requested while the previous one was still being written:
+    # training went on beside the write (a run that is not killed shows it whatever the load).
+    trained_beside_a_write += output.count("to finish writing before the next checkpoint")
     started = json.loads(startup_log.read_text().splitlines()[-1])
     assert {k: started[k] for k in ("first_batch_idx", "checkpoint_uuid")} == expected_start
     straight_output = finish(straight)
