@@ -18,10 +18,14 @@ the page cache warm:
   then waited for, untimed, and its duration from submission to publication gives
   ``async_write`` and the background throughput;
 * ``stall_in_training``: what a user sees: the time ``steps`` training steps take right after an
-  asynchronous ``hookdet_save_checkpoint`` (the save included), less the time the same steps
-  take with no checkpoint; ``steps`` covers twice the background write, so the writer competing
-  with training for the cores and the interpreter lock is counted, not only the time
-  ``hookdet_save_checkpoint`` blocks;
+  asynchronous ``hookdet_save_checkpoint`` (the save included), less the mean time of the same
+  steps run just before and just after with no checkpoint; ``steps`` covers twice the background write, so the
+  writer competing with training for the cores, the interpreter lock and memory bandwidth is
+  counted, not only the time ``hookdet_save_checkpoint`` blocks. The model's steps are
+  memory-bound and their time varies by tens of percent on a shared machine, so this takes
+  ``--stall-rounds`` rounds (default 15) and also times ``stall_noise_floor``: the same difference
+  for a run with no checkpoint. A stall is measured only as far as it stands out of that
+  floor's spread (the report gives both medians and quartiles);
 * ``sync_save``: ``hookdet_save_checkpoint`` end to end in the synchronous mode — the same plus
   serialising with the XXH3-128 checksum computed while writing, the manifest and
   ``metadata.json``, fsync of every file and the directory, and the atomic rename;
@@ -117,9 +121,9 @@ def fsync_save(obj: Any, path: Path) -> None:
 
 def stall_in_training(
     trial: BigTrial, save: Callable[[bool], None], finish: Callable[[], None], forget: Callable[[], None],
-    write_seconds: float, repeats: int,
+    write_seconds: float, rounds: int,
 ) -> Dict[str, List[float]]:
-    """``stall_in_training`` (see the module docstring); the steps it covers are logged."""
+    """``stall_in_training`` and ``stall_noise_floor`` (see the module docstring)."""
     batch = next(iter(trial.build_training_data_loader()))
     batch = [tensor.to(trial.context.device) for tensor in batch]
 
@@ -136,18 +140,36 @@ def stall_in_training(
     steps(5)
     step_seconds = (time.perf_counter() - start) / 5
     count = max(5, int(2 * write_seconds / step_seconds) + 1)
+    # Each checkpointed run, and a control run of plain steps, sits between two plain runs and
+    # is compared with their mean: drift and the order of runs cancel out.
     timings = interleaved(
-        {"plain_steps": lambda: steps(count), "checkpointed_steps": lambda: (save(True), steps(count))},
-        repeats,
-        before={"checkpointed_steps": forget},
-        after={"checkpointed_steps": finish},
+        {
+            "plain_before": lambda: steps(count),
+            "checkpointed": lambda: (save(True), steps(count)),
+            "plain_between": lambda: steps(count),
+            "control": lambda: steps(count),
+            "plain_after": lambda: steps(count),
+        },
+        rounds,
+        before={"checkpointed": forget},
+        after={"checkpointed": finish},
     )
-    stall = [with_checkpoint - plain for with_checkpoint, plain in zip(timings["checkpointed_steps"], timings["plain_steps"])]
-    print(f"stall_in_training: {count} steps of {step_seconds * 1e3:.1f} ms after each checkpoint", file=sys.stderr)
-    return {"stall_in_training": stall}
+    print(f"stall_in_training: {count} steps of {step_seconds * 1e3:.1f} ms after each checkpoint, "
+          f"{rounds} rounds", file=sys.stderr)
+    before, between, after = timings["plain_before"], timings["plain_between"], timings["plain_after"]
+    return {
+        "stall_in_training": [run - (a + b) / 2 for run, a, b in zip(timings["checkpointed"], before, between)],
+        "stall_noise_floor": [run - (a + b) / 2 for run, a, b in zip(timings["control"], between, after)],
+    }
 
 
-def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
+def quartiles(values: List[float]) -> List[float]:
+    """First and third quartile (``statistics.quantiles``, inclusive)."""
+    first, _, third = statistics.quantiles(values, n=4, method="inclusive")
+    return [first, third]
+
+
+def measure(size: str, root: Path, repeats: int, stall_rounds: int) -> Dict[str, Any]:
     """Every timing for one state size, in one run."""
     width = WIDTHS[size]
     exp_conf = {
@@ -236,7 +258,7 @@ def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
         results["async_blocked_first"] = first_blocked
         sizes = {"bare_bytes": bare_path.stat().st_size, "hookdet_bytes": (checkpoint_dir / fmt.STATE_FILE).stat().st_size}
         results.update(stall_in_training(trial, save, finish_background_write, forget_previous,
-                                         statistics.median(write_seconds), repeats))
+                                         statistics.median(write_seconds), stall_rounds))
         forget_previous()
     medians = {name: statistics.median(values) for name, values in results.items()}
     return {
@@ -247,11 +269,13 @@ def measure(size: str, root: Path, repeats: int) -> Dict[str, Any]:
         "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
         "median_seconds": medians,
         "min_seconds": {name: min(values) for name, values in results.items()},
+        "stall_quartiles_seconds": {name: quartiles(results[name]) for name in ("stall_in_training", "stall_noise_floor")},
         "background_write_MB_per_s": sizes["hookdet_bytes"] / 1e6 / medians["async_write"],
         "ratios": {
             "async_blocked_vs_torch_save": medians["async_blocked"] / medians["bare_save"],
             "async_blocked_vs_torch_save_fsync": medians["async_blocked"] / medians["bare_save_fsync"],
             "stall_in_training_vs_torch_save_fsync": medians["stall_in_training"] / medians["bare_save_fsync"],
+            "stall_noise_floor_vs_torch_save_fsync": medians["stall_noise_floor"] / medians["bare_save_fsync"],
             "sync_save_vs_torch_save_fsync": medians["sync_save"] / medians["bare_save_fsync"],
             "load_vs_torch_load": medians["hookdet_load"] / medians["bare_load"],
             "load_vs_torch_load_apply": medians["hookdet_load"] / medians["bare_load_apply"],
@@ -264,6 +288,7 @@ def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="300MB,1GB", help=f"comma-separated, of {', '.join(WIDTHS)}")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--stall-rounds", type=int, default=15, help="rounds of step runs for stall_in_training")
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
@@ -275,7 +300,7 @@ def main(argv: List[str]) -> int:
         root = Path(args.dir or tempfile.mkdtemp(prefix="hookdet-ckpt-bench-")) / size
         root.mkdir(parents=True, exist_ok=True)
         try:
-            report = measure(size, root, args.repeats)
+            report = measure(size, root, args.repeats, args.stall_rounds)
         finally:
             if not args.dir:
                 shutil.rmtree(root.parent, ignore_errors=True)
@@ -287,6 +312,8 @@ def main(argv: List[str]) -> int:
               f"{report['loadavg_1min_before_after'][1]:.2f}")
         for name, value in medians.items():
             print(f"  {name:<20} {value * 1e3:8.1f} ms   (fastest {fastest[name] * 1e3:.1f} ms)")
+        for name, (first, third) in report["stall_quartiles_seconds"].items():
+            print(f"  {name:<20} quartiles {first * 1e3:.1f} .. {third * 1e3:.1f} ms")
         print(f"  background write     {report['background_write_MB_per_s']:8.0f} MB/s")
         for name, value in report["ratios"].items():
             print(f"  {name:<30} {value:5.2f}x")

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
-from hookdet.config import ConfigError, ExperimentConfig, load_experiment_config, read_yaml_value
+from hookdet.config import ConfigError, ExperimentConfig, load_experiment_config, read_experiment_text, read_yaml_value
 
 #: One path segment: a name, optionally followed by list indices (``layers[1][0]``).
 _SEGMENT = re.compile(r"^(?P<name>[^\[\]]+)(?P<indices>(\[\d+\])*)$")
@@ -135,7 +135,7 @@ def load_with_overrides(path: Union[str, Path], options: Sequence[str]) -> Exper
     if not options:
         return load_experiment_config(path)
     source = str(path)
-    text = _read_text(path)
+    text = read_experiment_text(path)
     data = read_yaml_value(text, source=source)
     if not isinstance(data, dict):
         return load_experiment_config(path)  # the loader's own message for a file that is no mapping
@@ -150,12 +150,6 @@ def load_with_overrides(path: Union[str, Path], options: Sequence[str]) -> Exper
         raise ConfigError(message, source=f"{source} (--config {option})", field=error.field) from None
 
 
-def _read_text(path: Union[str, Path]) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        load_experiment_config(path)  # raises the loader's own message for an unreadable file
-        raise
 
 
 def _option_behind(field: Any, origin: Mapping[str, str]) -> Any:

@@ -46,11 +46,16 @@ from hookdet.trial import Batch, PyTorchTrial, TrainUnit
 logger = logging.getLogger("hookdet")
 
 
+#: Characters of the experiment's name that go into a default run directory's name.
+MAX_NAME_IN_PATH = 64
+
+
 def default_run_dir(config: ExperimentConfig) -> Path:
     """``runs/<experiment name>-<timestamp>`` under the working directory (or ``$HOOKDET_RUN_DIR``)."""
     if os.environ.get("HOOKDET_RUN_DIR"):
         return Path(os.environ["HOOKDET_RUN_DIR"])
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "experiment").strip("-") or "experiment"
+    name = name[:MAX_NAME_IN_PATH]  # a file name has at most 255 bytes; a name may be longer
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     return Path("runs") / f"{name}-{stamp}"
 
@@ -117,6 +122,7 @@ def init(
         plugin_names=tuple(manager.named_plugins()),
         removed_plugins=manager.removed,
     )
+    failed = False
     try:
         active_run.enter(run)
         manager.start(run)
@@ -125,6 +131,7 @@ def init(
             run.context = PyTorchTrialContext(run)
             yield run.context
         except BaseException as error:
+            failed = True
             if run.prior_records is not None:  # the chief, once it recorded the start
                 run_record.record_end(run, error)
             raise
@@ -139,7 +146,7 @@ def init(
                 run.report_log.close()
             if run.distributed is not None and distributed is None:
                 run.distributed.close()
-            ownership.give_up(run)
+            ownership.give_up(run, discard=failed and not run_record.trained(run))
 
 
 def _plugin_manager_for(config: ExperimentConfig, enable_tensorboard_logging: bool, plugins: Sequence[Any]) -> PluginManager:
@@ -257,6 +264,8 @@ class Trainer:
             self.run.plugins.ensure_provider("hookdet_set_profiler")
         if latest_checkpoint is not None:
             self.run.resume_from = str(latest_checkpoint)
+        resuming = latest_checkpoint is not None or (info is not None and info.latest_checkpoint is not None)
+        ownership.refuse_second_history(self.run, resuming)
         # The trial's switches are known now; a launch-dependent plugin's options may sit in a file
         # that also runs single-process.
         loaded = [*self.run.plugins.named_plugins(), *DISTRIBUTED_PLUGINS]

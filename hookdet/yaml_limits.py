@@ -3,7 +3,7 @@
 A few hundred bytes of YAML can describe a billion items through aliases (each ``*a`` repeating
 an anchored list that itself repeats another), and thousands of nested brackets exhaust Python's
 recursion. Experiment files are small: :func:`check_text` refuses a file over :data:`MAX_BYTES` (it is
-copied into every checkpoint's metadata) or with brackets open deeper than :data:`MAX_DEPTH`;
+copied into every checkpoint's metadata) or with flow collections open deeper than :data:`MAX_DEPTH`;
 :class:`BoundedComposer` refuses nesting deeper than
 :data:`MAX_DEPTH` while composing, and :func:`check_expanded_size` refuses a document whose
 aliases would expand beyond :data:`MAX_EXPANDED_NODES` nodes, counted on the node graph without
@@ -46,37 +46,35 @@ class BoundedComposer:
             self._depth -= 1
 
 
+def too_large(size: int) -> str:
+    """Why a file of ``size`` bytes is refused."""
+    return (
+        f"the file is {size:,} bytes, over the {MAX_BYTES:,} an experiment file may have "
+        "(it is copied into every checkpoint); keep data out of it"
+    )
+
+
 def check_text(text: str) -> None:
-    """Refuse text over :data:`MAX_BYTES`, or whose brackets nest deeper than :data:`MAX_DEPTH`,
-    before parsing it: PyYAML's scanner slows quadratically with nesting, so thousands of levels
-    take seconds to reach the composer's check. Quoted brackets are counted too; a real file
-    never has a hundred open.
+    """Refuse text over :data:`MAX_BYTES`, or whose flow collections (``[...]``, ``{...}``)
+    nest deeper than :data:`MAX_DEPTH`, before composing it: PyYAML slows quadratically with
+    nesting, so thousands of levels would take seconds to reach the composer's check. The
+    nesting is counted on the scanner's tokens, stopping at the first level too deep, so
+    brackets inside quoted strings, block scalars and comments are not nesting.
     """
     size = len(text.encode("utf-8", errors="replace"))
     if size > MAX_BYTES:
-        raise YamlLimitError(
-            problem=(
-                f"the file is {size:,} bytes, over the {MAX_BYTES:,} an experiment file may have "
-                "(it is copied into every checkpoint); keep data out of it"
-            ),
-            problem_mark=yaml.Mark("<file>", 0, 0, 0, None, None),
-        )
-    depth = line = 0
-    line_start = 0
-    for index, char in enumerate(text):
-        if char in "[{":
+        raise YamlLimitError(problem=too_large(size), problem_mark=yaml.Mark("<file>", 0, 0, 0, None, None))
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken)):
             depth += 1
             if depth > MAX_DEPTH:
-                mark = yaml.Mark("<file>", index, line, index - line_start, None, None)
                 raise YamlLimitError(
                     problem=f"nested more than {MAX_DEPTH} levels deep; an experiment file never is",
-                    problem_mark=mark,
+                    problem_mark=token.start_mark,
                 )
-        elif char in "]}":
+        elif isinstance(token, (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)):
             depth = max(0, depth - 1)
-        elif char == "\n":
-            line += 1
-            line_start = index + 1
 
 
 def check_expanded_size(root: yaml.Node) -> None:

@@ -163,6 +163,34 @@ def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
     assert seen["weights"] == const_run["result"]["weights"]
 
 
+def records_of(run_dir: Path) -> Dict[str, bytes]:
+    return {name: (run_dir / name).read_bytes() for name in ("run.json", "config.json", "metrics.jsonl", "run_identity.json")}
+
+
+@pytest.mark.parametrize("launch", [[], [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]],
+                         ids=["bare", "torchrun-2-ranks"])
+def test_a_second_script_run_into_its_run_directory_is_refused_naming_latest_checkpoint(
+    tmp_path: Path, launch: List[str]
+) -> None:
+    """The script run again with the same run directory and no checkpoint to continue from (the
+    fixture passes ``latest_checkpoint=None`` when run bare): refused on every rank, naming
+    ``Trainer.fit(latest_checkpoint=...)``, and the run's records stay byte for byte; under
+    torchrun no rank is left waiting on the other."""
+    run_dir = tmp_path / "run"
+    command = [*(launch or [sys.executable]), "train.py", "--epochs", "1"]
+    run(command, tmp_path, HOOKDET_RUN_DIR=str(run_dir))
+    before = records_of(run_dir)
+
+    second = subprocess.run(command, cwd=model_dir(tmp_path), env=environment(tmp_path, HOOKDET_RUN_DIR=str(run_dir)),
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode != 0, second.stdout[-2000:]
+    refusal = f"ExistingRunError: run directory {run_dir} already holds a run; continue it with " \
+              f"Trainer.fit(latest_checkpoint={str(run_dir)!r})"
+    assert second.stderr.count(refusal) == max(1, len(launch) and 2), second.stderr[-4000:]
+    assert not results(second.stdout)
+    assert records_of(run_dir) == before
+
+
 def determined_copy(tmp_path: Path) -> Path:
     """The fixture with its two import lines changed to Determined's."""
     directory = tmp_path / "determined"

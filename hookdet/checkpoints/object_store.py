@@ -10,6 +10,9 @@ library (boto3, google-cloud-storage, azure-storage-blob):
 :meth:`~ObjectStorage.download_file`, :meth:`~ObjectStorage.get_bytes` and
 :meth:`~ObjectStorage.delete_keys`. Each raises :class:`StorageError` naming what it did
 where; :meth:`~ObjectStorage.get_bytes` answers None for a missing object.
+
+A published checkpoint never changes, so the ``metadata.json`` read while listing or choosing a
+checkpoint is kept and written into the download: a resume fetches each object once.
 """
 from __future__ import annotations
 
@@ -81,6 +84,14 @@ class ObjectStorage(CheckpointStorage):
     @abc.abstractmethod
     def url(self, key: str) -> str:
         """``s3://bucket/key``, ``gs://...``: where object ``key`` is, for messages."""
+
+    @property
+    def _metadata_seen(self) -> Dict[str, bytes]:
+        """``metadata.json`` content by storage id, as read from the store by this object."""
+        seen = self.__dict__.get("_metadata_seen_by_id")
+        if seen is None:
+            seen = self.__dict__["_metadata_seen_by_id"] = {}
+        return seen
 
     def vendor_errors(self) -> tuple:
         """The exceptions the vendor's library raises for a failed request."""
@@ -168,13 +179,18 @@ class ObjectStorage(CheckpointStorage):
                     )
                 local_file = download_dir.joinpath(*relative_file.parts)
                 local_file.parent.mkdir(parents=True, exist_ok=True)
-                self.download_file(key, local_file)
+                seen = self._metadata_seen.get(storage_id) if key == key_prefix + METADATA_FILE else None
+                if seen is not None:
+                    local_file.write_bytes(seen)
+                else:
+                    self.download_file(key, local_file)
             yield download_dir
         finally:
             shutil.rmtree(download_dir, ignore_errors=True)
 
     def delete(self, storage_id: str) -> None:
         key_prefix = self.checkpoint_key_prefix(storage_id)
+        self._metadata_seen.pop(storage_id, None)
         keys = self.list_keys(key_prefix)
         if not keys:
             raise CheckpointNotFoundError(storage_id, self.describe())
@@ -197,7 +213,11 @@ class ObjectStorage(CheckpointStorage):
     def read_metadata(self, storage_id: str) -> Dict[str, Any]:
         """One request for ``metadata.json``; the state stays in the store."""
         key = self.checkpoint_key_prefix(storage_id) + METADATA_FILE
-        content = self.get_bytes(key)
+        content = self._metadata_seen.get(storage_id)
+        if content is None:
+            content = self.get_bytes(key)
         if content is None:
             raise CheckpointNotFoundError(storage_id, self.describe())
-        return parse_metadata(content, self.url(key))
+        metadata = parse_metadata(content, self.url(key))
+        self._metadata_seen[storage_id] = content
+        return metadata

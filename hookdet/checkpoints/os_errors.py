@@ -1,7 +1,8 @@
 """Storage failures in words a user acts on: ``disk full``, ``permission denied``...
 
 A checkpoint write that fails says why, naming the storage; an ``OSError`` the machine caused
-(disk full, quota, read-only filesystem) ends a run with one line instead of a traceback.
+(disk full, quota, read-only filesystem) or a path it cannot hold (a name too long) ends a run
+with one line instead of a traceback.
 """
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ def describe_os_error(error: OSError) -> str:
         return "permission denied"
     if error.errno == errno.EROFS:
         return "read-only filesystem"
+    if error.errno == errno.ENAMETOOLONG:
+        return "file name too long (a name in a path has at most 255 bytes)"
     return error.strerror or str(error)
 
 
 def environment_fault(error: OSError) -> Optional[str]:
-    """One line for an OSError the machine caused (disk full, quota, read-only filesystem),
-    naming the file; None for any other error."""
-    if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+    """One line for an OSError the machine caused (disk full, quota, read-only filesystem) or
+    a path it cannot hold (a name too long), naming the file; None for any other error."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG):
         return None
-    where = f"{error.filename}: " if error.filename else ""
+    filename = str(error.filename) if error.filename else ""
+    if len(filename) > 120:  # the name is the problem: show its start, not all of it
+        filename = f"{filename[:100]}... ({len(filename):,} characters)"
+    where = f"{filename}: " if filename else ""
     return f"{where}{describe_os_error(error)}"
 
 

@@ -3,7 +3,9 @@ result screened and validated into an :class:`~hookdet.config.experiment.Experim
 from __future__ import annotations
 
 import copy
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -13,7 +15,7 @@ from pydantic import ValidationError
 from hookdet.config.experiment import ExperimentConfig
 from hookdet.config.problems import ConfigError, FieldPath, LineIndex, Reporter, all_at_once, as_written, dotted
 from hookdet.config.screening import config_errors_from, screen
-from hookdet.yaml_limits import BoundedComposer, check_expanded_size, check_text
+from hookdet.yaml_limits import MAX_BYTES, BoundedComposer, check_expanded_size, check_text, too_large
 
 _LENGTH_FIELDS = frozenset(
     {("searcher", "max_length"), ("min_validation_period",), ("min_checkpoint_period",)}
@@ -101,16 +103,7 @@ def load_experiment_config(
     a value of the wrong type or range.
     """
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("no such experiment file", source=source) from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"not UTF-8 text ({error.reason})", source=source) from None
-    except OSError as error:
-        raise ConfigError(
-            f"cannot read the experiment file: {error.strerror}", source=source
-        ) from None
+    text = read_experiment_text(path)
     data, root = read_yaml(text, source)
     if data is None:
         raise ConfigError(
@@ -127,6 +120,51 @@ def load_experiment_config(
     lines: Dict[FieldPath, int] = {}
     index_lines(root, (), lines, source)
     return _build(data, Reporter(source, LineIndex(lines)), overrides)
+
+
+def read_experiment_text(path: Union[str, Path]) -> str:
+    """The experiment file's text, or a :class:`ConfigError` naming the file.
+
+    Only a regular file of at most :data:`~hookdet.yaml_limits.MAX_BYTES` is read, and never
+    more than that: a FIFO (whose open would wait for a writer forever), a device such as
+    ``/dev/zero`` (which never ends) or a directory is refused from its ``fstat``, before a
+    byte is read.
+    """
+    source = str(path)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise ConfigError("no such experiment file", source=source) from None
+    except (OSError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) else str(error)
+        raise ConfigError(f"cannot read the experiment file: {reason}", source=source) from None
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(
+                f"not a regular file (a {_file_kind(mode)}); an experiment file is a YAML file", source=source
+            )
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            content = handle.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(f"cannot read the experiment file: {error.strerror}", source=source) from None
+    finally:
+        os.close(descriptor)
+    if len(content) > MAX_BYTES:
+        raise ConfigError(too_large(os.stat(path).st_size if os.path.exists(path) else len(content)), source=source)
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"not UTF-8 text ({error.reason})", source=source) from None
+    return text
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "special file"
 
 
 def with_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any], source: str) -> Dict[str, Any]:
@@ -218,16 +256,17 @@ _Yaml12Loader.add_constructor(_INT_TAG, _construct_core_int)
 def read_experiment_file(path: Union[str, Path]) -> Any:
     """An experiment file's content as plain data, read as :func:`load_experiment_config` reads
     it (YAML 1.2); for tools that need fields the loader drops (a search's ``searcher`` block)."""
-    data, _ = read_yaml(Path(path).read_text(encoding="utf-8"), str(path))
+    data, _ = read_yaml(read_experiment_text(path), str(path))
     return data
 
 
 def read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:
     """(content, node tree) of one YAML document; malformed YAML is a ConfigError at
     line:column."""
-    loader = _Yaml12Loader(text)
+    loader = None
     try:
         check_text(text)
+        loader = _Yaml12Loader(text)
         root = loader.get_single_node()
         if root is not None:
             check_expanded_size(root)
@@ -244,10 +283,19 @@ def read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:
             line=mark.line + 1 if mark is not None else None,
             column=mark.column + 1 if mark is not None else None,
         ) from None
+    except yaml.reader.ReaderError as error:  # a character YAML does not allow, at a position
+        line = text.count("\n", 0, error.position) + 1
+        column = error.position - (text.rfind("\n", 0, error.position) + 1) + 1
+        character = error.character if isinstance(error.character, int) else ord(error.character)
+        raise ConfigError(
+            f"malformed YAML: character U+{character:04X} is not allowed in YAML ({error.reason})",
+            source=source, line=line, column=column,
+        ) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"malformed YAML: {error}", source=source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, root
 
 

@@ -4,6 +4,7 @@ Determined's defaults (strict YAML types, no unknown keys, ``null`` meaning the 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Dict, Literal, Mapping, Optional, Tuple, Union
 
@@ -259,6 +260,20 @@ class DirectoryStorageConfig(_StorageConfig):
     container_path: str
 
 
+def _url_problem(field: str, url: Optional[str]) -> None:
+    """Refuse ``url`` unless it is an ``http(s)://host...`` URL (the storage libraries would fail
+    on it later, with a traceback)."""
+    if url is None:
+        return
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (parsing the port is what refuses 'http://host:x')
+    except ValueError as error:
+        raise FieldProblem((field,), f"{field} is not a URL ({error}); got {as_written(url)}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FieldProblem((field,), f"{field} must be an http:// or https:// URL with a host; got {as_written(url)}")
+
+
 class S3StorageConfig(_StorageConfig):
     """``type: s3``: Amazon S3 or a compatible store at ``endpoint_url``.
 
@@ -290,6 +305,7 @@ class S3StorageConfig(_StorageConfig):
             raise FieldProblem(
                 ("prefix",), f"prefix must not contain '..'; got {as_written(self.prefix)}"
             )
+        _url_problem("endpoint_url", self.endpoint_url)
         return self
 
 
@@ -324,6 +340,7 @@ class AzureStorageConfig(_StorageConfig):
                 ("connection_string",),
                 "give connection_string or account_url (at least one, as Determined requires)",
             )
+        _url_problem("account_url", self.account_url)
         return self
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hookdet.exit_codes import ExitReason
-from hookdet.runs.files import CONFIG_FILE, METRICS_FILE, RUN_RECORD_FILE
+from hookdet.runs.files import CONFIG_FILE, IDENTITY_FILE, METRICS_FILE, RUN_RECORD_FILE
 
 logger = logging.getLogger("hookdet")
 
@@ -63,7 +63,7 @@ def record_start(run: Any) -> None:
     """Write the run's ``config.json`` and mark it running in this process, keeping the records
     it replaces in ``run.prior_records``."""
     run_dir = Path(run.run_dir)
-    run.prior_records = {name: _read_bytes(run_dir / name) for name in (RUN_RECORD_FILE, CONFIG_FILE)}
+    run.prior_records = {name: _read_bytes(run_dir / name) for name in (RUN_RECORD_FILE, CONFIG_FILE, IDENTITY_FILE)}
     run_dir.mkdir(parents=True, exist_ok=True)
     _replace(run_dir / CONFIG_FILE, json.dumps(run.config.to_dict(), indent=2, sort_keys=True).encode())
     previous = read_record(run.run_dir) or {}
@@ -107,11 +107,15 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
         logger.warning("could not record the end of the run in %s: %s", Path(run.run_dir) / RUN_RECORD_FILE, problem)
 
 
+def trained(run: Any) -> bool:
+    """Whether ``run`` trained at least one batch in this process."""
+    return run.first_batch is not None and run.state.batches_trained > run.first_batch
+
+
 def _changed_nothing(run: Any) -> bool:
     """Whether ``run`` continued a run that was there before and failed before training a batch."""
     prior = run.prior_records or {}
-    trained = run.first_batch is not None and run.state.batches_trained > run.first_batch
-    return prior.get(RUN_RECORD_FILE) is not None and not trained
+    return prior.get(RUN_RECORD_FILE) is not None and not trained(run)
 
 
 def _put_back(run: Any) -> None:

@@ -234,7 +234,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_newest_intact_one(trained_ru
 
 def test_an_unknown_storage_id_is_a_clear_error(tmp_path: Path) -> None:
     run_spec({**SPEC, "run_dir": str(tmp_path)})
-    with pytest.raises(fmt.CheckpointError, match=r"cannot resume from checkpoint 'no-such-id': checkpoint 'no-such-id' not found in local directory"):
+    with pytest.raises(fmt.CheckpointError, match=r"cannot resume from 'no-such-id': no such run directory or checkpoint directory in .*, and no checkpoint with that id in this user's checkpoint index or in local directory"):
         run_spec({**SPEC, "run_dir": str(tmp_path), "resume": "no-such-id"})
     with pytest.raises(fmt.CheckpointError, match="cannot resume: .*/nowhere does not exist"):
         run_spec({**SPEC, "run_dir": str(tmp_path), "resume": str(tmp_path / "nowhere")})

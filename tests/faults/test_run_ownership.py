@@ -105,9 +105,11 @@ def test_resume_run_dir_finds_its_checkpoint_in_s3(tmp_path: Path, s3_server: Di
         status, stdout, stderr = run(["run", str(config), "--resume", str(tmp_path / "run")], "s3: resume RUN_DIR", fault=False)
     assert status == 0, stderr[-3000:]
     assert "at batch 6" in stderr and "s3://" in stdout
-    # The resumed checkpoint's state is downloaded once; finding it reads metadata only.
-    state_gets = [url for method, url in requests_made if method == "GET" and url.endswith("/state_dict.pth")]
-    assert len(state_gets) == 1, requests_made
+    # The resumed checkpoint's state is downloaded once; finding it reads metadata only, and
+    # each object is fetched once (the metadata read to choose it is not fetched again).
+    gets = [url.split("?")[0] for method, url in requests_made if method == "GET" and "/exp/" in url]
+    assert len([url for url in gets if url.endswith("/state_dict.pth")]) == 1, requests_made
+    assert sorted(set(gets)) == sorted(gets), requests_made
     steps = [r["steps_completed"] for r in read_reports(tmp_path / "run") if r["group"] == "training"]
     assert steps == list(range(1, 13))
 

@@ -15,7 +15,7 @@ from hookdet import rng
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup, user_index
 from hookdet.checkpoints.registry import storage_from_locator
-from hookdet.checkpoints.storage import StorageError
+from hookdet.checkpoints.storage import CheckpointNotFoundError, StorageError
 from hookdet.plugin_manager import PluginError
 from hookdet.runs.identity import locate_for_resume
 
@@ -59,6 +59,11 @@ def metadata_of(found: Tuple[Any, Any]) -> Dict[str, Any]:
         return fmt.read_metadata(where)
     try:
         return where.read_metadata(storage_id)
+    except CheckpointNotFoundError as error:
+        raise fmt.CheckpointError(
+            f"cannot resume from {storage_id!r}: no such run directory or checkpoint directory in {Path.cwd()}, "
+            f"and no checkpoint with that id in this user's checkpoint index or in {where.describe()}"
+        ) from error
     except StorageError as error:
         raise fmt.CheckpointError(f"cannot resume from checkpoint {storage_id!r}: {error}") from error
 
