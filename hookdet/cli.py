@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hookdet.errors import HookdetError
 from hookdet.importing import SpecImportError, import_object
+from hookdet.launcher import LAUNCHER_PID_ENV, RANK_ENTRY
 from hookdet.runs.files import CONFIG_FILE
 
 logger = logging.getLogger("hookdet")
@@ -97,10 +99,6 @@ def command_run(args: argparse.Namespace) -> int:
     slots = config.resources.slots_per_trial
     if slots > 1 and launched_rank() is None:
         return _launch(args, config, slots)
-    if os.environ.get(RANK_STATUS_DIR_ENV) and launched_rank() is not None:
-        from hookdet.launcher import set_parent_death_signal
-
-        set_parent_death_signal()  # a rank ends when its launcher does, by any signal
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
     if "global_batch_size" not in config.hyperparameters:
@@ -184,11 +182,12 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
-    from hookdet.launcher import failure_lines
+    from hookdet.launcher import failure_lines, launcher_death_line
     from hookdet.plugin_list import launcher_for
     from hookdet.trainer import default_run_dir, plugin_selection_for
 
-    if launcher_for(plugin_selection_for(config)) == "horovodrun":
+    launcher = launcher_for(plugin_selection_for(config))
+    if launcher == "horovodrun":
         if args.torchrun:
             raise UsageError(
                 f"{' '.join(args.torchrun)}: torchrun options do not apply to the horovod plugin; "
@@ -198,15 +197,18 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         local_ranks = slots
     else:
         command, local_ranks = torchrun_command(args.argv, slots, args.torchrun)
-    env = dict(os.environ)
+    env = dict(os.environ, **{LAUNCHER_PID_ENV: str(os.getpid())})
     if not args.run_dir and "HOOKDET_RUN_DIR" not in env:
         env["HOOKDET_RUN_DIR"] = str(default_run_dir(config))
     with tempfile.TemporaryDirectory(prefix="hookdet-ranks-") as status_dir:
         env[RANK_STATUS_DIR_ENV] = status_dir
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
-        launcher_status = _run_passing_signals(command, env)
+        launcher_said: List[str] = []
+        launcher_status = _run_passing_signals(command, env, launcher_said)
         statuses = _read_rank_statuses(Path(status_dir))
-        for line in failure_lines(Path(status_dir), statuses, local_ranks):
+        lines = failure_lines(Path(status_dir), statuses, local_ranks)
+        died = launcher_death_line(launcher, launcher_status, len(statuses))
+        for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)
     return combined_exit_status(launcher_status, statuses, local_ranks)
 
@@ -236,7 +238,7 @@ def torchrun_command(
     rendezvous = ("--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--master-addr", "--master-port")
     if not any(option in values for option in rendezvous):
         command.append("--standalone")
-    command += [f"--nproc-per-node={per_node}", *torchrun_options, "-m", "hookdet", *argv]
+    command += [f"--nproc-per-node={per_node}", *torchrun_options, RANK_ENTRY, *argv]
     return command, per_node
 
 
@@ -244,19 +246,20 @@ def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
     """The horovodrun command line (gloo, this machine) that runs ``hookdet run`` on ``slots`` ranks."""
     return [
         sys.executable, "-m", "horovod.runner.launch", "-np", str(slots), "-H", f"localhost:{slots}",
-        "--gloo", sys.executable, "-m", "hookdet", *argv,
+        "--gloo", sys.executable, RANK_ENTRY, *argv,
     ]
 
 
-def _run_passing_signals(command: Sequence[str], env: Dict[str, str]) -> int:
-    """Run ``command`` in its own session, passing this process's stop signals on; its status."""
+def _run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str]) -> int:
+    """Run ``command`` in its own session, passing this process's stop signals on; its status.
+    The launcher's own failures, each one line, are appended to ``said``."""
     from hookdet.launcher import child_setup_for, pump_filtered, stop_signals_passed_on
 
     process = subprocess.Popen(
         list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
         preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
     )
-    pump = pump_filtered(process.stderr, sys.stderr)
+    pump = pump_filtered(process.stderr, sys.stderr, said)
 
     def send(signum: int) -> None:
         if process.poll() is None:
@@ -288,7 +291,7 @@ def combined_exit_status(
     from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     if len(rank_statuses) < local_ranks:
-        return launcher_status or 1
+        return 128 - launcher_status if launcher_status < 0 else launcher_status or 1
     in_rank_order = [status for _, status in sorted(rank_statuses.items())]
     failed = [status for status in in_rank_order if status not in (0, PREEMPTED_EXIT_CODE)]
     if failed:
@@ -458,6 +461,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         status = INVALID_HP_EXIT_CODE
     except HookdetError as error:
         status = _say_error(str(error), BAD_INPUT_EXIT_CODE)
+    except KeyboardInterrupt:  # Ctrl-C where no plugin turns it into a checkpoint and a stop
+        status = _say_error("interrupted (Ctrl-C); nothing since the last checkpoint was saved", 128 + signal.SIGINT)
     except Exception as error:
         status = _report_failure(error)
     return report_status_to_launcher(status)

@@ -4,14 +4,25 @@
   torchrun in one too, so no process-group signal reaches them all. Instead each link of the
   chain asks the kernel for a *parent-death signal* (Linux ``prctl(PR_SET_PDEATHSIG)``): torchrun
   gets SIGKILL when ``hookdet run`` dies, and each rank gets SIGKILL when torchrun dies. A
-  ``kill -9`` of ``hookdet run`` therefore ends torchrun and every rank within moments. A rank
-  that finds its parent already gone (the race before the request) exits at once.
+  ``kill -9`` of ``hookdet run`` therefore ends torchrun and every rank within moments. The
+  launcher starts each rank with this file as its program (:data:`RANK_ENTRY`), so the request is
+  the rank's first act, before torch is imported; a rank that then finds ``hookdet run`` is no
+  longer among its ancestors (torchrun died first, and the rank was adopted by init or by a
+  *subreaper*, as a desktop ``systemd --user`` session is) exits at once.
 - **One voice.** torchrun's own log lines and its tracebacks (``ChildFailedError`` when a rank
   failed, ``SignalException`` when it was told to stop) say nothing the ranks' statuses do not,
-  so :func:`filter_launcher_stderr` drops them and passes every other line through unchanged;
-  the launcher then prints one line per failed rank from what the rank recorded.
+  so :func:`filter_launcher_stderr` drops them, turns any other traceback of the launcher's own
+  (a bad option, a rendezvous backend it lacks) into one line, and passes every other line
+  through unchanged; the launcher then prints one line per failed rank from what the rank
+  recorded, or one line naming the launcher when it died itself (:func:`launcher_death_line`).
 """
 from __future__ import annotations
+
+if __name__ == "__main__":  # a rank's entry point (see the bottom): import hookdet, not its modules
+    import os as _os
+    import sys as _sys
+
+    _sys.path[0] = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 
 import contextlib
 import ctypes
@@ -33,6 +44,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _TORCHRUN_LOG = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/")
 _TORCHRUN_EXCEPTIONS = ("ChildFailedError", "SignalException")
+#: The packages the launchers' own frames are in, by which their tracebacks are told from a rank's.
+_LAUNCHER_PACKAGES = {"torchrun": "/torch/distributed/", "horovodrun": "/horovod/runner/"}
+#: The lines Python prints between chained tracebacks.
+_CHAINED = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
 
 
 def set_parent_death_signal(signum: int = signal.SIGKILL, expected_parent: Optional[int] = None) -> bool:
@@ -55,6 +73,40 @@ def set_parent_death_signal(signum: int = signal.SIGKILL, expected_parent: Optio
     return True
 
 
+#: The program ``hookdet run`` gives torchrun (or horovodrun) for each rank: this file.
+RANK_ENTRY = os.path.abspath(__file__)
+#: The pid of the ``hookdet run`` that launched the ranks, passed to them in the environment.
+LAUNCHER_PID_ENV = "HOOKDET_LAUNCHER_PID"
+#: How far up a rank looks for its launcher (torchrun; horovodrun's gloo runner and shell).
+_ANCESTRY_DEPTH = 8
+
+
+def parent_of(pid: int) -> Optional[int]:
+    """The parent pid of ``pid`` (from ``/proc``), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def die_with_launcher() -> None:
+    """A rank's first act: SIGKILL when its parent dies, and exit now if the ``hookdet run`` that
+    launched it (``$HOOKDET_LAUNCHER_PID``) is no longer among its ancestors."""
+    set_parent_death_signal(signal.SIGKILL)
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    if not launcher.isdigit() or not sys.platform.startswith("linux"):
+        return
+    pid: Optional[int] = os.getpid()
+    for _ in range(_ANCESTRY_DEPTH):
+        pid = parent_of(pid) if pid is not None else None
+        if pid is None or pid <= 1:
+            break
+        if pid == int(launcher):
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def child_setup_for(launcher_pid: int):  # type: ignore[no-untyped-def]
     """A ``preexec_fn`` for the launcher's child: die with the launcher."""
 
@@ -65,14 +117,20 @@ def child_setup_for(launcher_pid: int):  # type: ignore[no-untyped-def]
 
 
 def filter_launcher_stderr(lines: Iterable[str]) -> Iterator[str]:
-    """The lines of torchrun's stderr (its ranks' included) without torchrun's own noise."""
+    """The lines of torchrun's stderr (its ranks' included) without torchrun's own noise.
+
+    A traceback of the launcher's own (every frame in the launcher's package) becomes one line,
+    naming its last exception when exceptions were chained; torchrun's ``ChildFailedError`` and
+    ``SignalException`` become none (the ranks' statuses tell it). A rank's traceback passes on
+    whole.
+    """
     pending: List[str] = []
+    deferred: Optional[str] = None  # the launcher's one line, held while a chained one may follow
     in_banner = False
     for line in lines:
         stripped = line.rstrip("\n")
         if in_banner:
-            if stripped.startswith("=" * 20):
-                in_banner = False
+            in_banner = not stripped.startswith("=" * 20)
             continue
         if stripped.startswith("=" * 20):
             in_banner = True
@@ -82,26 +140,67 @@ def filter_launcher_stderr(lines: Iterable[str]) -> Iterator[str]:
         if pending:
             pending.append(line)
             if stripped and not stripped[0].isspace() and not stripped.startswith("Traceback"):
-                # The exception line that ends a traceback: drop torchrun's own, pass others on.
-                if not any(name in stripped for name in _TORCHRUN_EXCEPTIONS):
+                launcher = _launcher_of(pending)  # the exception line that ends a traceback
+                if launcher is None:
                     yield from pending
+                elif not any(name in stripped for name in _TORCHRUN_EXCEPTIONS):
+                    deferred = f"hookdet: error: {launcher} failed: {stripped}\n"
                 pending = []
             continue
         if stripped.startswith("Traceback (most recent call last):"):
             pending = [line]
             continue
+        if deferred is not None and (not stripped or stripped in _CHAINED):
+            continue  # between two chained tracebacks of the launcher
+        if deferred is not None:
+            yield deferred
+            deferred = None
         yield line
+    if deferred is not None:
+        yield deferred
     yield from pending
 
 
-def pump_filtered(source: IO[bytes], sink: IO[str]) -> threading.Thread:
-    """Copy ``source`` (torchrun's stderr) to ``sink`` through the filter, in a thread."""
+def _launcher_of(traceback: List[str]) -> Optional[str]:
+    """``torchrun`` or ``horovodrun`` when every frame of ``traceback`` is the launcher's own
+    (a rank's traceback has the rank's frames: hookdet's, the user's), else None."""
+    frames = [line.strip() for line in traceback if line.lstrip().startswith("File ")]
+    owners = set()
+    for frame in frames:
+        if "<frozen runpy>" in frame:
+            continue
+        owner = next((name for name, folder in _LAUNCHER_PACKAGES.items() if folder in frame), None)
+        if owner is None:
+            return None
+        owners.add(owner)
+    return "horovodrun" if "horovodrun" in owners else ("torchrun" if owners else None)
+
+
+def launcher_death_line(launcher: str, status: int, ranks_reported: int) -> Optional[str]:
+    """One line when the launcher itself died of a signal, or failed before any rank reported
+    (its ranks then have nothing to say); None when the ranks' own lines tell it."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"hookdet: error: {launcher} was killed by {name}; its ranks ended with it"
+    if status != 0 and ranks_reported == 0:
+        return f"hookdet: error: {launcher} exited with status {status} before any rank reported (see above)"
+    return None
+
+
+def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = None) -> threading.Thread:
+    """Copy ``source`` (torchrun's stderr) to ``sink`` through the filter, in a thread; the
+    launcher's own one-line failures are also appended to ``said``."""
 
     def pump() -> None:
         lines = (raw.decode(errors="replace") for raw in iter(source.readline, b""))
         for line in filter_launcher_stderr(lines):
             sink.write(line)
             sink.flush()
+            if said is not None and line.startswith("hookdet: error: "):
+                said.append(line)
         source.close()
 
     thread = threading.Thread(target=pump, name="hookdet-launcher-stderr", daemon=True)
@@ -163,3 +262,10 @@ def stop_signals_passed_on(send: Callable[[int], None], to_whom: str) -> Iterato
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+if __name__ == "__main__":
+    die_with_launcher()
+    from hookdet.cli import main
+
+    sys.exit(main(sys.argv[1:]))

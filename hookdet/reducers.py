@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from hookdet.errors import ArgumentTypeError
-from hookdet.metric_values import MetricError, check_metrics_serialisable
+from hookdet.metric_values import MetricError, ReducerResultError, check_metrics_serialisable
 
 __all__ = [
     "Allgather",
@@ -353,7 +353,7 @@ class ReducerRegistry:
             result = registration.call("cross_slot_reduce", per_slot_metrics)
             if registration.name is None:
                 if not isinstance(result, Mapping):
-                    raise MetricError(
+                    raise ReducerResultError(
                         f"{registration.describe()} was wrapped with name=None, so its reduced "
                         f"result must be a dict of metric names to values, but it returned a "
                         f"{type(result).__name__}; pass name=... to report a single metric"
@@ -361,7 +361,7 @@ class ReducerRegistry:
                 named_results = check_metrics_serialisable(result, origin=registration.describe())
             else:
                 if isinstance(result, Mapping):
-                    raise MetricError(
+                    raise ReducerResultError(
                         f"{registration.describe()} was wrapped with a name, so its reduced result "
                         f"must be a single value, but it returned a dict; leave name=None to "
                         "report several metrics from one dict"

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet import cluster_info
 from hookdet.cli import UsageError, torchrun_command
-from hookdet.launcher import stop_signals_passed_on
+from hookdet.launcher import RANK_ENTRY, launcher_death_line, pump_filtered, stop_signals_passed_on
 
 logger = logging.getLogger("hookdet")
 
@@ -112,7 +112,7 @@ def script_command(
     if layer == HOROVOD_LAYER:
         return horovod_command(script, overrides, slots, source), True, {"USE_HOROVOD": "1"}
     command, _ = torchrun_command([], slots, torchrun_options)
-    command = command[: command.index("-m", 3)]  # drop torchrun_command's "-m hookdet"
+    command = command[: command.index(RANK_ENTRY)]  # torchrun and its options, without hookdet's rank
     return [*command, *overrides, "--no-python", *script], True, {"USE_TORCH_DISTRIBUTED": "True"}
 
 
@@ -144,6 +144,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     slots = config.resources.slots_per_trial
     command, is_launcher, extra_env = script_command(config.entrypoint, slots, args.torchrun, source)
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
+    check_script_exists(config.entrypoint, model_dir, source)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
     info_dir = run_dir.resolve() / "cluster-info"
     info_dir.mkdir(parents=True, exist_ok=True)
@@ -159,9 +160,41 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     logger.info("running %s in %s (run directory %s)", shlex.join(command), model_dir, run_dir)
     status = run_passing_signals(command, env, model_dir, to_group=not is_launcher)
     outcomes = cluster_info.read_outcomes(info_dir)
-    print(f"hookdet: entrypoint exited with status {status}", flush=True)
+    final = exit_status(status, outcomes, slots if is_launcher else 1, is_launcher)
+    print(f"hookdet: entrypoint {how_it_ended(status, final)}", flush=True)
     print(f"  run directory: {run_dir.resolve()}", flush=True)
-    return exit_status(status, outcomes, slots if is_launcher else 1, is_launcher)
+    return final
+
+
+def how_it_ended(status: int, final: int) -> str:
+    """``exited with status 1``, ``stopped with a checkpoint (preempted): exit status 75``...:
+    what the command's ``status`` was, ending with the ``final`` status ``hookdet run`` returns."""
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+
+    if final == PREEMPTED_EXIT_CODE and status != PREEMPTED_EXIT_CODE:
+        return f"stopped with a checkpoint (preempted): exit status {final}"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"killed by {name}: exit status {final}"
+    return f"exited with status {final}"
+
+
+def check_script_exists(entrypoint: str, model_dir: Path, source: str) -> None:
+    """Refuse ``python3 SCRIPT ...`` (launch layer or not) when SCRIPT is not in the model
+    directory: one line, before a launcher starts ranks that would each fail on it."""
+    if _SHELL_SYNTAX.search(entrypoint):
+        return  # the shell decides what runs
+    _, _, script = split_launch_layer(shlex.split(entrypoint))
+    is_python = bool(script) and re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(script[0]))
+    if not is_python or len(script) < 2 or script[1].startswith("-"):
+        return
+    if not (model_dir / script[1]).is_file():
+        raise EntrypointError(
+            f"{source}: entrypoint {entrypoint!r}: no script {script[1]} in the model directory {model_dir}"
+        )
 
 
 def resume_target(resume: Optional[str]) -> Optional[str]:
@@ -189,9 +222,15 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, 
 
     ``to_group``: signals go to the whole process group (a ``sh -c`` command's children too), and
     the call returns only when every process of the group is gone, so a script still writing its
-    checkpoint is waited for even when the shell above it has died.
+    checkpoint is waited for even when the shell above it has died. Otherwise ``command`` is a
+    launcher: its stderr goes through :func:`hookdet.launcher.filter_launcher_stderr`, and its
+    death by a signal is said in one line.
     """
-    process = subprocess.Popen(list(command), env=env, cwd=str(cwd), start_new_session=True)
+    launcher = not to_group
+    process = subprocess.Popen(list(command), env=env, cwd=str(cwd), start_new_session=True,
+                               stderr=subprocess.PIPE if launcher else None)
+    said: List[str] = []
+    pump = pump_filtered(process.stderr, sys.stderr, said) if launcher else None
 
     def send(signum: int) -> None:
         try:
@@ -208,11 +247,20 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, 
             deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
             while to_group and _group_alive(process.pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
+        if pump is not None:
+            pump.join(timeout=5)
+            died = launcher_death_line(_launcher_name(command), status, ranks_reported=1)
+            if died is not None and not said:
+                print(died, file=sys.stderr, flush=True)
         return status
     finally:
         if process.poll() is None:  # this process is dying of something else: take the script along
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def _launcher_name(command: Sequence[str]) -> str:
+    return "horovodrun" if "horovod.runner.launch" in command else "torchrun"
 
 
 def _group_alive(pgid: int) -> bool:

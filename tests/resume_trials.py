@@ -119,12 +119,17 @@ class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
     :class:`StatefulCallback`), hidden, layers (extra hidden x hidden layers, to make
     checkpoints big), sleep (seconds per batch, to make training slow enough to interrupt),
     startup_log (a file the recorder appends ``on_trial_startup``'s arguments to), stop_at,
-    sigterm_at (the process sends itself SIGTERM after that batch, as a preemption would).
+    sigterm_at (the process sends itself SIGTERM after that batch, as a preemption would),
+    init_marker (a file ``__init__`` creates before it sleeps ``init_sleep`` seconds, so a signal
+    can be sent while the trial is being built).
     """
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         hp = context.get_hparams()
+        if hp.get("init_marker"):
+            Path(hp["init_marker"]).touch()
+            time.sleep(float(hp.get("init_sleep", 60)))
         hidden = hp.get("hidden", 16)
         extra: List[nn.Module] = []
         for _ in range(hp.get("layers", 0)):

@@ -153,6 +153,8 @@ def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
             process.kill()
             process.wait()
     assert process.returncode == 75, stdout[-2000:] + stderr[-2000:]
+    # The status printed is the status returned.
+    assert "hookdet: entrypoint stopped with a checkpoint (preempted): exit status 75" in stdout, stdout[-2000:]
     assert results(stdout) and results(stdout)[0]["weights"] != const_run["result"]["weights"]
     (stopped_at,) = [meta["steps_completed"] for _, meta in lookup.find_checkpoints(run_dir / "checkpoints")]
     assert stopped_at < 8
@@ -161,6 +163,21 @@ def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
     (seen,) = results(resumed.stdout)
     assert seen["latest_checkpoint"] == str(run_dir.resolve())
     assert seen["weights"] == const_run["result"]["weights"]
+
+
+@pytest.mark.parametrize("entrypoint", ["python3 missing.py --epochs 1",
+                                        "python3 -m determined.launch.torch_distributed -- python3 missing.py"])
+def test_a_missing_script_is_one_line_before_anything_starts(tmp_path: Path, entrypoint: str) -> None:
+    directory = model_dir(tmp_path)
+    config = (FIXTURE / ("distributed.yaml" if "launch" in entrypoint else "const.yaml")).read_text()
+    config = re.sub(r"(?m)^entrypoint:.*$", f"entrypoint: {entrypoint}", config)
+    (directory / "missing.yaml").write_text(config)
+    result = subprocess.run([str(VENV_BIN / "hookdet"), "run", "missing.yaml", "--run-dir", str(tmp_path / "run")],
+                            cwd=directory, env=environment(tmp_path), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert lines == [f"hookdet: error: missing.yaml: entrypoint {entrypoint!r}: no script missing.py in the "
+                     f"model directory {directory}"], result.stderr[-3000:]
 
 
 def records_of(run_dir: Path) -> Dict[str, bytes]:

@@ -72,6 +72,12 @@ class CheckpointError(PluginError):
     """
 
 
+class CheckpointMismatchError(CheckpointError, RuntimeError):
+    """A checkpoint does not fit the trial resuming it (another shape, another number of models,
+    optimizers or schedulers). Also a ``RuntimeError``: Determined raises one there (torch's
+    ``load_state_dict`` does), so code catching that still does."""
+
+
 # ---------------------------------------------------------------------------------------------
 # What a checkpoint may hold
 # ---------------------------------------------------------------------------------------------

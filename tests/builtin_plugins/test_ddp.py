@@ -20,6 +20,7 @@ import torch
 
 from hookdet import cli
 from hookdet.builtin_plugins.ddp import DDPPlugin, check_ddp_options, ddp_keyword_options
+from hookdet.launcher import RANK_ENTRY
 from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugin_manager import PluginError, PluginManager
@@ -357,12 +358,15 @@ def test_torchrun_command_one_machine_and_several() -> None:
     argv = ["run", "experiment.yaml"]
     command, local = cli.torchrun_command(argv, 4, [])
     assert local == 4
-    assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "hookdet", *argv]
+    # Each rank runs hookdet's rank entry (hookdet/launcher.py), which asks for its parent-death
+    # signal before it imports anything heavy.
+    assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", RANK_ENTRY, *argv]
+    assert Path(RANK_ENTRY) == Path(cli.__file__).with_name("launcher.py")
 
     options = ["--nnodes=2", "--node-rank=1", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-backend=c10d"]
     command, local = cli.torchrun_command(argv, 4, options)
     assert local == 2 and "--standalone" not in command
-    assert command[3:] == ["--nproc-per-node=2", *options, "-m", "hookdet", *argv]
+    assert command[3:] == ["--nproc-per-node=2", *options, RANK_ENTRY, *argv]
 
     with pytest.raises(cli.UsageError, match="cannot be split evenly"):
         cli.torchrun_command(argv, 3, ["--nnodes=2"])

@@ -7,8 +7,11 @@ traceback; a config error every rank hits is printed once.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import List, Set
@@ -17,7 +20,8 @@ import pytest
 import yaml
 
 import hookdet
-from tests.faults.harness import assert_one_line, error_lines, finish, start, wait_until
+from hookdet.launcher import RANK_ENTRY
+from tests.faults.harness import REPO, TESTS, assert_one_line, child_env, error_lines, finish, start, wait_until
 
 #: hookdet's own package directory, whose frames a user's traceback leaves out.
 HOOKDET_PACKAGE = Path(hookdet.__file__).resolve().parent
@@ -88,9 +92,11 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_the_run(tmp_path: Path) ->
         killed_at = time.monotonic()
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=10)
-        time.sleep(10)
+        deadline = time.monotonic() + 30
+        while alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
         survivors = alive(tree)
-        assert not survivors, f"processes of the run still alive 10 s after SIGKILL: {survivors}"
+        assert not survivors, f"processes of the run still alive 30 s after SIGKILL: {survivors}"
     finally:
         for pid in alive(tree):
             os.kill(pid, signal.SIGKILL)
@@ -99,6 +105,20 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_the_run(tmp_path: Path) ->
         except ProcessLookupError:
             pass
     assert time.monotonic() - killed_at < 30
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_launcher_as_ranks_start_under_a_subreaper_leaves_no_orphan(tmp_path: Path) -> None:
+    """Under a child subreaper (as in a desktop session) the orphans are adopted by it, not by
+    init: each rank asks for its parent-death signal first thing and checks its launcher is
+    still among its ancestors, so none trains on."""
+    config = write_config(tmp_path / "exp.yaml", sleep=0.2)
+    helper = Path(__file__).with_name("subreaper_launch.py")
+    result = subprocess.run([sys.executable, str(helper), str(config), str(tmp_path / "run"), str(TESTS)],
+                            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=400)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "seconds" in report, (report, result.stderr[-3000:])
+    assert report["seconds"] < 20, report
 
 
 @pytest.mark.slow
@@ -125,17 +145,20 @@ def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
     assert line.count("hookdet: error") == 1
 
 
+def is_torchrun(command: List[bytes]) -> bool:
+    return command[1:3] == [b"-m", b"torch.distributed.run"]
+
+
 def rank_pids(launcher_pid: int) -> List[int]:
-    """The rank processes below the launcher (``python -m hookdet run`` under torchrun)."""
+    """The rank processes below the launcher: each runs hookdet's rank entry (under torchrun,
+    whose own command line names that entry too)."""
     ranks = []
     for pid in descendants(launcher_pid):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(b"torchrun" in part or b"torch.distributed.run" in part for part in command):
-            continue
-        if b"hookdet" in b" ".join(command) and b"run" in command:
+        if not is_torchrun(command) and os.fsencode(RANK_ENTRY) in command:
             ranks.append(pid)
     return ranks
 
@@ -175,3 +198,46 @@ def test_a_trial_error_keeps_only_the_users_frames(tmp_path: Path, slots: int) -
     expected = (f"hookdet: error: {who}the trial raised RuntimeError: rank {slots - 1} fails on purpose "
                 "at batch 2 (traceback above)")
     assert expected in error_lines(stderr), error_lines(stderr)
+
+
+def test_a_launcher_failure_is_one_line(tmp_path: Path) -> None:
+    """torchrun failing on its own (a rendezvous backend it does not have): its chained
+    tracebacks become one line naming torchrun and its last error."""
+    config = write_config(tmp_path / "exp.yaml")
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(tmp_path / "run"), "--nnodes=1",
+                                      "--rdzv-backend=nosuch"]), "2 ranks: torchrun fails")
+    assert status == 1, stderr[-4000:]
+    assert "Traceback" not in stderr and "The above exception" not in stderr, stderr[-4000:]
+    assert_one_line(stderr, "torchrun failed: ValueError: The rendezvous backend 'nosuch' is not registered")
+
+
+@pytest.mark.slow
+def test_sigkill_of_torchrun_is_named_in_one_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    launcher = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.2)), "--run-dir", str(run_dir)])
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rank_pids(launcher.pid)) == 2, launcher,
+               "two ranks training", timeout=150)
+    (torchrun,) = [pid for pid in descendants(launcher.pid)
+                   if is_torchrun(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))]
+    os.kill(torchrun, signal.SIGKILL)
+    status, _, stderr = finish(launcher, "torchrun SIGKILLed", since=time.monotonic())
+    assert status == 128 + signal.SIGKILL, stderr[-4000:]
+    assert_one_line(stderr, "torchrun was killed by SIGKILL; its ranks ended with it")
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_trial_is_built_without_the_preemption_plugin_is_one_line(tmp_path: Path) -> None:
+    """With the preemption plugin (the default) Ctrl-C there trains to a checkpoint and exits 75;
+    without it, one line and 130 (128 + SIGINT), and the run directory it made is gone."""
+    from tests.faults.harness import write_config as write_regression_config
+
+    marker = tmp_path / "building"
+    config = write_regression_config(tmp_path / "exp.yaml", {"init_marker": str(marker), "init_sleep": 120},
+                                     plugins={"only": ["checkpoint"]})
+    process = start(["run", str(config), "--run-dir", str(tmp_path / "run")])
+    wait_until(marker.exists, process, "the trial's __init__")
+    process.send_signal(signal.SIGINT)
+    status, _, stderr = finish(process, "Ctrl-C in __init__", since=time.monotonic())
+    assert status == 128 + signal.SIGINT, stderr[-4000:]
+    assert_one_line(stderr, "interrupted (Ctrl-C)")
+    assert not (tmp_path / "run").exists()

@@ -24,8 +24,8 @@ def metric_value(value: Any) -> Any:
             return value.get("values", value.get("value"))
         if "items" in value:
             return {key: metric_value(item) for key, item in value["items"].items()}
-    if isinstance(value, dict) and "list" in value:
-        return [metric_value(item) for item in value["list"]]
+    if isinstance(value, dict) and ("list" in value or "tuple" in value):
+        return [metric_value(item) for item in value.get("list", value.get("tuple"))]
     return value
 
 

@@ -113,7 +113,9 @@ def test_scheduler_step_modes(tmp_path):
 
 @pytest.mark.parametrize(
     "trial, culprit",
-    [("TrainReturnsList", "train_batch"), ("EvaluateReturnsTensor", "evaluate_batch"), ("ChangingMetricNames", "other")],
+    [("TrainReturnsList", "train_batch"), ("EvaluateReturnsTensor", "evaluate_batch"), ("ChangingMetricNames", "other"),
+     ("UnnamedReducerReturnsScalar", "name=None"), ("NamedReducerReturnsDict", "name"),
+     ("PlainTorchLoader", "disable_dataset_reproducibility_checks()")],
 )
 def test_misuse_raises_alike(tmp_path, trial, culprit):
     """Raised at the same point as Determined, of its type (or, registered as
@@ -130,6 +132,24 @@ def test_misuse_raises_alike(tmp_path, trial, culprit):
     else:
         assert det_error["type"] in hd_error["classes"], (det_error, hd_error)
     assert_same_records(trial, dict(determined, error=None), dict(hookdet, error=None), weights=False)
+
+
+def test_reducer_result_shapes(tmp_path):
+    """Lists, tuples, arrays, tensors, NumPy scalars and a dict from cross_slot_reduce reach the
+    callbacks as Determined hands them on."""
+    compare_case(tmp_path, "reducer-shapes", "ReducerResultShapes", dict(PERIODS, max_length={"Batch": 4}))
+
+
+def test_resume_into_another_shape_raises_alike(tmp_path):
+    """A checkpoint resumed into a model of another shape: Determined's ``RuntimeError`` (torch's
+    load_state_dict), hookdet's CheckpointError that is also one, naming the model."""
+    results = harness.run_case(tmp_path, "WiderOnResume", dict(RESUME_PERIODS, max_length={"Batch": 2}),
+                               resume_fit=dict(RESUME_PERIODS, max_length={"Batch": 4}))
+    determined, hookdet = results["determined"][1][0]["error"], results["hookdet"][1][0]["error"]
+    assert determined is not None and determined["type"] == "RuntimeError", determined
+    assert hookdet is not None and "RuntimeError" in hookdet["classes"], hookdet
+    assert "model 0" in hookdet["message"] and "size mismatch" in hookdet["message"], hookdet
+    assert "size mismatch" in determined["message"], determined
 
 
 def test_vector_training_metric(tmp_path):

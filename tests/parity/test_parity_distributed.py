@@ -39,6 +39,12 @@ def test_two_ranks_reducers(tmp_path):
     compare_ranks(tmp_path, "2-ranks-reducers", "Reducers", dict(PERIODS, max_length={"Batch": 4}))
 
 
+def test_two_ranks_reducer_result_shapes(tmp_path):
+    """Lists, tuples, arrays, tensors, NumPy scalars and a dict from cross_slot_reduce, across
+    ranks: the callbacks on every rank get what Determined's get."""
+    compare_ranks(tmp_path, "2-ranks-reducer-shapes", "ReducerResultShapes", dict(PERIODS, max_length={"Batch": 4}))
+
+
 def test_two_ranks_full_dataset_and_stop(tmp_path):
     """evaluate_full_dataset on the chief only, its metrics on every rank's callbacks."""
     compare_ranks(tmp_path, "2-ranks-full-dataset", "FullDataset", dict(PERIODS, max_length={"Batch": 4}))

@@ -225,6 +225,19 @@ class Resumable(BaseTrial):
     """:class:`Basic` with a stateful callback (its state is checkpointed and restored)."""
 
 
+class WiderOnResume(BaseTrial):
+    """Misuse on resume: the model has another shape than the checkpoint's (phase 2 finds the
+    checkpoint phase 1 named in ``latest_checkpoint.txt`` and builds a wider layer)."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        CONTEXTS.append(context)
+        self.trained = 0
+        hidden = 5 if os.path.exists("latest_checkpoint.txt") else 4
+        self.model = context.wrap_model(nn.Sequential(nn.Linear(3, hidden), nn.Linear(hidden, 1)))
+        self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=self.lr))
+
+
 class TwoCallbacks(BaseTrial):
     """Two callbacks: the order each hook reaches them in (on_trial_shutdown included)."""
 
@@ -414,6 +427,88 @@ class Reducers(BaseTrial):
     def evaluation_reducer(self) -> Any:
         return {"val_loss": pytorch.Reducer.AVG, "val_max": pytorch.Reducer.MAX,
                 "val_sum": pytorch.Reducer.SUM, "val_vector": pytorch.Reducer.AVG}
+
+
+class ShapedReducer(pytorch.MetricReducer):
+    """Counts its updates and returns them as ``shape`` says: the value types a user's
+    cross_slot_reduce returns (a list, a tuple, an array, a tensor, a NumPy scalar, a dict)."""
+
+    def __init__(self, shape: str) -> None:
+        self.shape = shape
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0
+
+    def update(self, value: Any) -> None:
+        self.count += 1
+
+    def per_slot_reduce(self) -> Any:
+        return self.count
+
+    def cross_slot_reduce(self, per_slot_metrics: Any) -> Any:
+        counts = [float(count) for count in per_slot_metrics]
+        return {
+            "list": counts,
+            "tuple": tuple(counts),
+            "ndarray": np.array(counts),
+            "tensor": torch.tensor(counts),
+            "numpy_scalar": np.float32(sum(counts)),
+            "dict": {"shaped_dict_sum": sum(counts), "shaped_dict_list": counts},
+        }[self.shape]
+
+
+class ReducerResultShapes(BaseTrial):
+    """Reducers whose cross-rank results are lists, tuples, arrays, tensors, NumPy scalars and a
+    dict: what the callbacks, the logs and the searcher receive of each."""
+
+    SHAPES = ("list", "tuple", "ndarray", "tensor", "numpy_scalar")
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.shaped = [context.wrap_reducer(ShapedReducer(shape), name=f"shaped_{shape}") for shape in self.SHAPES]
+        self.shaped.append(context.wrap_reducer(ShapedReducer("dict"), name=None))
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        for reducer in self.shaped:
+            reducer.update(batch_idx)
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+    def evaluate_batch(self, batch: Any) -> Dict[str, Any]:
+        for reducer in self.shaped:
+            reducer.update(0)
+        return super().evaluate_batch(batch)
+
+
+class UnnamedReducerReturnsScalar(BaseTrial):
+    """Misuse: a reducer wrapped with ``name=None`` returns a number, not a dict."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.reducer = context.wrap_reducer(lambda values: float(len(values)), name=None)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        self.reducer.update(1.0)
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+class NamedReducerReturnsDict(BaseTrial):
+    """Misuse: a reducer wrapped with a name returns a dict."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.reducer = context.wrap_reducer(ShapedReducer("dict"), name="named")
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        self.reducer.update(1.0)
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+class PlainTorchLoader(BaseTrial):
+    """Misuse: ``build_training_data_loader`` returns a torch DataLoader, checks not disabled."""
+
+    def build_training_data_loader(self) -> Any:
+        return torch.utils.data.DataLoader(Regression(), batch_size=self.context.get_per_slot_batch_size())
 
 
 class FullDataset(BaseTrial):

@@ -157,7 +157,7 @@ def _check_structure(state: Dict[str, Any], context: Any, trial: Any, directory:
     ):
         saved = state.get(key, [])
         if len(saved) != len(objects):
-            raise fmt.CheckpointError(
+            raise fmt.CheckpointMismatchError(
                 f"cannot resume: checkpoint {directory} holds {len(saved)} {kind} state(s) but "
                 f"{type(trial).__qualname__} wraps {len(objects)}; it was written by a trial "
                 "with a different structure"
@@ -206,7 +206,7 @@ def _load_list(kind: str, objects: List[Any], states: List[Any], directory: Path
             obj.load_state_dict(obj_state)
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
             name = type(getattr(obj, "scheduler", obj)).__name__
-            raise fmt.CheckpointError(
+            raise fmt.CheckpointMismatchError(
                 f"cannot resume: checkpoint {directory}: {kind} {index} ({name}) does not match "
                 f"the trial's: {error}"
             ) from error
@@ -234,7 +234,7 @@ def _restore_gradients(context: Any, saved: Optional[List[Dict[str, torch.Tensor
                 parameter.grad = None
                 continue
             if grad.shape != parameter.shape:
-                raise fmt.CheckpointError(
+                raise fmt.CheckpointMismatchError(
                     f"cannot resume: checkpoint {directory}: the saved gradient of {name} has "
                     f"shape {tuple(grad.shape)}, the parameter {tuple(parameter.shape)}"
                 )
