@@ -9,6 +9,7 @@ Determined runs it: see :mod:`hookdet.script_entrypoint`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from hookdet.errors import HookdetError
 from hookdet.importing import SpecImportError, import_object
@@ -69,12 +70,8 @@ def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) ->
 
 def command_run(args: argparse.Namespace) -> int:
     """Train the experiment in ``args.config``; return the exit status."""
-    from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason
-    from hookdet.cluster_info import activated, local_cluster_info
     from hookdet.config import names_trial_class
     from hookdet.config_overrides import load_with_overrides
-    from hookdet.runs.identity import write_identity
-    from hookdet.trainer import Trainer, fit_arguments, init
 
     config_path = Path(args.config)
     config = load_with_overrides(config_path, args.config_overrides or [])
@@ -99,31 +96,64 @@ def command_run(args: argparse.Namespace) -> int:
     slots = config.resources.slots_per_trial
     if slots > 1 and launched_rank() is None:
         return _launch(args, config, slots)
-    model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
+    return _train_trial_class(args, config, config_path, fork_parent)
+
+
+def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path, fork_parent: Any) -> int:
+    """Build the ``module:Class`` trial and train it with the model directory as the working
+    directory, where Determined's harness runs it (so a trial's relative data paths mean what
+    they mean there); the paths given on the command line are made absolute first."""
+    from hookdet.cluster_info import activated, local_cluster_info
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason
+    from hookdet.runs.identity import write_identity
+    from hookdet.trainer import Trainer, default_run_dir, fit_arguments, init
+
+    model_dir = (Path(args.model_dir) if args.model_dir else config_path.resolve().parent).resolve()
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
     if "global_batch_size" not in config.hyperparameters:
         raise UsageError(
             f"{config_path}: hyperparameters.global_batch_size is required: a PyTorchTrial's "
             "batches are sized from it (as under Determined)"
         )
-    info = local_cluster_info(config, slots=slots, latest_checkpoint=args.resume, run_dir=args.run_dir)
-    with activated(info), init(exp_conf=config, run_dir=args.run_dir, model_dir=model_dir) as context:
+    run_dir = Path(args.run_dir or default_run_dir(config)).absolute()
+    resume = resume_target(args.resume)
+    slots = config.resources.slots_per_trial
+    info = local_cluster_info(config, slots=slots, latest_checkpoint=resume, run_dir=run_dir)
+    with working_directory(model_dir), activated(info), \
+            init(exp_conf=config, run_dir=run_dir, model_dir=model_dir) as context:
         run = context._run
-        run.resume_from = args.resume  # so get_initial_batch() is right in the trial's __init__
+        run.resume_from = resume  # so get_initial_batch() is right in the trial's __init__
         if fork_parent is not None and run.is_chief:
             write_identity(run, parent=fork_parent)
         trial = trial_class(context)
         fit = fit_arguments(config, context)
         if fit["max_length"] is None:
             raise UsageError(f"{config_path}: searcher.max_length is required to train")
-        Trainer(trial, context).fit(
-            **fit, latest_checkpoint=args.resume, test_mode=args.test_mode
-        )
+        Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
         if run.is_chief:
             _print_summary(run)
     if run.exit_reason == ExitReason.PREEMPTED:
         return PREEMPTED_EXIT_CODE
     return 0
+
+
+@contextlib.contextmanager
+def working_directory(path: Path) -> Iterator[None]:
+    """Run the block in ``path``, then return to where the process was."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def resume_target(resume: Optional[str]) -> Optional[str]:
+    """``--resume``'s argument as the trial or script sees it from the model directory: a path
+    that exists here made absolute, anything else (a checkpoint id) as it is."""
+    if resume is None:
+        return None
+    return str(Path(resume).resolve()) if Path(resume).exists() else resume
 
 
 def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:

@@ -11,7 +11,8 @@ names (written into the run directory by :mod:`hookdet.script_entrypoint`). ``ho
 The attribute names are Determined's (``info.trial.hparams``, ``info.trial.trial_id``,
 ``info.trial.trial_seed``, ``info.latest_checkpoint``, ``info.container_rank``, ...); values that
 only a cluster has (master URL, session token) are local stand-ins. hookdet adds ``run_dir``, the
-directory the run writes to. :func:`record_outcome` lets ``hookdet run`` learn how the script's
+directory the run writes to, and ``test_mode`` (``hookdet run --test-mode``: a script's
+``Trainer.fit`` then runs as with ``test_mode=True``). :func:`record_outcome` lets ``hookdet run`` learn how the script's
 training ended (completed or preempted) so it can exit 75 after a preemption.
 """
 from __future__ import annotations
@@ -93,6 +94,7 @@ class ClusterInfo:
         container_slot_counts: Optional[List[int]] = None,
         gpu_uuids: Optional[List[str]] = None,
         run_dir: Optional[str] = None,
+        test_mode: bool = False,
     ) -> None:
         self.master_url = master_url
         self.cluster_id = cluster_id
@@ -108,6 +110,8 @@ class ClusterInfo:
         self.master_cert_file = master_cert_file
         #: hookdet's extra: the run directory (metrics, checkpoints, TensorBoard files).
         self.run_dir = run_dir
+        #: hookdet's extra: ``hookdet run --test-mode`` was given.
+        self.test_mode = test_mode
         self._latest_checkpoint = latest_checkpoint
         self._trial_info = trial_info
         self._container_addrs = list(container_addrs or ["127.0.0.1"])
@@ -174,6 +178,7 @@ def local_cluster_info(
     trial_id: Optional[int] = None,
     latest_checkpoint: Optional[str] = None,
     run_dir: Optional[Path] = None,
+    test_mode: bool = False,
 ) -> ClusterInfo:
     """The :class:`ClusterInfo` of a local run of the experiment ``config`` (an ExperimentConfig);
     its trial id is ``trial_id``, else the search's number for the trial, else 1."""
@@ -204,6 +209,7 @@ def local_cluster_info(
         latest_checkpoint=latest_checkpoint,
         trial_info=trial,
         run_dir=None if run_dir is None else str(Path(run_dir).resolve()),
+        test_mode=test_mode,
     )
 
 

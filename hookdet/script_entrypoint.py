@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet import cluster_info
-from hookdet.cli import UsageError, torchrun_command
+from hookdet.cli import UsageError, resume_target, torchrun_command
 from hookdet.launcher import RANK_ENTRY, launcher_death_line, pump_filtered, stop_signals_passed_on
 
 logger = logging.getLogger("hookdet")
@@ -136,11 +136,6 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     from hookdet.trainer import default_run_dir
 
     source = str(config_path)
-    if args.test_mode:
-        raise EntrypointError(
-            f"{source}: --test-mode runs trial classes; a script asks for it with "
-            "Trainer.fit(test_mode=True)"
-        )
     slots = config.resources.slots_per_trial
     command, is_launcher, extra_env = script_command(config.entrypoint, slots, args.torchrun, source)
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
@@ -151,7 +146,8 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     for stale in info_dir.glob("outcome-rank-*.json"):
         stale.unlink()
     info = cluster_info.local_cluster_info(
-        config, slots=slots, latest_checkpoint=resume_target(args.resume), run_dir=run_dir
+        config, slots=slots, latest_checkpoint=resume_target(args.resume), run_dir=run_dir,
+        test_mode=args.test_mode,
     )
     info_path = cluster_info.write_cluster_info(info, info_dir / "cluster.json")
     env = dict(os.environ, **extra_env)
@@ -195,14 +191,6 @@ def check_script_exists(entrypoint: str, model_dir: Path, source: str) -> None:
         raise EntrypointError(
             f"{source}: entrypoint {entrypoint!r}: no script {script[1]} in the model directory {model_dir}"
         )
-
-
-def resume_target(resume: Optional[str]) -> Optional[str]:
-    """``--resume``'s argument as the script will see it from the model directory: a path that
-    exists here made absolute, anything else (a checkpoint id) as it is."""
-    if resume is None:
-        return None
-    return str(Path(resume).resolve()) if Path(resume).exists() else resume
 
 
 def exit_status(status: int, outcomes: Dict[int, Optional[str]], ranks: int, is_launcher: bool) -> int:

@@ -256,6 +256,7 @@ class Trainer:
                 "able to continue from latest checkpoint. Did you mean to set "
                 "`fit(latest_checkpoint=info.latest_checkpoint)'?"
             )
+        test_mode = test_mode or (info is not None and info.test_mode)  # hookdet run --test-mode
         if max_length is None:
             max_length = fit_arguments(self.run.config, self.context)["max_length"]
             if max_length is None:

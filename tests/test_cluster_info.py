@@ -249,8 +249,6 @@ def test_under_hookdet_run_unconfigured_retention_has_determineds_defaults(tmp_p
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--test-mode"], "const.yaml: --test-mode runs trial classes; a script asks for it with "
-                          "Trainer.fit(test_mode=True)"),
         (["--slots", "2"], "const.yaml: resources.slots_per_trial is 2, but the entrypoint "
                            "'python3 train.py' starts one process"),
     ],

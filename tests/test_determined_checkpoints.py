@@ -71,25 +71,44 @@ class RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.mark.parametrize("tampered", ["state_dict.pth", "trial_state.pkl"])
+@pytest.mark.parametrize("tampered", ["state_dict.pth", "state_dict.pth, legacy format", "trial_state.pkl"])
 def test_a_determined_checkpoint_with_code_in_it_is_refused_in_one_line(
     tmp_path: Path, determined_checkpoint: Path, tampered: str
 ) -> None:
+    """Never torch's advice to load it unsafely, or to re-save it (which means loading it)."""
     hostile = tmp_path / "hostile"
     shutil.copytree(determined_checkpoint, hostile)
     marker = tmp_path / "code-ran"
-    if tampered == "state_dict.pth":
+    file = tampered.split(",")[0]
+    if file == "state_dict.pth":
         state = torch.load(hostile / "state_dict.pth", weights_only=False)
         state["callbacks"]["recorder"] = {"calls": RunsCode(marker)}
-        torch.save(state, hostile / "state_dict.pth")
+        torch.save(state, hostile / "state_dict.pth", _use_new_zipfile_serialization="legacy" not in tampered)
     else:
         (hostile / "trial_state.pkl").write_bytes(pickle.dumps({"batches_trained": RunsCode(marker)}))
 
-    with pytest.raises(fmt.CheckpointError, match=f"{tampered}.*(posix.system|os.system)") as refused:
+    expected = "not in torch's zip format" if "legacy" in tampered else "(posix.system|os.system)"
+    with pytest.raises(fmt.CheckpointError, match=f"{file}.*{expected}") as refused:
         fmt.load_state(hostile)
-    assert "weights_only" not in str(refused.value) and "trust" not in str(refused.value)
+    for advice in ("weights_only", "trust", "torch.save your checkpoint"):
+        assert advice not in str(refused.value)
     status, _, stderr = run(["run", str(experiment(tmp_path)), "--resume", str(hostile), "--run-dir",
                              str(tmp_path / "run"), "--model-dir", str(REPO)], f"hostile {tampered}")
     assert status == 2, stderr[-3000:]
-    assert_one_line(stderr, tampered, "never runs code")
+    assert_one_line(stderr, file, "never runs code")
+    assert not marker.exists()
+
+
+def test_a_hookdet_checkpoint_in_torchs_legacy_format_is_refused_unread(tmp_path: Path) -> None:
+    """A hookdet checkpoint whose state file was replaced by a legacy-format pickle holding code
+    (its manifest rewritten to match): refused before torch reads it, in hookdet's words."""
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    marker = tmp_path / "code-ran"
+    torch.save({"models_state_dict": [{"w": RunsCode(marker)}]}, directory / fmt.STATE_FILE,
+               _use_new_zipfile_serialization=False)
+    fmt.write_metadata(directory, fmt.base_metadata(steps_completed=1))
+    with pytest.raises(fmt.CheckpointError, match="not in torch's zip format") as refused:
+        fmt.load_state(directory)
+    assert "torch.save" not in str(refused.value) and "weights_only" not in str(refused.value)
     assert not marker.exists()

@@ -328,6 +328,14 @@ def test_preview_lists_rungs_and_the_first_trials(tmp_path: Path) -> None:
     assert result.stdout.count("    trial ") == 2
 
 
+def test_preview_takes_config_overrides_as_hookdet_run_does(tmp_path: Path) -> None:
+    result = subprocess.run([*HOOKDET, "search", "preview", str(FIXTURES / "asha.yaml"),
+                             "--config", "searcher.max_trials=6", "--config", "searcher.max_time=16"],
+                            cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "6 trials, rungs at [8, 16] batches" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("name, expected", [
     ("random.yaml", "6 trials, each trained 3 epochs"),
     ("grid.yaml", "6 grid points, each trained 3 epochs"),

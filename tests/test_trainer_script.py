@@ -180,6 +180,17 @@ def test_a_missing_script_is_one_line_before_anything_starts(tmp_path: Path, ent
                      f"model directory {directory}"], result.stderr[-3000:]
 
 
+def test_test_mode_reaches_a_scripts_trainer_fit(tmp_path: Path) -> None:
+    """``hookdet run const.yaml --test-mode``: the script's own ``Trainer.fit`` (no test_mode
+    argument) trains one batch, validates one and checkpoints, as a trial class would."""
+    run_dir = tmp_path / "run"
+    run([str(VENV_BIN / "hookdet"), "run", "const.yaml", "--test-mode", "--run-dir", str(run_dir)], tmp_path)
+    assert [meta["steps_completed"] for _, meta in lookup.find_checkpoints(run_dir / "checkpoints")] == [1]
+    validations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(line)["group"] == "validation"]
+    assert [record["steps_completed"] for record in validations] == [1]
+
+
 def records_of(run_dir: Path) -> Dict[str, bytes]:
     return {name: (run_dir / name).read_bytes() for name in ("run.json", "config.json", "metrics.jsonl", "run_identity.json")}
 

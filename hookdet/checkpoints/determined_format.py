@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -99,6 +100,12 @@ def load_state(directory: Path, map_location: Any = "cpu") -> Dict[str, Any]:
 
 
 def _load_state_file(path: Path, map_location: Any) -> Dict[str, Any]:
+    if not zipfile.is_zipfile(path):
+        raise DeterminedCheckpointError(
+            f"{path} is not in torch's zip format, which is all Determined 0.38 writes (torch's "
+            "older pickle format, or not torch's at all); hookdet never runs code from a checkpoint "
+            "and does not load it"
+        )
     try:
         with torch.serialization.safe_globals(_NUMPY_GLOBALS):
             saved = torch.load(path, map_location=map_location, weights_only=True)

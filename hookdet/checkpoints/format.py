@@ -38,6 +38,7 @@ import os
 import pickle
 import re
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -455,6 +456,12 @@ def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: 
         raise CheckpointError(f"checkpoint {directory} has no {STATE_FILE} in its manifest")
     for relative, entry in metadata["files"].items():  # before a single byte is deserialised
         _check_file(directory, relative, entry)
+    if not zipfile.is_zipfile(directory / STATE_FILE):
+        raise CheckpointError(
+            f"checkpoint {directory}: {STATE_FILE} refused: it is not in torch's zip format, which "
+            "is all hookdet writes (torch's older pickle format, or not torch's at all); hookdet "
+            "never loads such a file"
+        )
     torch_load_kwargs.setdefault("weights_only", True)
     torch_load_kwargs.setdefault("mmap", True)
     try:

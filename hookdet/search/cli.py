@@ -128,12 +128,13 @@ def finish(search_dir: Path, state: Dict[str, Any], metric: str, smaller_is_bett
 # ---------------------------------------------------------------------------------------------
 
 
-def preview(config_path: Path, count: Optional[int] = None) -> str:
-    """What the search would run: brackets and rungs, and the initial trials' draws."""
+def preview(config_path: Path, count: Optional[int] = None, options: Sequence[str] = ()) -> str:
+    """What the search would run (with ``--config`` ``options`` applied): brackets and rungs, and
+    the initial trials' draws."""
     from hookdet.search import methods
     from hookdet.search.space import MasterRandom
 
-    config, _, settings, space = load_search(config_path)
+    config, _, settings, space = load_search(config_path, options)
     method = settings.build()
     ctx = methods.Context(MasterRandom(config.reproducibility.experiment_seed), space)
     creates = method.initial_trials(ctx)
@@ -166,7 +167,9 @@ def add_search_command(commands: Any) -> None:
     actions = search.add_subparsers(dest="search_command", required=True)
     show = actions.add_parser("preview", help="the trials and rungs a search would run")
     show.add_argument("config")
-    show.set_defaults(handler=lambda args: _print(preview(Path(args.config))))
+    show.add_argument("--config", dest="config_overrides", action="append", metavar="KEY=VALUE", default=[],
+                      help="set one field of the experiment file, as hookdet run's --config does")
+    show.set_defaults(handler=lambda args: _print(preview(Path(args.config), options=args.config_overrides)))
     worker = actions.add_parser("worker", help="train a search's trials from its store")
     worker.add_argument("search_dir", nargs="?", help="the search directory (reads its store)")
     worker.add_argument("--storage", help="the store's URL (instead of a search directory)")
