@@ -132,9 +132,10 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
         Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
         if run.is_chief:
             _print_summary(run)
-    if run.exit_reason == ExitReason.PREEMPTED:
-        return PREEMPTED_EXIT_CODE
-    return 0
+        status = PREEMPTED_EXIT_CODE if run.exit_reason == ExitReason.PREEMPTED else 0
+        # Told before the teardown (process group, plugins): a rank that aborts there has finished.
+        report_status_to_launcher(status)
+    return status
 
 
 @contextlib.contextmanager
