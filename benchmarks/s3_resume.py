@@ -9,8 +9,10 @@ hookdet checkpoint per size into it (the MLP and Adam of ``checkpoint_io.py``: 3
 parameters, 1GB 83.2 M), and times, ``--repeats`` rounds each, taking turns:
 
 * ``hookdet_fetch``: what ``--resume RUN_DIR`` asks of the storage before it loads a byte of
-  state: find the run's checkpoints (list, one ``metadata.json`` GET each), read the chosen
-  one's metadata, and download it (``restore_path``) — the checkpoint plugin's own calls;
+  state, on a fresh storage object as a resuming process has: find the run's checkpoints (list,
+  one ``metadata.json`` GET each), read the chosen one's metadata (kept from the listing), and
+  download it (``restore_path``; its ``metadata.json`` written from what was read) — the
+  checkpoint plugin's own calls;
 * ``boto3_download``: ``download_file`` of the same objects, keys known in advance.
 
 It also counts, with moto's request recorder, the GETs of each object during one
@@ -75,8 +77,10 @@ def write_checkpoint(storage: S3Storage, size: str) -> str:
     return storage_id
 
 
-def hookdet_fetch(storage: S3Storage, storage_id: str) -> None:
-    """The storage calls of a resume: find the run's newest checkpoint, its metadata, its files."""
+def hookdet_fetch(endpoint: str, storage_id: str) -> None:
+    """The storage calls of a resume, on a storage made for it as a resuming process makes one:
+    find the run's newest checkpoint, its metadata, its files."""
+    storage = storage_for(endpoint)
     found = checkpoints_of_run(storage, RUN_ID)
     assert any(name == storage_id for name, _ in found)
     storage.read_metadata(storage_id)
@@ -94,7 +98,7 @@ def gets_per_file(endpoint: str, storage: S3Storage, storage_id: str) -> Dict[st
 
     requests.post(f"{endpoint}/moto-api/recorder/reset-recording", timeout=10)
     requests.post(f"{endpoint}/moto-api/recorder/start-recording", timeout=10)
-    hookdet_fetch(storage, storage_id)
+    hookdet_fetch(endpoint, storage_id)
     requests.post(f"{endpoint}/moto-api/recorder/stop-recording", timeout=10)
     lines = requests.get(f"{endpoint}/moto-api/recorder/download-recording", timeout=60).text.splitlines()
     counts: Dict[str, int] = {}
@@ -118,7 +122,7 @@ def measure(endpoint: str, size: str, repeats: int) -> Dict[str, Any]:
             boto3_download(storage, keys, Path(into))
             times["boto3_download"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        hookdet_fetch(storage, storage_id)
+        hookdet_fetch(endpoint, storage_id)
         times["hookdet_fetch"].append(time.perf_counter() - start)
     medians = {name: statistics.median(values) for name, values in times.items()}
     return {

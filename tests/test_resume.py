@@ -101,7 +101,7 @@ def _python(args: List[str]) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=280,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stdout.decode(errors="replace")[-4000:]
 

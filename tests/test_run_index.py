@@ -42,7 +42,7 @@ def start(root: Path, name: str, entrypoint: str, batches: int, *extra: str) -> 
 
 
 def wait_for_reports(run_dir: Path, count: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         path = run_dir / "metrics.jsonl"
         if path.exists() and len(path.read_text().splitlines()) >= count:
@@ -63,14 +63,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     preempted.send_signal(signal.SIGTERM)
     wait_for_reports(root / "runs" / "killed", 3, killed)
     killed.kill()
-    assert preempted.wait(timeout=90) == 75, preempted.stdout.read()
+    assert preempted.wait(timeout=300) == 75, preempted.stdout.read()
     killed.wait(timeout=30)
-    assert completed.wait(timeout=90) == 0, completed.stdout.read()
-    assert failed.wait(timeout=90) == 1, failed.stdout.read()
+    assert completed.wait(timeout=300) == 0, completed.stdout.read()
+    assert failed.wait(timeout=300) == 1, failed.stdout.read()
     resumed = start(root, "resumed", "tests.trials:OneWeightTrial", 8,
                     "--resume", str(root / "runs" / "completed"), "--config", "hyperparameters.lr=0.05",
                     "--config", "searcher.max_length.batches=12")
-    assert resumed.wait(timeout=90) == 0, resumed.stdout.read()
+    assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
     return {name: root / "runs" / name for name in ("completed", "preempted", "failed", "killed", "resumed")}
 
 

@@ -32,7 +32,7 @@ def env(tmp_path: Path) -> Dict[str, str]:
             "MLFLOW_DISABLE_TELEMETRY": "true", "SEARCH_TEST_LOG": str(tmp_path / "trials.log")}
 
 
-def search(tmp_path: Path, config: str, *args: str, timeout: int = 280) -> subprocess.CompletedProcess:
+def search(tmp_path: Path, config: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([*HOOKDET, "run", str(FIXTURES / config), *args], cwd=tmp_path,
                           env=env(tmp_path), capture_output=True, text=True, timeout=timeout)
 
@@ -157,7 +157,7 @@ def assert_equals_a_straight_run(trial: dict, tmp_path: Path) -> None:
         [*HOOKDET, "run", str(Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"),
          "--run-dir", str(straight), "--model-dir", str(FIXTURES)],
         cwd=tmp_path, env={**env(tmp_path), "HOOKDET_TRIAL_SEED": str(trial["seed"])},
-        capture_output=True, text=True, timeout=200)
+        capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
 
     def values(path: Path) -> list:
@@ -263,7 +263,7 @@ def test_grid_does_not_replace_invalid_points_and_survives_kills(tmp_path: Path)
         time.sleep(0.1)
     if terminated.poll() is None:
         terminated.send_signal(signal.SIGTERM)
-        assert terminated.wait(timeout=120) == 75
+        assert terminated.wait(timeout=300) == 75
     resumed = search(tmp_path, "grid.yaml", "--resume", "killed", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(tmp_path / "killed", drop=("restarts", "best", "last")) == summary(
@@ -294,15 +294,17 @@ def two_workers_finish_a_search(tmp_path: Path, url: str) -> None:
         [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--run-dir", "shared", "--workers", "0",
          "--storage", url], cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    # Workers join once the driver has made the study and queued its first trials (its line).
+    started = driver.stdout.readline()
+    assert started.startswith("hookdet: grid search in"), (started, driver.stderr.read()[-3000:])
     workers = [subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url,
                                  "--index", str(i), "--of", "2"], cwd=tmp_path, env=env(tmp_path),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]
-    out, err = driver.communicate(timeout=280)
+    out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err[-3000:]
     for worker in workers:
-        assert worker.wait(timeout=60) == 0
+        assert worker.wait(timeout=300) == 0
     done_by = {s.user_attrs["worker"] for s in segments(tmp_path / "shared")}
     assert done_by == {f"{os.uname().nodename}:{w.pid}" for w in workers}
     assert len(summary(tmp_path / "shared")) == 4
@@ -372,7 +374,7 @@ def test_a_single_run_of_a_space_trains_trial_one_with_its_seed(tmp_path: Path) 
         .replace("  max_time: 8\n", ""))
     result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "run", "--model-dir",
                              str(FIXTURES)], cwd=tmp_path, env=env(tmp_path), capture_output=True,
-                            text=True, timeout=200)
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     [started] = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()]
     draw = draw_trial(load_experiment_config(config).hyperparameter_space, MasterRandom(5))

@@ -20,7 +20,7 @@ TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
 #: Bound on one ``hookdet run`` of the corpus, in seconds (the tests' own limit is far above).
-CASE_TIMEOUT = 120
+CASE_TIMEOUT = 360
 
 #: (case, seconds from the fault to the exit) of every case run; the slowest is reported.
 EXIT_TIMES: List[tuple] = []
@@ -114,7 +114,7 @@ def assert_one_line(stderr: str, *fragments: str) -> str:
     return lines[0]
 
 
-def wait_until(predicate: Any, process: subprocess.Popen, what: str, timeout: float = 90) -> None:
+def wait_until(predicate: Any, process: subprocess.Popen, what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if process.poll() is not None:

@@ -87,7 +87,7 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_the_run(tmp_path: Path) ->
         def two_ranks_training() -> bool:
             tree.update(descendants(launcher.pid))
             return (run_dir / "metrics.jsonl").exists() and len(tree) >= 3  # torchrun + 2 ranks
-        wait_until(two_ranks_training, launcher, "both ranks to train", timeout=150)
+        wait_until(two_ranks_training, launcher, "both ranks to train", timeout=300)
         assert alive(tree), "the run's processes are alive before the kill"
         killed_at = time.monotonic()
         os.kill(launcher.pid, signal.SIGKILL)
@@ -125,7 +125,7 @@ def test_sigkill_of_the_launcher_as_ranks_start_under_a_subreaper_leaves_no_orph
 def test_sigterm_stops_two_ranks_with_75_and_no_torchrun_traceback(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.2)), "--run-dir", str(run_dir)])
-    wait_until(lambda: (run_dir / "metrics.jsonl").exists(), process, "training", timeout=150)
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists(), process, "training", timeout=300)
     signalled = time.monotonic()
     process.send_signal(signal.SIGTERM)
     status, stdout, stderr = finish(process, "2 ranks: SIGTERM", since=signalled)
@@ -168,7 +168,7 @@ def test_a_rank_killed_by_sigkill_is_named_and_no_gloo_traceback_is_shown(tmp_pa
     run_dir = tmp_path / "run"
     process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.05)), "--run-dir", str(run_dir)])
     wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rank_pids(process.pid)) == 2, process,
-               "two ranks training", timeout=150)
+               "two ranks training", timeout=300)
     victim = max(rank_pids(process.pid))  # the later-started rank
     os.kill(victim, signal.SIGKILL)
     status, _, stderr = finish(process, "2 ranks: one rank SIGKILLed", since=time.monotonic())
@@ -216,7 +216,7 @@ def test_sigkill_of_torchrun_is_named_in_one_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     launcher = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.2)), "--run-dir", str(run_dir)])
     wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rank_pids(launcher.pid)) == 2, launcher,
-               "two ranks training", timeout=150)
+               "two ranks training", timeout=300)
     (torchrun,) = [pid for pid in descendants(launcher.pid)
                    if is_torchrun(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))]
     os.kill(torchrun, signal.SIGKILL)
