@@ -9,8 +9,6 @@
   the rank's first act, before torch is imported; a rank that then finds ``hookdet run`` is no
   longer among its ancestors (torchrun died first, and the rank was adopted by init or by a
   *subreaper*, as a desktop ``systemd --user`` session is) exits at once.
-- **No abort at the end.** A rank that succeeded leaves through :func:`exit_without_teardown`,
-  so a crash in the interpreter's teardown cannot fail a finished run.
 - **One voice.** torchrun's own log lines and its tracebacks (``ChildFailedError`` when a rank
   failed, ``SignalException`` when it was told to stop) say nothing the ranks' statuses do not,
   so :func:`filter_launcher_stderr` drops them, turns any other traceback of the launcher's own
@@ -266,25 +264,8 @@ def stop_signals_passed_on(send: Callable[[int], None], to_whom: str) -> Iterato
             signal.signal(signum, handler)
 
 
-def exit_without_teardown(status: int) -> None:
-    """End this rank with ``status``: a rank that succeeded (0: completed, or preempted as the
-    launcher counts it) ends now, its output flushed. By then the run is recorded and its files
-    closed; what is skipped is the interpreter's teardown, where destructors of torch's threads
-    have aborted a rank that had finished (``terminate called without an active exception``),
-    turning a completed run into a failed launch. A failed rank exits as usual, so the teardown
-    gives its siblings the moment they need to record their own status before torchrun stops
-    them."""
-    if status != 0:
-        sys.exit(status)
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
-
-
 if __name__ == "__main__":
     die_with_launcher()
     from hookdet.cli import main
 
-    exit_without_teardown(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

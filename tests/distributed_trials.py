@@ -7,8 +7,6 @@ directory when the trial shuts down, and its final weight to ``rank<r>-weight.pt
 """
 from __future__ import annotations
 
-import atexit
-
 import json
 import os
 import random
@@ -155,16 +153,13 @@ class LinearTrial(pytorch.PyTorchTrial):
     them), ``sleep`` (seconds per batch), ``fail_rank``/``fail_batch`` (raise there),
     ``stop_rank``/``stop_batch`` (that rank alone calls ``set_stop_requested(True)`` there),
     ``with_buffer`` (see :class:`OneWeight`), ``ddp_options`` (passed to ``wrap_model``),
-    ``lr_gamma`` (a StepLR stepped every optimizer step), ``abort_at_exit`` (the process aborts
-    in the interpreter's teardown, as torch's thread destructors sometimes have),
-    ``abort_at_teardown`` (rank 1 aborts when it leaves the process group).
+    ``lr_gamma`` (a StepLR stepped every optimizer step), ``abort_at_teardown`` (rank 1 aborts
+    when it leaves the process group, as torch's teardown sometimes has).
     """
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         self.hparams = context.get_hparams()
-        if self.hparams.get("abort_at_exit"):
-            atexit.register(os.abort)
         if self.hparams.get("abort_at_teardown") and context.distributed.rank == 1:
             context.distributed.close = os.abort
         self.module = OneWeight(bool(self.hparams.get("with_buffer", False)))

@@ -198,15 +198,15 @@ def records_of(run_dir: Path) -> Dict[str, bytes]:
 @pytest.mark.parametrize("launch", [[], [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]],
                          ids=["bare", "torchrun-2-ranks"])
 def test_a_second_script_run_into_its_run_directory_is_refused_naming_latest_checkpoint(
-    tmp_path: Path, launch: List[str]
+    tmp_path: Path, launch: List[str], const_run: Dict[str, Any]
 ) -> None:
-    """The script run again with the same run directory and no checkpoint to continue from (the
-    fixture passes ``latest_checkpoint=None`` when run bare): refused on every rank, naming
-    ``Trainer.fit(latest_checkpoint=...)``, and the run's records stay byte for byte; under
-    torchrun no rank is left waiting on the other."""
+    """The script run bare (or under torchrun) with the run directory of a run that finished,
+    and no checkpoint to continue from (the fixture passes ``latest_checkpoint=None`` when run
+    bare): refused on every rank, naming ``Trainer.fit(latest_checkpoint=...)``, and the run's
+    records stay byte for byte; under torchrun no rank is left waiting on the other."""
     run_dir = tmp_path / "run"
+    shutil.copytree(const_run["run_dir"], run_dir)
     command = [*(launch or [sys.executable]), "train.py", "--epochs", "1"]
-    run(command, tmp_path, HOOKDET_RUN_DIR=str(run_dir))
     before = records_of(run_dir)
 
     second = subprocess.run(command, cwd=model_dir(tmp_path), env=environment(tmp_path, HOOKDET_RUN_DIR=str(run_dir)),
