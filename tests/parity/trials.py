@@ -454,6 +454,9 @@ class ShapedReducer(pytorch.MetricReducer):
             "ndarray": np.array(counts),
             "tensor": torch.tensor(counts),
             "numpy_scalar": np.float32(sum(counts)),
+            "ndarray_0d": np.array(sum(counts)),
+            "tensor_0d": torch.tensor(sum(counts)),
+            "one_item_list": [sum(counts)],
             "dict": {"shaped_dict_sum": sum(counts), "shaped_dict_list": counts},
         }[self.shape]
 
@@ -462,7 +465,7 @@ class ReducerResultShapes(BaseTrial):
     """Reducers whose cross-rank results are lists, tuples, arrays, tensors, NumPy scalars and a
     dict: what the callbacks, the logs and the searcher receive of each."""
 
-    SHAPES = ("list", "tuple", "ndarray", "tensor", "numpy_scalar")
+    SHAPES = ("list", "tuple", "ndarray", "tensor", "numpy_scalar", "ndarray_0d", "tensor_0d", "one_item_list")
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
