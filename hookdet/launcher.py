@@ -176,15 +176,19 @@ def _launcher_of(traceback: List[str]) -> Optional[str]:
     return "horovodrun" if "horovodrun" in owners else ("torchrun" if owners else None)
 
 
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``signal 70`` for a number no signal has."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def launcher_death_line(launcher: str, status: int, ranks_reported: int) -> Optional[str]:
     """One line when the launcher itself died of a signal, or failed before any rank reported
     (its ranks then have nothing to say); None when the ranks' own lines tell it."""
     if status < 0:
-        try:
-            name = signal.Signals(-status).name
-        except ValueError:
-            name = f"signal {-status}"
-        return f"hookdet: error: {launcher} was killed by {name}; its ranks ended with it"
+        return f"hookdet: error: {launcher} was killed by {signal_name(-status)}; its ranks ended with it"
     if status != 0 and ranks_reported == 0:
         return f"hookdet: error: {launcher} exited with status {status} before any rank reported (see above)"
     return None

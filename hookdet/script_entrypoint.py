@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet import cluster_info
 from hookdet.cli import UsageError, resume_target, torchrun_command
-from hookdet.launcher import RANK_ENTRY, launcher_death_line, pump_filtered, stop_signals_passed_on
+from hookdet.launcher import RANK_ENTRY, launcher_death_line, pump_filtered, signal_name, stop_signals_passed_on
 
 logger = logging.getLogger("hookdet")
 
@@ -170,11 +170,7 @@ def how_it_ended(status: int, final: int) -> str:
     if final == PREEMPTED_EXIT_CODE and status != PREEMPTED_EXIT_CODE:
         return f"stopped with a checkpoint (preempted): exit status {final}"
     if status < 0:
-        try:
-            name = signal.Signals(-status).name
-        except ValueError:
-            name = f"signal {-status}"
-        return f"killed by {name}: exit status {final}"
+        return f"killed by {signal_name(-status)}: exit status {final}"
     return f"exited with status {final}"
 
 

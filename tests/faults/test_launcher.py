@@ -163,12 +163,18 @@ def rank_pids(launcher_pid: int) -> List[int]:
     return ranks
 
 
-@pytest.mark.slow
-def test_a_rank_killed_by_sigkill_is_named_and_no_gloo_traceback_is_shown(tmp_path: Path) -> None:
+def start_two_ranks_training(tmp_path: Path, sleep: float) -> "tuple[subprocess.Popen, Path]":
+    """``hookdet run`` of 2 slots, returned once both ranks train."""
     run_dir = tmp_path / "run"
-    process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.05)), "--run-dir", str(run_dir)])
+    process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=sleep)), "--run-dir", str(run_dir)])
     wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rank_pids(process.pid)) == 2, process,
                "two ranks training", timeout=300)
+    return process, run_dir
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_is_named_and_no_gloo_traceback_is_shown(tmp_path: Path) -> None:
+    process, _ = start_two_ranks_training(tmp_path, sleep=0.05)
     victim = max(rank_pids(process.pid))  # the later-started rank
     os.kill(victim, signal.SIGKILL)
     status, _, stderr = finish(process, "2 ranks: one rank SIGKILLed", since=time.monotonic())
@@ -213,10 +219,7 @@ def test_a_launcher_failure_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigkill_of_torchrun_is_named_in_one_line(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    launcher = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=0.2)), "--run-dir", str(run_dir)])
-    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rank_pids(launcher.pid)) == 2, launcher,
-               "two ranks training", timeout=300)
+    launcher, _ = start_two_ranks_training(tmp_path, sleep=0.2)
     (torchrun,) = [pid for pid in descendants(launcher.pid)
                    if is_torchrun(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))]
     os.kill(torchrun, signal.SIGKILL)
