@@ -12,8 +12,9 @@ The attribute names are Determined's (``info.trial.hparams``, ``info.trial.trial
 ``info.trial.trial_seed``, ``info.latest_checkpoint``, ``info.container_rank``, ...); values that
 only a cluster has (master URL, session token) are local stand-ins. hookdet adds ``run_dir``, the
 directory the run writes to, and ``test_mode`` (``hookdet run --test-mode``: a script's
-``Trainer.fit`` then runs as with ``test_mode=True``). :func:`record_outcome` lets ``hookdet run`` learn how the script's
-training ended (completed or preempted) so it can exit 75 after a preemption.
+``Trainer.fit`` then runs as with ``test_mode=True``). :func:`record_outcome` lets ``hookdet
+run`` learn how the script's training ended (completed or preempted) so it can exit 75 after a
+preemption.
 """
 from __future__ import annotations
 

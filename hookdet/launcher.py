@@ -184,9 +184,10 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def launcher_death_line(launcher: str, status: int, ranks_reported: int) -> Optional[str]:
-    """One line when the launcher itself died of a signal, or failed before any rank reported
-    (its ranks then have nothing to say); None when the ranks' own lines tell it."""
+def launcher_death_line(launcher: str, status: int, ranks_reported: Optional[int] = None) -> Optional[str]:
+    """One line when the launcher itself died of a signal, or failed before any of its ranks
+    reported (``ranks_reported``: how many did, None when that is not known); None when the
+    ranks' own lines tell it."""
     if status < 0:
         return f"hookdet: error: {launcher} was killed by {signal_name(-status)}; its ranks ended with it"
     if status != 0 and ranks_reported == 0:

@@ -26,6 +26,7 @@ class ReducerResultError(MetricError, AssertionError):
     """A reducer's result does not fit how it was wrapped (a dict from a named reducer, or no
     dict from an unnamed one). Also an ``AssertionError``, the class Determined raises there."""
 
+
 # ---------------------------------------------------------------------------------------------
 # Moving a workload's metric values to the host: one transfer per metric
 # ---------------------------------------------------------------------------------------------

@@ -233,7 +233,7 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, 
                 time.sleep(0.1)
         if pump is not None:
             pump.join(timeout=5)
-            died = launcher_death_line(_launcher_name(command), status, ranks_reported=1)
+            died = launcher_death_line(_launcher_name(command), status)
             if died is not None and not said:
                 print(died, file=sys.stderr, flush=True)
         return status

@@ -34,9 +34,9 @@ from hookdet.config.experiment import TRIAL_ID_ENV, TRIAL_SEED_ENV, ExperimentCo
 from hookdet.config.problems import ConfigError
 from hookdet.config.reading import (
     load_experiment_config,
-    read_experiment_text,
     parse_experiment_config,
     read_experiment_file,
+    read_experiment_text,
     read_yaml_value,
     with_overrides,
 )
@@ -72,10 +72,10 @@ __all__ = [
     "length_in_batches",
     "current_trial_id",
     "load_experiment_config",
-    "read_experiment_text",
     "names_trial_class",
     "parse_experiment_config",
     "read_experiment_file",
+    "read_experiment_text",
     "read_yaml_value",
     "with_overrides",
 ]

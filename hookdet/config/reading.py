@@ -139,19 +139,21 @@ def read_experiment_text(path: Union[str, Path]) -> str:
         reason = error.strerror if isinstance(error, OSError) else str(error)
         raise ConfigError(f"cannot read the experiment file: {reason}", source=source) from None
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
             raise ConfigError(
-                f"not a regular file (a {_file_kind(mode)}); an experiment file is a YAML file", source=source
+                f"not a regular file (a {_file_kind(info.st_mode)}); an experiment file is a YAML file", source=source
             )
+        if info.st_size > MAX_BYTES:
+            raise ConfigError(too_large(info.st_size), source=source)
         with os.fdopen(descriptor, "rb", closefd=False) as handle:
-            content = handle.read(MAX_BYTES + 1)
+            content = handle.read(MAX_BYTES + 1)  # the cap holds for a file that grew since
     except OSError as error:
         raise ConfigError(f"cannot read the experiment file: {error.strerror}", source=source) from None
     finally:
         os.close(descriptor)
     if len(content) > MAX_BYTES:
-        raise ConfigError(too_large(os.stat(path).st_size if os.path.exists(path) else len(content)), source=source)
+        raise ConfigError(too_large(len(content)), source=source)
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as error:
