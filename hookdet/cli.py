@@ -333,8 +333,10 @@ def combined_exit_status(
 def report_status_to_launcher(status: int) -> int:
     """Under ``hookdet run``'s launcher, record this rank's exit ``status`` for it; return the
     status to exit with: 0 for a preempted rank (torchrun would count 75 as a failure and kill
-    the other ranks while they exit), ``status`` otherwise. Elsewhere returns ``status``."""
-    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+    the other ranks while they exit), ``status`` otherwise. A rank refusing bad input waits (a
+    bounded while) for the other ranks of its machine to record theirs. Elsewhere returns
+    ``status``."""
+    from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, PREEMPTED_EXIT_CODE
 
     status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
     if not status_dir or rank is None:
@@ -343,6 +345,12 @@ def report_status_to_launcher(status: int) -> int:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(str(status))
     partial.replace(path)
+    if status == BAD_INPUT_EXIT_CODE:
+        # The other ranks read the same input and are refusing it too: give them the moment to
+        # say so before this rank's exit makes torchrun stop them.
+        from hookdet.launcher import wait_for_local_ranks
+
+        wait_for_local_ranks(Path(status_dir))
     return 0 if status == PREEMPTED_EXIT_CODE else status
 
 

@@ -32,6 +32,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional
 
@@ -216,6 +217,23 @@ def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = 
 # ---------------------------------------------------------------------------------------------
 # What each rank says, said once
 # ---------------------------------------------------------------------------------------------
+
+
+#: How long a rank refusing bad input waits for the other ranks of its machine to record theirs.
+SIBLING_REPORT_SECONDS = 30.0
+
+
+def wait_for_local_ranks(status_dir: Path, timeout: float = SIBLING_REPORT_SECONDS) -> None:
+    """Return once every rank on this machine (``$LOCAL_WORLD_SIZE``, or horovodrun's
+    ``$HOROVOD_LOCAL_SIZE``) has recorded its exit status in ``status_dir``, or ``timeout``
+    seconds have passed."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("HOROVOD_LOCAL_SIZE") or 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reported = [path for path in status_dir.glob("rank-*") if path.name[len("rank-"):].isdigit()]
+        if len(reported) >= local_ranks:
+            return
+        time.sleep(0.05)
 
 
 def record_rank_message(status_dir: str, rank: int, message: str) -> None:
