@@ -2,12 +2,11 @@
 
 A few hundred bytes of YAML can describe a billion items through aliases (each ``*a`` repeating
 an anchored list that itself repeats another), and thousands of nested brackets exhaust Python's
-recursion. Experiment files are small: :func:`check_text` refuses a file over :data:`MAX_BYTES` (it is
-copied into every checkpoint's metadata) or with flow collections open deeper than :data:`MAX_DEPTH`;
-:class:`BoundedComposer` refuses nesting deeper than
-:data:`MAX_DEPTH` while composing, and :func:`check_expanded_size` refuses a document whose
-aliases would expand beyond :data:`MAX_EXPANDED_NODES` nodes, counted on the node graph without
-expanding it. Both raise ``yaml.MarkedYAMLError`` at the offending line, so the config loader
+recursion. Experiment files are small: :func:`check_text` refuses a file over :data:`MAX_BYTES`
+(it is copied into every checkpoint's metadata); :class:`BoundedNesting` refuses nesting deeper
+than :data:`MAX_DEPTH` while scanning and composing, and :func:`check_expanded_size` refuses a
+document whose aliases would expand beyond :data:`MAX_EXPANDED_NODES` nodes, counted on the node
+graph without expanding it. Both raise ``yaml.MarkedYAMLError`` at the offending line, so the config loader
 reports them as it reports any malformed YAML: one line naming the file and the line.
 """
 from __future__ import annotations
@@ -28,22 +27,36 @@ class YamlLimitError(yaml.MarkedYAMLError):
     """The document exceeds a bound; the message says which and where."""
 
 
-class BoundedComposer:
-    """A mix-in for a PyYAML loader: refuse nesting deeper than :data:`MAX_DEPTH`."""
+class BoundedNesting:
+    """A mix-in for a PyYAML loader: refuse nesting deeper than :data:`MAX_DEPTH`.
+
+    Flow collections (``[...]``, ``{...}``) are counted by the scanner as it opens them, so a
+    deep one is refused before PyYAML's look-ahead over possible keys (quadratic in the depth)
+    gets far; block nesting is counted by the composer. Brackets inside quoted strings, block
+    scalars and comments are text to the scanner, not nesting.
+    """
 
     _depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass):  # type: ignore[no-untyped-def]
+        super().fetch_flow_collection_start(TokenClass)  # type: ignore[misc]
+        if self.flow_level > MAX_DEPTH:  # type: ignore[attr-defined]
+            raise _too_deep(self.tokens[-1].start_mark)  # type: ignore[attr-defined]
 
     def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise YamlLimitError(
-                    problem=f"nested more than {MAX_DEPTH} levels deep; an experiment file never is",
-                    problem_mark=self.peek_event().start_mark,  # type: ignore[attr-defined]
-                )
+                raise _too_deep(self.peek_event().start_mark)  # type: ignore[attr-defined]
             return super().compose_node(parent, index)  # type: ignore[misc]
         finally:
             self._depth -= 1
+
+
+def _too_deep(mark: yaml.Mark) -> YamlLimitError:
+    return YamlLimitError(
+        problem=f"nested more than {MAX_DEPTH} levels deep; an experiment file never is", problem_mark=mark
+    )
 
 
 def too_large(size: int) -> str:
@@ -55,26 +68,10 @@ def too_large(size: int) -> str:
 
 
 def check_text(text: str) -> None:
-    """Refuse text over :data:`MAX_BYTES`, or whose flow collections (``[...]``, ``{...}``)
-    nest deeper than :data:`MAX_DEPTH`, before composing it: PyYAML slows quadratically with
-    nesting, so thousands of levels would take seconds to reach the composer's check. The
-    nesting is counted on the scanner's tokens, stopping at the first level too deep, so
-    brackets inside quoted strings, block scalars and comments are not nesting.
-    """
+    """Refuse text over :data:`MAX_BYTES` before parsing it."""
     size = len(text.encode("utf-8", errors="replace"))
     if size > MAX_BYTES:
         raise YamlLimitError(problem=too_large(size), problem_mark=yaml.Mark("<file>", 0, 0, 0, None, None))
-    depth = 0
-    for token in yaml.scan(text, Loader=yaml.SafeLoader):
-        if isinstance(token, (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken)):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise YamlLimitError(
-                    problem=f"nested more than {MAX_DEPTH} levels deep; an experiment file never is",
-                    problem_mark=token.start_mark,
-                )
-        elif isinstance(token, (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)):
-            depth = max(0, depth - 1)
 
 
 def check_expanded_size(root: yaml.Node) -> None:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from hookdet.config.experiment import ExperimentConfig
 from hookdet.config.problems import ConfigError, FieldPath, LineIndex, Reporter, all_at_once, as_written, dotted
 from hookdet.config.screening import config_errors_from, screen
-from hookdet.yaml_limits import MAX_BYTES, BoundedComposer, check_expanded_size, check_text, too_large
+from hookdet.yaml_limits import MAX_BYTES, BoundedNesting, check_expanded_size, check_text, too_large
 
 _LENGTH_FIELDS = frozenset(
     {("searcher", "max_length"), ("min_validation_period",), ("min_checkpoint_period",)}
@@ -208,7 +208,7 @@ def _build(
     return config
 
 
-class _Yaml12Loader(BoundedComposer, yaml.SafeLoader):
+class _Yaml12Loader(BoundedNesting, yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2 core-schema scalars, as Determined's ruamel loader
     reads them: floats like ``1e-3``, only true/false as booleans, no sexagesimal or
     leading-zero octal ints, no implicit timestamps."""
