@@ -360,8 +360,9 @@ class PyTorchTrialContext:
 
     def reduce_metrics(self, for_training: bool) -> Dict[str, Any]:
         """Reduce the reducers of training (True) or validation (False) across ranks, as the loop
-        does at a reporting boundary: ``{metric: value}``; does not reset them."""
-        return self._reducers.reduce(for_training, allgather=self.distributed.allgather)
+        does at a reporting boundary: ``{metric: value}``, each value as ``cross_slot_reduce``
+        returned it (as in Determined); does not reset them."""
+        return self._reducers.reduce(for_training, allgather=self.distributed.allgather, plain=False)
 
     def run_cross_slot_reduction(
         self, reducables: List[MetricReducer], gathered: List[Any]

@@ -22,7 +22,7 @@ from hookdet.exit_codes import ExitReason
 from hookdet import loader_adapters
 from hookdet.batch_moving import batch_mover
 from hookdet.data import DataLoader
-from hookdet import workload_metrics
+from hookdet import callback_metrics, workload_metrics
 from hookdet.checkpoints.format import CheckpointError, check_weights_only
 from hookdet.metric_values import MetricError, check_metrics_serialisable
 from hookdet.trial import (
@@ -353,15 +353,17 @@ class TrainingLoop:
             return
         allgather = self.distributed.allgather
         first_batch = self.state.batches_trained - len(workload)
-        reduced = workload_metrics.reduce_training_metrics(
-            workload, allgather, first_batch_idx=first_batch, per_batch=self.call_workload_end
-        )
-        avg_metrics = dict(reduced.avg_metrics)
-        avg_metrics.update(self.context._reducers.reduce(for_training=True, allgather=allgather))
-        avg_metrics = check_metrics_serialisable(avg_metrics, "train_batch")
+        averages = workload_metrics.average_training_metrics(workload, allgather, first_batch_idx=first_batch)
+        reducer_results = self.context._reducers.reduce(True, allgather, plain=False)
+        avg_metrics = check_metrics_serialisable({**averages, **reducer_results}, "train_batch")
         if self.call_workload_end:
+            state = self.state
+            hook_avg_metrics, hook_batch_metrics = callback_metrics.training_workload(
+                workload, reducer_results, state.batches_trained, state.epoch_idx,
+                allgather, self.distributed.size,
+            )
             self.hook.on_training_workload_end(
-                avg_metrics=avg_metrics, batch_metrics=reduced.batch_metrics
+                avg_metrics=hook_avg_metrics, batch_metrics=hook_batch_metrics
             )
         if self.run.is_chief:
             self._report("training", avg_metrics)
@@ -403,20 +405,21 @@ class TrainingLoop:
         try:
             with torch.no_grad():
                 if self.evaluation_method == "evaluate_full_dataset":
-                    metrics, outputs = self._evaluate_full_dataset()
+                    metrics, hook_metrics = self._evaluate_full_dataset()
                 else:
-                    metrics, outputs = self._evaluate_batches()
+                    metrics, hook_metrics = self._evaluate_batches()
         finally:
             self._set_train_mode(True)
-        metrics = check_metrics_serialisable(metrics, self.evaluation_method)
-        hook.on_validation_end(metrics=metrics)
+        hook.on_validation_end(metrics=hook_metrics)
         self.state.last_validation_batch = self.state.batches_trained
         is_best = self._record_validation(metrics)
         if self.run.is_chief:
             self._report("validation", metrics)
         return is_best
 
-    def _evaluate_batches(self) -> Tuple[Dict[str, Any], List[Any]]:
+    def _evaluate_batches(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Validate batch by batch; the metrics plain (for the reports) and as
+        ``on_validation_end`` gets them (:mod:`hookdet.callback_metrics`)."""
         trial, hook, context = self.trial, self.hook, self.context
         call_batch_end = self.run.plugins.implemented("hookdet_validation_batch_end")
         takes_index = evaluate_batch_takes_index(trial)
@@ -453,18 +456,26 @@ class TrainingLoop:
                 hook.hookdet_validation_batch_end(context=context, batch_idx=batch_idx)
             if self.test_mode:
                 break
-        hook.on_validation_epoch_end(outputs=outputs)
+        numpy_outputs = callback_metrics.batches_as_numpy(outputs)
+        hook.on_validation_epoch_end(outputs=numpy_outputs)
         logger.debug("validated %d records in %d batches in %.3f s on rank %d",
                      records, len(outputs), time.monotonic() - started, self.distributed.rank)
-        allgather = self.distributed.allgather
-        metrics = workload_metrics.reduce_validation_metrics(
-            outputs, len(outputs), trial.evaluation_reducer(), allgather
+        allgather, reducer = self.distributed.allgather, trial.evaluation_reducer()
+        metrics = workload_metrics.reduce_validation_metrics(outputs, len(outputs), reducer, allgather)
+        reducer_results = context._reducers.reduce(False, allgather, plain=False)
+        hook_metrics = callback_metrics.validation_metrics(
+            numpy_outputs,
+            workload_metrics.reducer_for_each_metric(reducer, list(metrics)),
+            reducer_results,
+            allgather,
+            self.distributed.size,
         )
-        metrics.update(context._reducers.reduce(for_training=False, allgather=allgather))
-        return metrics, outputs
+        plain = check_metrics_serialisable({**metrics, **reducer_results}, "evaluate_batch")
+        return plain, hook_metrics
 
-    def _evaluate_full_dataset(self) -> Tuple[Dict[str, Any], List[Any]]:
+    def _evaluate_full_dataset(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """The chief evaluates the whole validation set; the other ranks receive its metrics.
+        Returns them plain (for the reports) and as ``on_validation_end`` gets them.
 
         No validation-epoch hooks: Determined fires them only around ``evaluate_batch``."""
         trial = self.trial
@@ -483,9 +494,10 @@ class TrainingLoop:
                     f"{type(trial).__qualname__}.evaluate_full_dataset must return a dict of "
                     f"metrics, got {type(metrics).__name__}"
                 )
-            metrics = check_metrics_serialisable(metrics, "evaluate_full_dataset")
+            check_metrics_serialisable(metrics, "evaluate_full_dataset")
+            metrics = {name: callback_metrics.as_numpy(value) for name, value in metrics.items()}
         metrics = self.distributed.broadcast(metrics)
-        return metrics, [metrics]
+        return check_metrics_serialisable(metrics, "evaluate_full_dataset"), metrics
 
     def _record_validation(self, metrics: Dict[str, Any]) -> bool:
         searcher = self.run.config.searcher

@@ -390,8 +390,9 @@ def on_training_epoch_end(epoch_idx: int) -> None:
 def on_training_workload_end(
     avg_metrics: Dict[str, Any], batch_metrics: List[Dict[str, Any]]
 ) -> None:
-    """A training workload ended: ``avg_metrics`` are the means over its batches (and ranks),
-    ``batch_metrics`` this rank's per-batch values converted to Python numbers."""
+    """A training workload ended: ``batch_metrics`` its per-batch values (across ranks, their
+    means), ``avg_metrics`` the means over its batches, in Determined's types (numpy arrays,
+    Python floats; see :mod:`hookdet.callback_metrics`)."""
 
 
 @hookspec
@@ -406,7 +407,8 @@ def on_validation_epoch_start() -> None:
 
 @hookspec
 def on_validation_epoch_end(outputs: List[Any]) -> None:
-    """All validation batches were evaluated; ``outputs`` are this rank's per-batch results.
+    """All validation batches were evaluated; ``outputs`` are this rank's per-batch results
+    (tensors as numpy arrays, as in Determined).
 
     As in Determined, neither this nor ``on_validation_epoch_start`` fires for a trial that
     validates with ``evaluate_full_dataset``."""
@@ -414,7 +416,7 @@ def on_validation_epoch_end(outputs: List[Any]) -> None:
 
 @hookspec
 def on_validation_end(metrics: Dict[str, Any]) -> None:
-    """Validation finished with the reduced ``metrics``."""
+    """Validation finished with the reduced ``metrics`` (numpy values, as in Determined)."""
 
 
 @hookspec

@@ -302,12 +302,17 @@ class ReducerRegistry:
                 registration.call("reset")
 
     def reduce(
-        self, for_training: bool, allgather: Allgather = single_process_allgather
+        self,
+        for_training: bool,
+        allgather: Allgather = single_process_allgather,
+        plain: bool = True,
     ) -> dict[str, Any]:
         """Reduce the reducers of this kind of workload across ranks into ``{metric: value}``.
 
-        One allgather carries every reducer's per-slot value. Results are converted to plain,
-        JSON-writable Python (see :func:`check_metrics_serialisable`). Does not reset.
+        One allgather carries every reducer's per-slot value. Results are checked to be
+        JSON-writable and, with ``plain``, converted to plain Python (see
+        :func:`check_metrics_serialisable`); without it they are what ``cross_slot_reduce``
+        returned, as Determined's ``context.reduce_metrics`` gives them. Does not reset.
         """
         selected = [r for r in self._registrations if r.reports_in(for_training)]
         if not selected:
@@ -325,7 +330,8 @@ class ReducerRegistry:
                     f"this rank has {len(selected)} reducers; every rank must call "
                     "wrap_reducer() with the same reducers in the same order"
                 )
-        return self._combine(selected, gathered)
+        combined = self._combine(selected, gathered)
+        return check_metrics_serialisable(combined, "custom reducers") if plain else combined
 
     def cross_slot_reduce(
         self, reducers: list[MetricReducer], gathered: list[list[Any]]
@@ -358,7 +364,7 @@ class ReducerRegistry:
                         f"result must be a dict of metric names to values, but it returned a "
                         f"{type(result).__name__}; pass name=... to report a single metric"
                     )
-                named_results = check_metrics_serialisable(result, origin=registration.describe())
+                named_results = dict(result)
             else:
                 if isinstance(result, Mapping):
                     raise ReducerResultError(
@@ -366,9 +372,8 @@ class ReducerRegistry:
                         f"must be a single value, but it returned a dict; leave name=None to "
                         "report several metrics from one dict"
                     )
-                named_results = check_metrics_serialisable(
-                    {registration.name: result}, origin=registration.describe()
-                )
+                named_results = {registration.name: result}
+            check_metrics_serialisable(named_results, origin=registration.describe())
             for metric_name, value in named_results.items():
                 if metric_name in reported_by:
                     raise MetricError(

@@ -56,7 +56,7 @@ def _check_reducer_choice(reducer: Any) -> None:
     )
 
 
-def _reducer_for_each_metric(
+def reducer_for_each_metric(
     reducer: Reducer | Mapping[str, Reducer], names: list[str]
 ) -> dict[str, Reducer]:
     """Resolve ``evaluation_reducer()`` into one Reducer per metric, as Determined requires.
@@ -128,7 +128,7 @@ def reduce_validation_metrics(
     names = check_same_names_across_ranks([names for _, names, _ in gathered], "evaluate_batch")
     if not names:
         return {}
-    reducer_by_metric = _reducer_for_each_metric(reducer, names)
+    reducer_by_metric = reducer_for_each_metric(reducer, names)
     contributing = [(count, summaries) for count, _, summaries in gathered if count > 0]
     counts = np.array([count for count, _ in contributing], dtype=np.float64)
 
@@ -153,26 +153,15 @@ def reduce_validation_metrics(
 # ---------------------------------------------------------------------------------------------
 
 
-class TrainingMetrics(NamedTuple):
-    """A training workload's metrics, as ``on_training_workload_end`` receives them.
-
-    ``batch_metrics[i]`` is batch ``i``'s metrics averaged across ranks; ``avg_metrics`` is the
-    unweighted mean of those over the workload's batches. ``None`` marks a metric no rank
-    reported a value for.
-    """
-
-    avg_metrics: dict[str, float | None]
-    batch_metrics: list[dict[str, float | None]]
-
-
-def reduce_training_metrics(
+def average_training_metrics(
     batch_metrics: Sequence[Mapping[str, Any]],
     allgather: Allgather = single_process_allgather,
     *,
     first_batch_idx: int = 0,
-    per_batch: bool = True,
-) -> TrainingMetrics:
-    """Average this rank's ``train_batch`` outputs across ranks and over the workload.
+) -> dict[str, float | None]:
+    """The workload's training metrics: each batch's values averaged across the ranks that ran
+    it, then the unweighted mean over the workload's batches; ``None`` for a metric no rank
+    reported a value for.
 
     Each value must be a number (a Python or numpy number, or a one-element tensor or array, on
     any device), an array of numbers of the same shape in every batch (averaged over all its
@@ -180,8 +169,7 @@ def reduce_training_metrics(
     "not measured in this batch" (left out of the averages, as Determined does).
     ``first_batch_idx`` is the trial's index of the workload's first batch, used to name the
     culprit batch in errors. When ranks ran different numbers of batches, batch ``i`` averages
-    the ranks that ran it. ``per_batch=False`` leaves
-    ``batch_metrics`` empty: the loop passes it when nothing reads them, sparing a dict per batch.
+    the ranks that ran it.
     """
 
     def local_values() -> tuple[int, list[str] | None, dict]:
@@ -224,29 +212,19 @@ def reduce_training_metrics(
             ]
             for name in names
         }
-    avg_metrics = {}
-    for name in names:
-        column = columns[name]
-        if isinstance(column, np.ndarray) and column.ndim > 1:  # an array-valued metric
-            avg_metrics[name] = float(column.mean())
-            continue
-        if isinstance(column, np.ndarray):
-            # column.mean()'s value (numpy divides this same pairwise sum by the count), at a
-            # third of its cost: mean() runs a Python wrapper around this reduction.
-            avg_metrics[name] = float(np.add.reduce(column)) / len(column)
-            continue
-        reported = [value for value in column if value is not None]
-        avg_metrics[name] = float(np.mean(reported)) if reported else None
-    if not per_batch:
-        return TrainingMetrics(avg_metrics, [])
-    if not names:
-        return TrainingMetrics(avg_metrics, [{} for _ in range(num_batches)])
-    plain_columns = [
-        columns[name].tolist() if isinstance(columns[name], np.ndarray) else columns[name]
-        for name in names
-    ]
-    averaged_batches = [dict(zip(names, values)) for values in zip(*plain_columns)]
-    return TrainingMetrics(avg_metrics, averaged_batches)
+    return {name: _workload_average(columns[name]) for name in names}
+
+
+def _workload_average(column: Any) -> float | None:
+    """One metric's mean over the workload's batches (``None`` values left out)."""
+    if isinstance(column, np.ndarray) and column.ndim > 1:  # an array-valued metric
+        return float(column.mean())
+    if isinstance(column, np.ndarray):
+        # column.mean()'s value (numpy divides this same pairwise sum by the count), at a
+        # third of its cost: mean() runs a Python wrapper around this reduction.
+        return float(np.add.reduce(column)) / len(column)
+    reported = [value for value in column if value is not None]
+    return float(np.mean(reported)) if reported else None
 
 
 def _average_across_ranks(
@@ -262,18 +240,3 @@ def _average_across_ranks(
         return float(reported[0])
     # Several ranks, or an array-valued metric: the mean of every element, as Determined does.
     return float(np.mean(reported)) if reported else None
-
-
-def average_training_metrics(
-    batch_metrics: Sequence[Mapping[str, Any]],
-    allgather: Allgather = single_process_allgather,
-    *,
-    first_batch_idx: int = 0,
-) -> dict[str, float | None]:
-    """The workload's training metrics: unweighted mean over its batches, averaged across ranks.
-
-    The ``avg_metrics`` half of :func:`reduce_training_metrics`; see there for accepted values.
-    """
-    return reduce_training_metrics(
-        batch_metrics, allgather, first_batch_idx=first_batch_idx
-    ).avg_metrics

@@ -120,7 +120,8 @@ class Recorder(pytorch.PyTorchCallback):
         self.epoch_ends.append(epoch_idx)
 
     def on_validation_end(self, metrics: Dict[str, Any]) -> None:
-        self.validations.append(dict(metrics))
+        # numpy values, as Determined's callbacks get them: plain numbers for the JSON record.
+        self.validations.append({name: np.asarray(value).tolist() for name, value in metrics.items()})
 
     def on_trial_shutdown(self) -> None:
         trial = self.trial

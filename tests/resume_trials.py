@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -54,11 +55,16 @@ class Recorder(pytorch.PyTorchCallback):
 
     def on_training_workload_end(self, avg_metrics: Dict[str, Any], batch_metrics: List[Dict[str, Any]]) -> None:
         start = self.first_batch + len(self.batch_metrics)
-        self.batch_metrics.extend(batch_metrics)
-        self.workloads.append({"start": start, "end": start + len(batch_metrics), "avg": dict(avg_metrics)})
+        self.batch_metrics.extend(_plain(metrics) for metrics in batch_metrics)
+        self.workloads.append({"start": start, "end": start + len(batch_metrics), "avg": _plain(avg_metrics)})
 
     def on_validation_end(self, metrics: Dict[str, Any]) -> None:
-        self.validations.append(dict(metrics))
+        self.validations.append(_plain(metrics))
+
+
+def _plain(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """Callback metrics (numpy values, as in Determined) as plain Python numbers."""
+    return {name: np.asarray(value).tolist() for name, value in metrics.items()}
 
 
 class StatefulCallback(pytorch.PyTorchCallback):

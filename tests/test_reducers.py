@@ -27,12 +27,8 @@ from hookdet.reducers import (
     ReducerRegistry,
     single_process_allgather,
 )
-from hookdet.workload_metrics import (
-    TrainingMetrics,
-    average_training_metrics,
-    reduce_training_metrics,
-    reduce_validation_metrics,
-)
+from hookdet import callback_metrics
+from hookdet.workload_metrics import average_training_metrics, reduce_validation_metrics
 
 
 class ThreadAllgather:
@@ -543,17 +539,27 @@ def test_ranks_reporting_different_metric_names_are_refused():
 def test_training_metrics_are_the_unweighted_batch_mean_averaged_across_ranks():
     rank_losses = {0: [1.0, 2.0, 6.0], 1: [3.0, 4.0, 8.0]}
 
-    def rank_work(rank: int, allgather: Callable) -> TrainingMetrics:
-        batches = [{"loss": torch.tensor(loss), "lr": 0.1} for loss in rank_losses[rank]]
-        return reduce_training_metrics(batches, allgather, first_batch_idx=30)
+    def batches(rank: int) -> list[dict[str, Any]]:
+        return [{"loss": torch.tensor(loss), "lr": 0.1} for loss in rank_losses[rank]]
 
-    for result in unwrap(run_on_ranks(2, rank_work)):
-        assert result.batch_metrics == [
-            {"loss": 2.0, "lr": 0.1},
-            {"loss": 3.0, "lr": 0.1},
-            {"loss": 7.0, "lr": 0.1},
-        ]
-        assert result.avg_metrics == {"loss": pytest.approx(4.0), "lr": pytest.approx(0.1)}
+    def averages(rank: int, allgather: Callable) -> Any:
+        return average_training_metrics(batches(rank), allgather, first_batch_idx=30)
+
+    def for_callbacks(rank: int, allgather: Callable) -> Any:
+        return callback_metrics.training_workload(batches(rank), {}, 33, 1, allgather, 2)
+
+    for result in unwrap(run_on_ranks(2, averages)):
+        assert result == {"loss": pytest.approx(4.0), "lr": pytest.approx(0.1)}
+    for hook_averages, hook_batches in unwrap(run_on_ranks(2, for_callbacks)):
+        # Callbacks get Determined's types: each batch's mean over the ranks, a 0-d float32
+        # array for a tensor metric and a numpy float64 for a Python number.
+        assert [batch["loss"].tolist() for batch in hook_batches] == [2.0, 3.0, 7.0]
+        assert {(type(batch["loss"]), str(batch["loss"].dtype), batch["loss"].shape) for batch in hook_batches} == {
+            (np.ndarray, "float32", ())
+        }
+        assert {type(batch["lr"]) for batch in hook_batches} == {np.float64}
+        assert hook_averages == {"loss": 4.0, "lr": pytest.approx(0.1), "batches": 33, "epochs": 1}
+        assert type(hook_averages["loss"]) is float
 
 
 def test_training_metrics_skip_none_like_determined():

@@ -1,7 +1,6 @@
 """Assertions over a parity case's records; counts what it compared for the suite's summary."""
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -44,21 +43,6 @@ def assert_local_only_getters(case: str, determined: Dict[str, Any], hookdet: Di
     COMPARED[case] = COMPARED.get(case, 0) + 4
 
 
-#: Events whose numbers are averages (float32 in Determined, float64 in hookdet).
-_AVERAGED = {"on_training_workload_end": "avg_metrics", "on_validation_end": "metrics"}
-
-
-def without_representation(event: Dict[str, Any]) -> Dict[str, Any]:
-    """``event`` with metric containers stripped (expected difference ``metric-representation``)."""
-    event = copy.deepcopy(event)
-    event.pop("types", None)
-    if event["event"] == "callback" and event["method"] == "on_training_workload_end":
-        items = event["avg_metrics"]["items"]
-        items.pop("batches", None)  # Determined adds these two to the averages
-        items.pop("epochs", None)
-    return {key: compare.metric_value(value) for key, value in event.items()}
-
-
 def assert_same_records(
     case: str,
     determined: Dict[str, Any],
@@ -83,8 +67,7 @@ def assert_same_records(
     det_calls, hd_calls = compare.sequence(det_events), compare.sequence(hd_events)
     assert det_calls == hd_calls, f"{case}: call sequences differ at " + compare.first_sequence_difference(det_calls, hd_calls)
     for det_event, hd_event in zip(det_events, hd_events):
-        rtol = compare.AVERAGE_RTOL if det_event.get("method") in _AVERAGED else 0.0
-        problems = compare.values_differ(without_representation(det_event), without_representation(hd_event), rtol)
+        problems = compare.values_differ(det_event, hd_event)
         assert not problems, f"{case}: {compare.sequence([det_event])[0]} differs: {problems[:5]}"
         compared += 1
     if weights:

@@ -1,16 +1,16 @@
 """Compare two parity records: what differs, in words a reader can act on.
 
-Records are made of :func:`tests.parity.record.plain` values. Metric values are compared by value
-(see ``metric-representation`` in :mod:`tests.parity.expected_differences`): a number keeps its
-value whatever container carries it, exactly for per-batch values and within float32 rounding for
-averages, which Determined computes in float32 and hookdet in float64.
+Records are made of :func:`tests.parity.record.plain` values, which keep each value's type, so
+Determined's and hookdet's records compare exactly, types included. :func:`metric_value` strips
+the containers for comparisons by value alone (a resumed run against an uninterrupted one, where
+averages over other batch groupings agree only within float32 rounding, ``AVERAGE_RTOL``).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Dict, Iterator, List, Tuple
 
-#: Relative tolerance for values Determined averages in float32 (hookdet in float64).
+#: Relative tolerance for averages taken over other groupings of the same float32 values.
 AVERAGE_RTOL = 1e-6
 
 #: Keys a value wrapper of record.plain uses for its payload.

@@ -79,17 +79,15 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "a trace nobody finds is no trace",
         "test_parity.py::test_profiler_traces",
     ),
-    "metric-representation": Difference(
+    "report-averaging": Difference(
         "intended",
-        "callbacks get per-batch training metrics and validation outputs as numpy arrays, "
-        "validation metrics as numpy.float32, averages computed in float32, and 'batches' and "
-        "'epochs' keys added to on_training_workload_end's avg_metrics",
-        "callbacks get the metrics as plain Python numbers, lists for array-valued ones "
-        "(validation outputs as returned), averaged in float64; the values are the same within "
-        "float32 rounding (a callback calling .item() on them needs float() instead)",
-        "metrics are JSON-ready as every metrics sink writes them, and a float64 average is the "
-        "more exact one",
-        "test_parity.py (every case compares the values)",
+        "reports the metrics its callbacks get: averages computed in the values' dtype "
+        "(float32 for float32 tensors)",
+        "callbacks get Determined's values and types exactly; metrics.jsonl, TensorBoard, the "
+        "checkpoint metadata and the searcher average the same values in float64, so reports "
+        "and callbacks agree within float32 rounding",
+        "a float64 average is the more exact one, and the reports are hookdet's own files",
+        "../builtin_plugins/test_checkpoint.py::test_checkpoint_contents_need_no_unpickling",
     ),
     "misuse-error-type": Difference(
         "intended",

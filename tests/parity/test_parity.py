@@ -158,7 +158,8 @@ def test_vector_training_metric(tmp_path):
     determined, hookdet = compare_case(tmp_path, "vector-training-metric", "VectorTrainingMetric",
                                        dict(PERIODS, max_length={"Batch": 4}))
     workload = events(hookdet, "callback", method="on_training_workload_end")[0]
-    assert len(workload["batch_metrics"]["list"][0]["items"]["vector"]["list"]) == 3
+    assert workload["batch_metrics"]["list"][0]["items"]["vector"]["shape"] == [3]
+    assert workload["batch_metrics"]["list"][0]["items"]["vector"]["ndarray"] == "float32"
     assert isinstance(workload["avg_metrics"]["items"]["vector"], float)
 
 

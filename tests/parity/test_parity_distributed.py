@@ -31,7 +31,8 @@ def test_two_ranks_basic(tmp_path):
     assert hookdet[0]["weights"] == hookdet[1]["weights"]
     assert events(hookdet[1], "train_batch")[0]["getters"]["items"]["rank"] == 1
     workload = events(hookdet[0], "callback", method="on_training_workload_end")[0]
-    assert isinstance(workload["batch_metrics"]["list"][0]["items"]["vector"], float)
+    averaged = workload["batch_metrics"]["list"][0]["items"]["vector"]
+    assert (averaged["ndarray"], averaged["shape"]) == ("float32", []), averaged  # one number per batch
 
 
 def test_two_ranks_reducers(tmp_path):
