@@ -203,6 +203,13 @@ def data_length(data: Any) -> int:
     return _length_at(data, "batch")
 
 
+def _empty(where: str, data: Any) -> str:
+    return (
+        f"data_length: {where} is an empty {type(data).__name__}; it must have at least one "
+        "np.ndarray or torch.Tensor"
+    )
+
+
 def _length_at(data: Any, where: str) -> int:
     if isinstance(data, (torch.Tensor, np.ndarray)):
         if data.ndim == 0:
@@ -212,18 +219,19 @@ def _length_at(data: Any, where: str) -> int:
         return int(data.shape[0])
     if isinstance(data, Mapping):
         if not data:
-            raise ValueError(f"data_length: {where} is an empty {type(data).__name__}")
+            raise ValueError(_empty(where, data))
         first_key = next(iter(data))
         return _length_at(data[first_key], f"{where}[{first_key!r}]")
     if isinstance(data, (list, tuple)):
         if not data:
-            raise ValueError(f"data_length: {where} is an empty {type(data).__name__}")
+            raise ValueError(_empty(where, data))
         first = data[0]
         if isinstance(first, (torch.Tensor, np.ndarray, Mapping, list, tuple)):
             return _length_at(first, f"{where}[0]")
         return len(data)
     raise TypeError(
-        f"data_length: cannot find the batch length of {where}, a {type(data).__name__}; a batch "
+        f"data_length: data of incorrect type: cannot find the batch length of {where}, a "
+        f"{type(data).__name__}; a batch "
         "must be a tensor, numpy array, or a dict/list/tuple of them (override "
         "get_batch_length() in the trial for other types)"
     )

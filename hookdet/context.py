@@ -269,6 +269,12 @@ class PyTorchTrialContext:
         ):
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"wrap_optimizer: {name} must be True, False or None, got {value!r}")
+        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+                or backward_passes_per_step < 1:
+            raise ValueError(
+                "wrap_optimizer: backward_passes_per_step for local gradient aggregation must be "
+                f"an int >= 1; got {backward_passes_per_step!r}"
+            )
         if fp16_compression is not None:
             options = {**options, "fp16_compression": fp16_compression}
         wrapped = self._run.hook.hookdet_wrap_optimizer(
@@ -293,8 +299,19 @@ class PyTorchTrialContext:
         step_mode: LRScheduler.StepMode,
         frequency: int = 1,
     ) -> Any:
-        """Register ``lr_scheduler`` to be stepped by the loop per ``step_mode``; returns it."""
-        self.lr_schedulers.append(LRScheduler(lr_scheduler, step_mode, frequency))
+        """Register ``lr_scheduler`` to be stepped by the loop per ``step_mode``; returns it.
+
+        Its optimizer must be one :meth:`wrap_optimizer` returned (or was given), as Determined
+        requires: the loop steps only those."""
+        wrapped = LRScheduler(lr_scheduler, step_mode, frequency)
+        optimizer = getattr(lr_scheduler, "optimizer", None)
+        known = [*self.optimizers, *self._original_optimizers.values()]
+        if optimizer is not None and not any(optimizer is candidate for candidate in known):
+            raise ValueError(
+                f"wrap_lr_scheduler: {type(lr_scheduler).__name__}'s optimizer was not wrapped; "
+                "must use an optimizer that is returned by wrap_optimizer()"
+            )
+        self.lr_schedulers.append(wrapped)
         return lr_scheduler
 
     def wrap_scaler(self, scaler: Any) -> Any:

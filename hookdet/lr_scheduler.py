@@ -32,7 +32,9 @@ class LRScheduler:
         ):
             raise ValueError(
                 "wrap_lr_scheduler: ReduceLROnPlateau needs a metric, so it can only be used with "
-                "step_mode=LRScheduler.StepMode.MANUAL_STEP (call scheduler.step(metric) yourself)"
+                "step_mode=MANUAL_STEP (LRScheduler.StepMode.MANUAL_STEP); step it yourself, for "
+                "example from a PyTorchCallback's on_validation_end(self, metrics): "
+                "scheduler.step(metrics[\"validation_error\"])"
             )
         self.scheduler = scheduler
         self.step_mode = step_mode

@@ -260,7 +260,10 @@ class Trainer:
         if max_length is None:
             max_length = fit_arguments(self.run.config, self.context)["max_length"]
             if max_length is None:
-                raise ValueError("Trainer.fit needs max_length (or searcher.max_length in the config)")
+                raise ValueError(
+                    "Trainer.fit: max_length must be defined: pass max_length=Batch(n) or "
+                    "Epoch(n), or set searcher.max_length in the experiment file"
+                )
         if profiling_enabled:
             self.run.plugins.ensure_provider("hookdet_set_profiler")
         if latest_checkpoint is not None:

@@ -97,11 +97,21 @@ def test_lr_scheduler_step_modes(tmp_path: Path, mode: str, frequency: int, lr_a
 
 def test_reduce_lr_on_plateau_needs_manual_step(tmp_path: Path) -> None:
     with pytorch.init(hparams=hparams(), exp_conf={"plugins": ["no:tensorboard", "no:progress"]}, run_dir=tmp_path) as ctx:
-        optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+        optimizer = ctx.wrap_optimizer(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
         plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
         with pytest.raises(ValueError, match="ReduceLROnPlateau.*MANUAL_STEP"):
             ctx.wrap_lr_scheduler(plateau, pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
         ctx.wrap_lr_scheduler(plateau, pytorch.LRScheduler.StepMode.MANUAL_STEP)
+
+
+def test_a_scheduler_of_an_unwrapped_optimizer_is_refused(tmp_path: Path) -> None:
+    """As Determined: the loop steps only wrapped optimizers, so their schedulers alone."""
+    with pytorch.init(hparams=hparams(), exp_conf={"plugins": ["no:tensorboard", "no:progress"]}, run_dir=tmp_path) as ctx:
+        unwrapped = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+        with pytest.raises(ValueError, match=r"returned by wrap_optimizer\(\)"):
+            ctx.wrap_lr_scheduler(torch.optim.lr_scheduler.StepLR(unwrapped, 1), pytorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
+        with pytest.raises(ValueError, match="backward_passes_per_step .* must be an int >= 1; got 0"):
+            ctx.wrap_optimizer(unwrapped, backward_passes_per_step=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -215,7 +215,7 @@ class AmpPlugin:
             )
         if context.models:
             raise TrialError(
-                f"context.{caller}: please call wrap_scaler (or use_amp) before wrap_model; "
+                f"context.{caller}: please call {caller} before wrap_model; "
                 f"{len(context.models)} model(s) are already wrapped"
             )
 

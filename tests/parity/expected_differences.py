@@ -89,6 +89,18 @@ EXPECTED_DIFFERENCES: Dict[str, Difference] = {
         "a float64 average is the more exact one, and the reports are hookdet's own files",
         "../builtin_plugins/test_checkpoint.py::test_checkpoint_contents_need_no_unpickling",
     ),
+    "invalid-experiment-exception": Difference(
+        "intended",
+        "refuses backward_passes_per_step < 1, a ReduceLROnPlateau outside MANUAL_STEP, a "
+        "scheduler of an unwrapped optimizer and wrap_scaler after wrap_model with "
+        "determined.errors.InvalidExperimentException, a BaseException that `except Exception` "
+        "does not catch",
+        "refuses the same calls with a ValueError (TrialError for wrap_scaler) whose message "
+        "carries Determined's words and names the method",
+        "an error in user code should be catchable as one; hookdet cannot raise Determined's "
+        "class without depending on Determined",
+        "test_parity.py::test_context_misuse",
+    ),
     "misuse-error-type": Difference(
         "intended",
         "train_batch returning a list, or evaluate_batch a bare tensor, fails inside Determined's "

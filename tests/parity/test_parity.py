@@ -301,7 +301,20 @@ def test_shuffled_data_order(tmp_path):
 #: Misuse Determined also refuses at the call: (the case, a word both messages name).
 REFUSED_ALIKE = [("stop_not_bool", "stop_requested"), ("tensorboard_not_bool", "enable_tensorboard_logging"),
                  ("reducer_not_callable", "wrap_reducer"), ("step_mode_not_a_mode", "step_mode"),
-                 ("hparam_missing", "learning_rate")]
+                 ("hparam_missing", "learning_rate"),
+                 ("loader_iterable_dataset", "IterableDataset"), ("loader_no_batching", "batch_size=None"),
+                 ("loader_negative_workers", "num_workers"), ("loader_negative_timeout", "timeout"),
+                 ("loader_prefetch_without_workers", "prefetch_factor"),
+                 ("loader_persistent_without_workers", "persistent_workers"),
+                 ("loader_sampler_and_shuffle", "mutually exclusive"),
+                 ("loader_batch_sampler_and_batch_size", "mutually exclusive"),
+                 ("batch_length_of_empty_dict", "must have at least one"),
+                 ("batch_length_of_a_string", "of incorrect type")]
+#: Misuse Determined refuses with its InvalidExperimentException: (the case, a word both name).
+REFUSED_INVALID_EXPERIMENT = [("optimizer_passes_zero", "backward_passes_per_step for local gradient aggregation must be"),
+                              ("plateau_scheduler", "step_mode=MANUAL_STEP"),
+                              ("scheduler_of_unwrapped_optimizer", "optimizer that is returned by wrap_optimizer()"),
+                              ("scaler_after_model", "wrap_scaler before wrap_model")]
 #: Misuse Determined trips over in its own code, or accepts: what hookdet's refusal names.
 REFUSED_BY_HOOKDET = [("model_not_module", "wrap_model", "misuse-error-type"),
                       ("optimizer_not_optimizer", "wrap_optimizer", "misuse-refused-early"),
@@ -312,20 +325,30 @@ REFUSED_BY_HOOKDET = [("model_not_module", "wrap_model", "misuse-error-type"),
 
 
 def test_context_misuse(tmp_path):
-    """Eleven wrong calls (to the context, ``Batch``, ``Epoch``), each caught and recorded, in one trial. Five raise
-    Determined's exception type (hookdet's may derive from more) naming the culprit; four hookdet
-    refuses at the call where Determined trips inside its own code (``misuse-error-type``) or
-    accepts them and fails later or never (``misuse-refused-early``)."""
+    """Twenty-five wrong calls (to the context, ``Batch``, ``Epoch``, ``DataLoader``), each caught and
+    recorded, in one trial. Fifteen raise Determined's exception type (hookdet's may derive from
+    more) naming the culprit; four Determined refuses with its ``InvalidExperimentException``, a
+    ``BaseException``, where hookdet raises an ``Exception`` with Determined's words
+    (``invalid-experiment-exception``); six hookdet refuses at the call where Determined trips
+    inside its own code (``misuse-error-type``) or accepts them and fails later or never
+    (``misuse-refused-early``)."""
     results = harness.run_case(tmp_path, "MisusedContext", dict(PERIODS, max_length={"Batch": 3}))
     determined, hookdet = single(results)
     assert_local_only_getters("misuse", determined, hookdet)
     det_seen = {e["name"]: e for e in events(determined, "misuse")}
     hd_seen = {e["name"]: e for e in events(hookdet, "misuse")}
-    assert list(det_seen) == list(hd_seen) == [name for name, *_ in REFUSED_ALIKE + REFUSED_BY_HOOKDET]
+    cases = REFUSED_ALIKE + REFUSED_BY_HOOKDET + REFUSED_INVALID_EXPERIMENT
+    assert list(det_seen) == list(hd_seen) and sorted(det_seen) == sorted(name for name, *_ in cases)
     for name, culprit in REFUSED_ALIKE:
         det, hd = det_seen[name], hd_seen[name]
         assert det["type"] is not None and det["type"] in hd["classes"]["list"], (name, det, hd)
         assert culprit in det["message"] and culprit in hd["message"], (name, det, hd)
+    assert "invalid-experiment-exception" in EXPECTED_DIFFERENCES
+    for name, words in REFUSED_INVALID_EXPERIMENT:
+        det, hd = det_seen[name], hd_seen[name]
+        assert det["type"] == "InvalidExperimentException" and "Exception" not in det["classes"]["list"], (name, det)
+        assert "Exception" in hd["classes"]["list"], (name, hd)
+        assert words.lower() in det["message"].lower() and words.lower() in hd["message"].lower(), (name, det, hd)
     for name, culprit, difference in REFUSED_BY_HOOKDET:
         assert difference in EXPECTED_DIFFERENCES
         det, hd = det_seen[name], hd_seen[name]

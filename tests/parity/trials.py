@@ -637,7 +637,39 @@ def _misuses() -> Dict[str, Any]:
         "reducer_name_twice": lambda t: [t.context.wrap_reducer(len, name="r") for _ in range(2)],
         "batch_zero": lambda t: pytorch.Batch(0),
         "epoch_not_int": lambda t: pytorch.Epoch(1.5),
+        **_loader_misuses(),
+        "batch_length_of_empty_dict": lambda t: t.get_batch_length({}),
+        "batch_length_of_a_string": lambda t: t.get_batch_length("records"),
+        "optimizer_passes_zero": lambda t: t.context.wrap_optimizer(
+            torch.optim.SGD(t.model.parameters(), lr=0.1), backward_passes_per_step=0),
+        "plateau_scheduler": lambda t: t.context.wrap_lr_scheduler(
+            torch.optim.lr_scheduler.ReduceLROnPlateau(t.optimizer), step_mode=every_batch),
+        "scheduler_of_unwrapped_optimizer": lambda t: t.context.wrap_lr_scheduler(
+            step_lr(torch.optim.SGD(t.model.parameters(), lr=0.1), 1), step_mode=every_batch),
+        "scaler_after_model": lambda t: t.context.wrap_scaler(torch.amp.GradScaler("cpu")),
     }
+
+
+def _loader_misuses() -> Dict[str, Any]:
+    """Wrong ``DataLoader(...)`` calls, refused by the constructor in both packages."""
+    loader, data = pytorch.DataLoader, Regression()
+    sequential = torch.utils.data.SequentialSampler(data)
+    return {
+        "loader_iterable_dataset": lambda t: loader(_Stream(), batch_size=2),
+        "loader_no_batching": lambda t: loader(data, batch_size=None),
+        "loader_negative_workers": lambda t: loader(data, batch_size=2, num_workers=-1),
+        "loader_negative_timeout": lambda t: loader(data, batch_size=2, timeout=-1),
+        "loader_prefetch_without_workers": lambda t: loader(data, batch_size=2, prefetch_factor=2),
+        "loader_persistent_without_workers": lambda t: loader(data, batch_size=2, persistent_workers=True),
+        "loader_sampler_and_shuffle": lambda t: loader(data, batch_size=2, sampler=sequential, shuffle=True),
+        "loader_batch_sampler_and_batch_size": lambda t: loader(
+            data, batch_size=2, batch_sampler=torch.utils.data.BatchSampler(sequential, 2, False)),
+    }
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self) -> Any:
+        return iter(range(4))
 
 
 class MisusedContext(BaseTrial):
@@ -649,7 +681,7 @@ class MisusedContext(BaseTrial):
         for name, misuse in _misuses().items():
             try:
                 misuse(self)
-            except Exception as error:  # noqa: BLE001 - what it raised is the observation
+            except BaseException as error:  # noqa: BLE001 - Determined's InvalidExperimentException is one
                 event("misuse", name=name, type=type(error).__name__, message=str(error),
                       classes=[cls.__name__ for cls in type(error).__mro__])
             else:
