@@ -45,7 +45,8 @@ def summary(search_dir: Path, drop=("restarts",)) -> List[Dict[str, str]]:
 def segments(search_dir: Path) -> list:
     from hookdet.search.store import Queue
 
-    return Queue(json.loads((search_dir / "search.json").read_text())["storage"]).segments()
+    meta = json.loads((search_dir / "search.json").read_text())
+    return Queue(meta["storage"], meta["study"]).segments()
 
 
 def max_overlap(intervals: List[tuple]) -> int:
@@ -380,3 +381,55 @@ def test_a_single_run_of_a_space_trains_trial_one_with_its_seed(tmp_path: Path) 
     draw = draw_trial(load_experiment_config(config).hyperparameter_space, MasterRandom(5))
     assert started["hparams"] == draw.hparams
     assert started["seed"] == draw.seed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver(tmp_path: Path) -> None:
+    """Two searches at once on one store: one study each, named by its directory, each with its
+    searcher's direction, so Optuna's best trial is the best (larger is better in one); a second
+    driver on a live search is refused in one line; a damaged store or search state is one line."""
+    import optuna
+
+    url = f"journal:{tmp_path / 'store.log'}"
+
+    def start(run_dir: str, *options: str) -> subprocess.Popen:
+        return subprocess.Popen([*HOOKDET, "run", str(FIXTURES / "random.yaml"), "--run-dir", run_dir,
+                                 "--storage", url, *options], cwd=tmp_path, env=env(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    larger = start("larger", "--config", "searcher.smaller_is_better=false", "--config", "hyperparameters.sleep=0.2")
+    assert larger.stdout.readline().startswith("hookdet: random search in")
+    second = search(tmp_path, "random.yaml", "--resume", "larger")
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert "larger is running (pid" in second.stderr and "hookdet search worker" in second.stderr
+    smaller = start("smaller")
+    for driver in (larger, smaller):
+        out, err = driver.communicate(timeout=600)
+        assert driver.returncode == 0, err[-3000:]
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "store.log")))
+    for run_dir, direction, pick in (("larger", "MAXIMIZE", max), ("smaller", "MINIMIZE", min)):
+        meta = json.loads((tmp_path / run_dir / "search.json").read_text())
+        assert meta["study"].startswith(f"hookdet:{run_dir}:")
+        study = optuna.load_study(study_name=meta["study"], storage=storage)
+        assert study.direction.name == direction
+        done = [s for s in study.trials if s.state.name == "COMPLETE"]
+        assert done and study.best_trial.value == pick(s.value for s in done)
+        best_row = pick((row for row in summary(tmp_path / run_dir) if row["best"]), key=lambda row: float(row["best"]))
+        assert study.best_trial.user_attrs["trial"] == int(best_row["trial"])
+    assert len(optuna.get_all_study_names(storage)) == 2
+
+    (tmp_path / "smaller" / "search-state.json").write_text("{not json")
+    damaged = search(tmp_path, "random.yaml", "--resume", "smaller")
+    assert damaged.returncode == 2 and damaged.stderr.count("\n") == 1, damaged.stderr
+    assert "search-state.json: not a search state hookdet wrote" in damaged.stderr
+    (tmp_path / "garbage.db").write_bytes(b"this is not a database" * 100)
+    meta = json.loads((tmp_path / "larger" / "search.json").read_text())
+    (tmp_path / "larger" / "search.json").write_text(json.dumps(dict(meta, storage=f"sqlite:///{tmp_path / 'garbage.db'}")))
+    unreadable = search(tmp_path, "random.yaml", "--resume", "larger")
+    assert unreadable.returncode == 2 and unreadable.stderr.count("\n") == 1, unreadable.stderr
+    assert "garbage.db cannot be read" in unreadable.stderr
+    worker = subprocess.run([*HOOKDET, "search", "worker", "--storage", url], cwd=tmp_path, env=env(tmp_path),
+                            capture_output=True, text=True, timeout=120)
+    assert worker.returncode == 2 and "holds 2 searches" in worker.stderr and "--study" in worker.stderr

@@ -68,7 +68,7 @@ def _default_workers(slots_per_trial: int) -> int:
 def run_search(args: argparse.Namespace) -> int:
     """Run (or, with ``--resume SEARCH_DIR``, continue) the search ``args.config`` describes."""
     from hookdet.search.driver import Driver
-    from hookdet.search.store import Queue, default_storage
+    from hookdet.search.store import LEGACY_STUDY_NAME, Queue, default_storage, study_name
 
     config_path = Path(args.config).resolve()
     config, raw, settings, space = load_search(config_path, args.config_overrides or ())
@@ -85,13 +85,16 @@ def run_search(args: argparse.Namespace) -> int:
             raise _usage_error(f"{search_dir} already holds a search; continue it with "
                                f"--resume {search_dir}")
         search_dir.mkdir(parents=True, exist_ok=True)
-        meta = {"config": str(config_path), "storage": args.storage or default_storage(search_dir)}
+        meta = {"config": str(config_path), "storage": args.storage or default_storage(search_dir),
+                "study": study_name(search_dir)}
     search_dir = search_dir.resolve()
+    lock_search_directory(search_dir)
     storage = args.storage or meta["storage"]
-    (search_dir / META_FILE).write_text(json.dumps(dict(meta, storage=storage), indent=1))
+    study = meta.get("study", LEGACY_STUDY_NAME)
+    (search_dir / META_FILE).write_text(json.dumps(dict(meta, storage=storage, study=study), indent=1))
     model_dir = Path(args.model_dir).resolve() if args.model_dir else config_path.parent
     slots = config.resources.slots_per_trial
-    queue = Queue(storage, create=True)
+    queue = Queue(storage, study, create=True, smaller_is_better=settings.smaller_is_better)
     driver = Driver(search_dir, settings, space, raw, model_dir, queue,
                     config.reproducibility.experiment_seed)
     if args.resume and driver.state_path.exists():
@@ -110,6 +113,25 @@ def run_search(args: argparse.Namespace) -> int:
     if status == 0 and all(t["state"] == "errored" for t in driver.state["trials"].values()):
         return 1
     return status
+
+
+#: The search directory's lock, held for the driver's life (the kernel drops it at its exit).
+_DRIVER_LOCKS: list = []
+
+
+def lock_search_directory(search_dir: Path) -> None:
+    """One driver per search: refuse a second one (a ``--resume`` of a live search) naming the
+    live driver."""
+    from hookdet.runs.lock import RunDirLock, RunDirLockedError
+
+    lock = RunDirLock(search_dir)
+    try:
+        lock.acquire()
+    except RunDirLockedError:
+        raise _usage_error(f"search {search_dir} is running ({lock.holder()}); wait for it to end, "
+                           "or add workers to it with: hookdet search worker "
+                           f"{search_dir}") from None
+    _DRIVER_LOCKS.append(lock)
 
 
 def finish(search_dir: Path, state: Dict[str, Any], metric: str, smaller_is_better: bool) -> None:
@@ -173,6 +195,8 @@ def add_search_command(commands: Any) -> None:
     worker = actions.add_parser("worker", help="train a search's trials from its store")
     worker.add_argument("search_dir", nargs="?", help="the search directory (reads its store)")
     worker.add_argument("--storage", help="the store's URL (instead of a search directory)")
+    worker.add_argument("--study", help="with --storage: the search's study, when the store "
+                        "holds several searches (search.json names it)")
     worker.add_argument("--index", type=int, default=0, help="this worker's slot on the machine")
     worker.add_argument("--of", type=int, default=1, help="workers on this machine")
     worker.set_defaults(handler=command_worker)
@@ -186,9 +210,12 @@ def _print(text: str) -> int:
 def command_worker(args: argparse.Namespace) -> int:
     from hookdet.search.worker import main_worker
 
-    storage = args.storage
+    from hookdet.search.store import LEGACY_STUDY_NAME
+
+    storage, study = args.storage, args.study
     if storage is None:
         if not args.search_dir or not (Path(args.search_dir) / META_FILE).exists():
             raise _usage_error("hookdet search worker needs a search directory or --storage URL")
-        storage = json.loads((Path(args.search_dir) / META_FILE).read_text())["storage"]
-    return main_worker(storage, args.index, args.of)
+        meta = json.loads((Path(args.search_dir) / META_FILE).read_text())
+        storage, study = meta["storage"], meta.get("study", LEGACY_STUDY_NAME)
+    return main_worker(storage, args.index, args.of, study)

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 from hookdet.search import methods
 from hookdet.search.settings import SearchSettings
 from hookdet.search.space import MasterRandom
-from hookdet.search.store import Queue, worker_id
+from hookdet.search.store import Queue, StoreError, worker_id
 from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
@@ -74,9 +74,16 @@ class Driver:
         os.replace(partial, self.state_path)
 
     def load(self) -> None:
-        saved = json.loads(self.state_path.read_text())
-        self.rand.set_state(saved.pop("rand"))
-        method_state = saved.pop("method")
+        try:
+            saved = json.loads(self.state_path.read_text())
+            rand_state, method_state = saved.pop("rand"), saved.pop("method")
+        except (ValueError, KeyError, AttributeError, TypeError, OSError) as error:
+            raise StoreError(
+                f"{self.state_path}: not a search state hookdet wrote ({type(error).__name__}: "
+                f"{error}); it is replaced whole at each decision, so it was changed by something "
+                "else, or the disk failed"
+            ) from None
+        self.rand.set_state(rand_state)
         if hasattr(self.method, "load_state"):
             self.method.load_state(method_state)
         else:

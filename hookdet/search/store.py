@@ -10,10 +10,13 @@ the worker stamps a heartbeat attribute so the driver can tell a dead worker's s
 
 Storage: ``sqlite:///SEARCH_DIR/search.db`` by default (embedded, no server); any Optuna RDB URL
 (``postgresql://``, ``mysql://``) or ``journal:PATH`` (Optuna's journal file, for a shared disk).
-``optuna-dashboard URL`` reads the same store.
+``optuna-dashboard URL`` reads the same store. Each search is one study, named by its directory
+(:func:`study_name`), so searches can share a store; the study's direction follows
+``searcher.smaller_is_better``, so Optuna's ``best_trial`` (and the dashboard's) is the best.
 """
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
 from pathlib import Path
@@ -21,7 +24,16 @@ from typing import Any, Dict, List, Optional
 
 from hookdet.errors import HookdetError
 
-STUDY_NAME = "hookdet-search"
+#: The one study of a search made before studies were named by their search.
+LEGACY_STUDY_NAME = "hookdet-search"
+
+
+def study_name(search_dir: Path) -> str:
+    """The study of the search in ``search_dir``: its name and a digest of its path, so two
+    searches sharing a store never share a study."""
+    resolved = str(Path(search_dir).resolve())
+    digest = hashlib.blake2b(resolved.encode(), digest_size=4).hexdigest()
+    return f"hookdet:{Path(resolved).name}:{digest}"
 
 
 def _optuna() -> Any:
@@ -77,6 +89,16 @@ def open_storage(url: str) -> Any:
                                       if url.startswith("sqlite") else {})
 
 
+def _shown(url: str) -> str:
+    """``url`` without credentials."""
+    return url.split("@")[-1] if "@" in url else url
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 def worker_id() -> str:
     import os
 
@@ -84,19 +106,43 @@ def worker_id() -> str:
 
 
 class Queue:
-    """Segments of one search in an Optuna study."""
+    """Segments of one search in an Optuna study.
 
-    def __init__(self, storage_url: str, create: bool = False) -> None:
+    ``study`` names it (:func:`study_name`); a worker given only a store may leave it out when
+    the store holds one search. ``create`` makes the study (the driver), with the direction
+    ``smaller_is_better`` gives."""
+
+    def __init__(self, storage_url: str, study: Optional[str] = None, create: bool = False,
+                 smaller_is_better: bool = True) -> None:
         optuna = _optuna()
         self.optuna = optuna
         self.url = storage_url
-        self.storage = open_storage(storage_url)
-        if create:
-            self.study = optuna.create_study(study_name=STUDY_NAME, storage=self.storage,
-                                             load_if_exists=True)
-        else:
-            self.study = optuna.load_study(study_name=STUDY_NAME, storage=self.storage)
-        self.study_id = self.storage.get_study_id_from_name(STUDY_NAME)
+        try:
+            self.storage = open_storage(storage_url)
+            if create:
+                direction = "minimize" if smaller_is_better else "maximize"
+                self.study = optuna.create_study(study_name=study, storage=self.storage,
+                                                 load_if_exists=True, direction=direction)
+            else:
+                self.study = optuna.load_study(study_name=study or self._only_study(),
+                                               storage=self.storage)
+        except StoreError:
+            raise
+        except Exception as error:  # noqa: BLE001 - each driver and backend has its own classes
+            raise StoreError(f"search store {_shown(storage_url)} cannot be read: "
+                             f"{_first_line(error)}") from None
+        self.study_id = self.storage.get_study_id_from_name(self.study.study_name)
+
+    def _only_study(self) -> str:
+        """The name of the store's one study; a store shared by searches needs the name."""
+        names = [summary.study_name for summary in self.storage.get_all_studies()]
+        if len(names) == 1:
+            return names[0]
+        raise StoreError(
+            f"search store {_shown(self.url)} holds {len(names)} searches"
+            + (f" ({', '.join(names)})" if names else "")
+            + "; give the search directory, or --study NAME"
+        )
 
     def set_info(self, info: Dict[str, Any]) -> None:
         for key, value in info.items():

@@ -174,9 +174,9 @@ def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float
                            type(error).__name__, error)
 
 
-def main_worker(storage_url: str, index: int = 0, count: int = 1) -> int:
+def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optional[str] = None) -> int:
     """``hookdet search worker``: join a search's store and work until the search ends."""
-    queue = Queue(storage_url)
+    queue = Queue(storage_url, study)
     slot = Slot(index, count, int(queue.info().get("slots_per_trial", 1)))
     runner = SegmentRunner(queue, slot)
     done = threading.Event()
