@@ -25,6 +25,9 @@ class ExitReason(str, enum.Enum):
     STOPPED = "stopped"
     #: ``train_batch`` raised ``ShouldExit``.
     EXITED = "exited"
+    #: A search's segment reached its length (a rung): the trial checkpointed at the first
+    #: validation there, and the search continues it or stops it.
+    PAUSED = "paused"
 
     def __str__(self) -> str:
         return self.value

@@ -151,12 +151,12 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
     assert_equals_a_straight_run(finished[0], tmp_path)
 
 
-def assert_equals_a_straight_run(trial: dict, tmp_path: Path) -> None:
+def assert_equals_a_straight_run(trial: dict, tmp_path: Path, model_dir: Path = FIXTURES, length: int = 8) -> None:
     """The trial's metrics.jsonl, trained in segments, equals one uninterrupted run's."""
     straight = tmp_path / f"straight-{trial['number']}"
     run = subprocess.run(
         [*HOOKDET, "run", str(Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"),
-         "--run-dir", str(straight), "--model-dir", str(FIXTURES)],
+         "--run-dir", str(straight), "--model-dir", str(model_dir)],
         cwd=tmp_path, env={**env(tmp_path), "HOOKDET_TRIAL_SEED": str(trial["seed"])},
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -167,7 +167,61 @@ def assert_equals_a_straight_run(trial: dict, tmp_path: Path) -> None:
 
     segmented = values(Path(trial["dir"]) / "metrics.jsonl")
     assert segmented == values(straight / "metrics.jsonl")
-    assert segmented[-1][1] == 8
+    assert segmented[-1][1] == length
+
+
+SCRIPT_ASHA = """\
+name: script-asha
+entrypoint: python3 train.py --batches 16 --validate-every 3
+hyperparameters:
+  learning_rate: {type: log, minval: -1.5, maxval: 0.3, base: 10}
+  global_batch_size: 32
+  n_hidden: 32
+  dropout: 0.25
+searcher:
+  name: async_halving
+  metric: validation_loss
+  num_rungs: 2
+  divisor: 2
+  max_trials: 4
+  max_concurrent_trials: 2
+  time_metric: batches
+  max_time: 16
+reproducibility:
+  experiment_seed: 11
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(tmp_path: Path) -> None:
+    """A tutorial-shaped Trainer-API script (its own ``fit(max_length=Batch(16))``, validating
+    every 3 batches) under ASHA with rungs at 8 and 16: each trial pauses at its first
+    validation at or past 8 (batch 9), as Determined decides; a stopped trial trains 9 batches,
+    not 16; ``Trainer.fit`` returns and the script ends; a continued trial equals one run
+    straight through."""
+    script_dir = Path(__file__).parent / "fixtures" / "trainer_script"
+    config = tmp_path / "adaptive.yaml"
+    config.write_text(SCRIPT_ASHA)
+    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "asha", "--model-dir", str(script_dir),
+                             "--workers", "2"], cwd=tmp_path, env=env(tmp_path), capture_output=True,
+                            text=True, timeout=800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((tmp_path / "asha" / "search-state.json").read_text())
+    trials = list(state["trials"].values())
+    assert len(trials) == 4
+    stopped = [t for t in trials if t["state"] == "stopped"]
+    completed = [t for t in trials if t["state"] == "completed"]
+    assert stopped and completed and len(stopped) + len(completed) == 4, [t["state"] for t in trials]
+    assert {t["batches"] for t in stopped} == {9} and {t["batches"] for t in completed} == {16}
+    for trial in stopped:
+        run_dir = Path(trial["dir"])
+        assert json.loads((run_dir / "run.json").read_text())["state"] == "paused"
+        reports = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["steps_completed"] for r in reports if r["group"] == "validation"] == [3, 6, 9]
+        log = run_dir.with_name(run_dir.name + ".log").read_text()
+        assert log.count("RESULT {") == 1, log[-2000:]  # fit returned; the script went on to its end
+    assert_equals_a_straight_run(completed[0], tmp_path, model_dir=script_dir, length=16)
 
 
 @pytest.mark.slow

@@ -7,15 +7,23 @@ flags: the batch in flight, a validation due at that batch and a checkpoint bein
 finish normally. A signal that arrives after training completed changes nothing (the run exits
 0). A second SIGINT interrupts at once (Ctrl-C twice). Previous handlers are restored when the
 run ends.
+
+A search's segment ends the same way: under ``HOOKDET_SEGMENT_END`` (set by the search worker,
+e.g. ``8 batches``) the first validation at or past that length pauses the trial (checkpoint,
+exit 0, ``exit_reason`` ``paused``), as Determined's searcher stops a trial through its
+preemption path: a ``module:Class`` trial, a Trainer-API script (``Trainer.fit`` returns) and a
+launched command all stop there, whatever length they train to.
 """
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason  # noqa: F401 (``hookdet run``'s status after a stop)
+from hookdet.config import SEGMENT_END_ENV, Length, length_in_batches
 from hookdet.markers import hookimpl
 
 logger = logging.getLogger("hookdet")
@@ -31,11 +39,13 @@ class PreemptionPlugin:
         self._previous: Dict[int, Any] = {}
         self._run: Any = None
         self.received: int = 0
+        self.segment_end: Optional[Length] = None
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
         """Install the handlers (signals can only be handled in the main thread)."""
         self._run = run
+        self.segment_end = segment_end_from_environment()
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in STOP_SIGNALS:
@@ -61,8 +71,36 @@ class PreemptionPlugin:
             self._run.context.set_stop_requested(True)
 
     @hookimpl
+    def on_validation_end(self, metrics: Dict[str, Any]) -> None:
+        """Pause at the first validation at or past the search segment's end, if any."""
+        run = self._run
+        if self.segment_end is None or run.exit_reason is not None or run.context is None:
+            return
+        state = run.state
+        end = length_in_batches(self.segment_end, global_batch_size=run.hparams.get("global_batch_size"),
+                                epoch_length_batches=state.epoch_length)
+        if state.batches_trained >= end:
+            logger.info("search segment ends at %s: pausing after the validation at batch %d",
+                        _described(self.segment_end), state.batches_trained)
+            run.exit_reason = ExitReason.PAUSED
+            run.context.set_stop_requested(True)
+
+    @hookimpl
     def hookdet_unconfigure(self, run: Any) -> None:
         """Restore the handlers that were there before."""
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+
+
+def segment_end_from_environment() -> Optional[Length]:
+    """The search segment's end from ``HOOKDET_SEGMENT_END`` (``"8 batches"``), if set."""
+    text = os.environ.get(SEGMENT_END_ENV, "").strip()
+    if not text:
+        return None
+    value, _, unit = text.partition(" ")
+    return Length(value=int(value), unit=unit.strip())
+
+
+def _described(length: Length) -> str:
+    return f"{length.value} {length.unit}"

@@ -30,7 +30,13 @@ The package's rooms: :mod:`~hookdet.config.problems` (errors and their wording),
 :mod:`~hookdet.config.reading` (YAML, overrides, the entry points below).
 """
 from hookdet.config.blocks import names_trial_class
-from hookdet.config.experiment import TRIAL_ID_ENV, TRIAL_SEED_ENV, ExperimentConfig, current_trial_id
+from hookdet.config.experiment import (
+    SEGMENT_END_ENV,
+    TRIAL_ID_ENV,
+    TRIAL_SEED_ENV,
+    ExperimentConfig,
+    current_trial_id,
+)
 from hookdet.config.problems import ConfigError
 from hookdet.config.reading import (
     load_experiment_config,
@@ -56,6 +62,7 @@ from hookdet.config.sections import (
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
+    "SEGMENT_END_ENV",
     "TRIAL_ID_ENV",
     "TRIAL_SEED_ENV",
     "CheckpointStorageConfig",

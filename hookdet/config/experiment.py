@@ -229,6 +229,10 @@ class ExperimentConfig(Section):
 TRIAL_SEED_ENV = "HOOKDET_TRIAL_SEED"
 #: Set by a hyperparameter search for each trial it runs: its number in the search, from 1.
 TRIAL_ID_ENV = "HOOKDET_TRIAL_ID"
+#: Set by a hyperparameter search for each segment it runs: the length, as ``"8 batches"``, at
+#: whose first validation at or past it the trial pauses (checkpoints and exits 0), whatever
+#: length the trial itself trains to (a script's ``Trainer.fit(max_length=...)`` included).
+SEGMENT_END_ENV = "HOOKDET_SEGMENT_END"
 
 
 def current_trial_id() -> int:

@@ -34,6 +34,7 @@ _STATE_FOR_EXIT_REASON = {
     ExitReason.PREEMPTED: "preempted",
     ExitReason.STOPPED: "stopped",
     ExitReason.EXITED: "stopped",
+    ExitReason.PAUSED: "paused",
 }
 
 

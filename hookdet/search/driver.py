@@ -150,6 +150,7 @@ class Driver:
             "seed": trial["seed"], "target": trial["target"], "config": str(config),
             "run_dir": trial["dir"], "model_dir": str(self.model_dir),
             "metric": self.settings.metric, "hparams": trial["hparams"],
+            "unit": self.settings.unit,
         })
 
     def _segment_config(self, segment: Dict[str, Any]) -> Dict[str, Any]:
@@ -157,9 +158,11 @@ class Driver:
         config = copy.deepcopy(self.raw_config)
         config["hyperparameters"] = {name: {"type": "const", "val": value}
                                      for name, value in segment["hparams"].items()}
+        # The trial's whole length: the segment ends at the first validation at or past its
+        # target (the worker's HOOKDET_SEGMENT_END), as Determined's searcher stops a trial.
         config["searcher"] = {"name": "single", "metric": self.settings.metric,
                               "smaller_is_better": self.settings.smaller_is_better,
-                              "max_length": {self.settings.unit: segment["target"]}}
+                              "max_length": {self.settings.unit: self.settings.max_length}}
         config.pop("max_restarts", None)
         return config
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
 from hookdet.runs.identity import newest_checkpoint_steps
 from hookdet.runs.metrics import drop_reports_after, read_reports
@@ -120,8 +121,9 @@ class SegmentRunner:
                    "--model-dir", attrs["model_dir"]]
         if steps is not None:
             command += ["--resume", str(run_dir)]
-        env = dict(os.environ, HOOKDET_TRIAL_SEED=str(attrs["seed"]), HOOKDET_TRIAL_ID=str(attrs["trial"]),
-                   **self.slot.env())
+        env = dict(os.environ, **self.slot.env())
+        env.update({TRIAL_SEED_ENV: str(attrs["seed"]), TRIAL_ID_ENV: str(attrs["trial"]),
+                    SEGMENT_END_ENV: f"{attrs['target']} {attrs.get('unit', 'batches')}"})
         env.pop("HOOKDET_RUN_DIR", None)
         run_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()
