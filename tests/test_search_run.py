@@ -376,6 +376,16 @@ def test_searchers_determined_removed_are_refused_with_its_reason(tmp_path: Path
     assert "Traceback" not in result.stderr
 
 
+def test_a_grid_over_a_range_without_count_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    config = tmp_path / "grid.yaml"
+    config.write_text((FIXTURES / "grid.yaml").read_text().replace("      count: 2\n", ""))
+    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "grid"], cwd=tmp_path,
+                            env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "hyperparameter(s) optimizer.lr have no count" in result.stderr
+    assert not (tmp_path / "grid").exists()
+
+
 def test_preview_lists_rungs_and_the_first_trials(tmp_path: Path) -> None:
     result = subprocess.run([*HOOKDET, "search", "preview", str(FIXTURES / "asha.yaml")],
                             cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
@@ -458,9 +468,11 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
     assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
     assert "larger is running (pid" in second.stderr and "hookdet search worker" in second.stderr
     smaller = start("smaller")
-    for driver in (larger, smaller):
+    printed = {}
+    for name, driver in (("larger", larger), ("smaller", smaller)):
         out, err = driver.communicate(timeout=600)
         assert driver.returncode == 0, err[-3000:]
+        printed[name] = out
 
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "store.log")))
     for run_dir, direction, pick in (("larger", "MAXIMIZE", max), ("smaller", "MINIMIZE", min)):
@@ -470,8 +482,13 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
         assert study.direction.name == direction
         done = [s for s in study.trials if s.state.name == "COMPLETE"]
         assert done and study.best_trial.value == pick(s.value for s in done)
-        best_row = pick((row for row in summary(tmp_path / run_dir) if row["best"]), key=lambda row: float(row["best"]))
-        assert study.best_trial.user_attrs["trial"] == int(best_row["trial"])
+        rows = [row for row in summary(tmp_path / run_dir) if row["best"]]
+        # A study's value is its segment's last validation; the summary's best is over all.
+        best_last = pick(rows, key=lambda row: float(row["last"]))
+        assert study.best_trial.user_attrs["trial"] == int(best_last["trial"])
+        best_row = pick(rows, key=lambda row: float(row["best"]))
+        assert (f"best: trial {best_row['trial']} (completed), validation_loss {float(best_row['best']):.6g}, "
+                f"hyperparameters {{") in printed[run_dir]
     assert len(optuna.get_all_study_names(storage)) == 2
 
     (tmp_path / "smaller" / "search-state.json").write_text("{not json")

@@ -55,6 +55,15 @@ def load_search(config_path: Path, options: Sequence[str] = ()) -> tuple:
     except SearchConfigError as error:
         raise _usage_error(str(error)) from None
     space = config.hyperparameter_space or dict(config.hyperparameters)
+    if settings.name == "grid":
+        from hookdet.search.space import missing_counts
+
+        missing = missing_counts(space)
+        if missing:
+            raise _usage_error(
+                f"{config_path}: searcher.name is grid, but hyperparameter(s) {', '.join(missing)} "
+                "have no count: a grid needs a count of points for every int, double and log "
+                "hyperparameter")
     return config, raw, settings, space
 
 
@@ -142,6 +151,7 @@ def finish(search_dir: Path, state: Dict[str, Any], metric: str, smaller_is_bett
     summary.write_csv(table, search_dir / "summary.csv")
     summary.plot(state, metric, search_dir / "searcher-metric.png")
     print(summary.format_table(table, metric), flush=True)
+    print(summary.best_line(table, state, metric, smaller_is_better), flush=True)
     print(f"summary: {search_dir / 'summary.csv'}", flush=True)
 
 

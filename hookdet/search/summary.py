@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -75,6 +76,21 @@ def format_table(table: List[Dict[str, Any]], metric: str) -> str:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
              for line in cells]
     return "\n".join(lines)
+
+
+def best_line(table: List[Dict[str, Any]], state: Dict[str, Any], metric: str,
+              smaller_is_better: bool) -> str:
+    """One line naming the search's best trial: its metric, hyperparameters and run directory
+    (which holds its checkpoints)."""
+    measured = [row for row in table if row["best"] is not None]
+    if not measured:
+        return f"best: no trial reported {metric}"
+    pick = min if smaller_is_better else max
+    row = pick(measured, key=lambda candidate: candidate["best"])
+    trial = state["trials"][row["request_id"]]
+    return (f"best: trial {row['trial']} ({row['state']}), {metric} {row['best']:.6g}, "
+            f"hyperparameters {json.dumps(trial['hparams'], sort_keys=True)}, "
+            f"checkpoints in {trial['dir']}")
 
 
 def plot(state: Dict[str, Any], metric: str, path: Path) -> Optional[Path]:
