@@ -17,6 +17,13 @@ from tests.parity.checks import COMPARED
 os.environ.setdefault("HOOKDET_HOME", tempfile.mkdtemp(prefix="hookdet-home-"))
 
 
+def pytest_collection_modifyitems(session, config, items):  # noqa: ARG001
+    """Slow tests first (otherwise in collection order), so that with ``--dist worksteal`` the
+    long ones start early and the short ones fill the gaps, instead of one long test finishing
+    alone at the end while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker

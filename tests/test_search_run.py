@@ -214,6 +214,10 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
     completed = [t for t in trials if t["state"] == "completed"]
     assert stopped and completed and len(stopped) + len(completed) == 4, [t["state"] for t in trials]
     assert {t["batches"] for t in stopped} == {9} and {t["batches"] for t in completed} == {16}
+    # A line per decision while it runs: what the segment reached, its trial's fate, the best.
+    progress = [line for line in result.stdout.splitlines() if line.startswith("search: trial ")]
+    assert len(progress) == len(state["processed"]) and sum("reached batch 9 " in line for line in progress) == 4
+    assert all(" | best: trial " in line for line in progress), progress
     for trial in stopped:
         run_dir = Path(trial["dir"])
         assert json.loads((run_dir / "run.json").read_text())["state"] == "paused"

@@ -228,6 +228,36 @@ class Driver:
         self.state["processed"].append(attrs["key"])
         self.save()
         self.flush()
+        print(self.progress_line(trial, attrs), flush=True)
+
+    def progress_line(self, trial: Dict[str, Any], attrs: Dict[str, Any]) -> str:
+        """One line after each decision: what the segment gave, what became of its trial, the
+        search's counts and the best trial so far."""
+        metric = self.settings.metric
+        value = attrs.get("metric")
+        reached = (f"reached batch {attrs.get('batches')} ({metric} {value:.6g})" if value is not None
+                   else f"ended (exit status {attrs.get('exit_code')})")
+        outcome = {"queued": "goes on"}.get(trial["state"], trial["state"])
+        counts: Dict[str, int] = {}
+        for each in self.state["trials"].values():
+            state = each["state"] if each["state"] in ("completed", "stopped", "paused") else \
+                "failed" if each["state"] in ("errored", "invalid_hp") else "open"
+            counts[state] = counts.get(state, 0) + 1
+        tally = ", ".join(f"{state} {counts[state]}" for state in ("open", "paused", "stopped", "completed",
+                                                                    "failed") if counts.get(state))
+        line = f"search: trial {trial['number']} {reached}: {outcome} | {tally}"
+        best = self.best_trial()
+        if best is not None:
+            line += (f" | best: trial {best['number']}, {metric} {best['best']:.6g}, "
+                     f"{json.dumps(best['hparams'], sort_keys=True)}")
+        return line
+
+    def best_trial(self) -> Optional[Dict[str, Any]]:
+        """The trial with the best searcher metric so far (with it as ``best``), or None."""
+        pick = min if self.settings.smaller_is_better else max
+        measured = [dict(t, best=pick(v for _, v in t["validations"]))
+                    for t in self.state["trials"].values() if t["validations"]]
+        return pick(measured, key=lambda t: t["best"]) if measured else None
 
     def _search_was_killed(self, attrs: Dict[str, Any]) -> bool:
         """Whether a segment ended because the driver that ran it in a local worker was killed:
