@@ -9,6 +9,13 @@ segments decided but not yet queued) is saved atomically to ``search-state.json`
 decision and before the segments it decided are queued (each has a key, so queueing twice is a
 no-op). So a driver killed at any moment resumes (``hookdet run CONFIG --resume SEARCH_DIR``)
 without taking a decision twice or losing one.
+
+Outcomes do not depend on timing. Each segment gets a sequence number when it is decided (a retry
+of a segment, after a kill or a crash, keeps its number); workers claim the lowest number first,
+and the driver takes decisions on finished segments strictly in number order, waiting for an
+earlier segment however long a later one has been done. Numbers are handed out only by
+decisions, so the whole history of decisions is a function of the segments' results alone:
+the same trials stop at the same lengths with 1 worker or N, and after any number of kills.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from typing import Any, Dict, List, Optional
 from hookdet.search import methods
 from hookdet.search.settings import SearchSettings
 from hookdet.search.space import MasterRandom
-from hookdet.search.store import Queue, StoreError, worker_id
+from hookdet.search.store import Queue, StoreError, sequence_number, worker_id
 from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
@@ -57,7 +64,7 @@ class Driver:
         self.rand = MasterRandom(experiment_seed)
         self.ctx = methods.Context(self.rand, space)
         self.state: Dict[str, Any] = {"trials": {}, "order": [], "processed": [], "pending": [],
-                                      "finished": False}
+                                      "finished": False, "next_seq": 1}
         self.stopping = False
         self.runners: List[SegmentRunner] = []
 
@@ -143,6 +150,8 @@ class Driver:
             trial["segments"] += 1
             trial["target"] = next(u for u in self._rungs(trial) + [self.settings.max_length]
                                    if u > trial["units"])
+            trial["seq"] = self.state.setdefault("next_seq", 1)
+            self.state["next_seq"] += 1
         trial["state"] = "queued"
         config = Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"
         self.state["pending"].append({
@@ -150,7 +159,7 @@ class Driver:
             "seed": trial["seed"], "target": trial["target"], "config": str(config),
             "run_dir": trial["dir"], "model_dir": str(self.model_dir),
             "metric": self.settings.metric, "hparams": trial["hparams"],
-            "unit": self.settings.unit,
+            "unit": self.settings.unit, "seq": trial.get("seq"),
         })
 
     def _segment_config(self, segment: Dict[str, Any]) -> Dict[str, Any]:
@@ -234,8 +243,9 @@ class Driver:
         """One line after each decision: what the segment gave, what became of its trial, the
         search's counts and the best trial so far."""
         metric = self.settings.metric
-        value = attrs.get("metric")
-        reached = (f"reached batch {attrs.get('batches')} ({metric} {value:.6g})" if value is not None
+        value = attrs.get("metric")  # the metric's name until a worker records the value
+        reached = (f"reached batch {attrs.get('batches')} ({metric} {value:.6g})"
+                   if attrs.get("exit_code") == 0 and isinstance(value, (int, float))
                    else f"ended (exit status {attrs.get('exit_code')})")
         outcome = {"queued": "goes on"}.get(trial["state"], trial["state"])
         counts: Dict[str, int] = {}
@@ -283,9 +293,11 @@ class Driver:
         done_states = ("COMPLETE", "FAIL")
         processed = set(self.state["processed"])
         segments = self.queue.segments()
-        finished = [s for s in segments if s.state.name in done_states
-                    and s.user_attrs.get("key") not in processed]
-        for segment in sorted(finished, key=lambda s: (s.user_attrs.get("ended", 0), s.number)):
+        unprocessed = sorted((s for s in segments if s.user_attrs.get("key") not in processed),
+                             key=sequence_number)
+        for segment in unprocessed:  # in number order, stopping at the first still at work
+            if segment.state.name not in done_states:
+                break
             self.handle(segment)
         for segment in segments:
             if segment.state.name == "RUNNING" and self._dead(segment):

@@ -99,6 +99,14 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def sequence_number(segment: Any) -> tuple:
+    """Where a segment stands in the order of decisions: the number the driver gave it (a retry
+    keeps its segment's), then its queue position; a segment queued before numbers existed by
+    its position alone."""
+    seq = segment.user_attrs.get("seq")
+    return (segment.number if seq is None else seq, segment.number)
+
+
 def worker_id() -> str:
     import os
 
@@ -164,7 +172,7 @@ class Queue:
         return {t.user_attrs.get("key") for t in self.segments()}
 
     def claim(self) -> Optional[Any]:
-        """Take one WAITING segment (oldest first) for this worker, or None.
+        """Take one WAITING segment (lowest decision number first) for this worker, or None.
 
         SQLite ignores the row lock Optuna's RDB storage takes for the transition, so two
         claimants could both win; on SQLite claims are serialised with a file lock next to the
@@ -182,7 +190,8 @@ class Queue:
 
     def _claim(self) -> Optional[Any]:
         waiting = self.optuna.trial.TrialState.WAITING
-        for trial in sorted(self.segments(), key=lambda t: t.number):
+        # Lowest decision number first (the driver's order; a retry keeps its segment's number).
+        for trial in sorted(self.segments(), key=sequence_number):
             if trial.state != waiting:
                 continue
             trial_id = self.trial_id(trial.number)
