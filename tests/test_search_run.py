@@ -279,17 +279,14 @@ ASHA_ORDER_MATTERS = ("--config", "searcher.max_trials=6")
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_asha_ends_alike_with_one_worker_two_workers_and_ten_kills(tmp_path: Path) -> None:
-    """Which trials stop, at which length, and every metric: the same with ``--workers 1``, with
-    ``--workers 2``, and after ten SIGKILLs of the driver (half the time of a trial process
+def test_asha_ends_alike_with_one_worker_and_with_two_under_ten_kills(tmp_path: Path) -> None:
+    """Which trials stop, at which length, and every metric: the same with ``--workers 1`` as
+    with ``--workers 2`` under ten SIGKILLs of the driver (half the time of a trial process
     first) and a SIGTERM, each followed by ``--resume``."""
     one = search(tmp_path, "asha.yaml", "--run-dir", "one", "--workers", "1", *ASHA_ORDER_MATTERS)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = search(tmp_path, "asha.yaml", "--run-dir", "two", "--workers", "2", *ASHA_ORDER_MATTERS)
-    assert two.returncode == 0, two.stderr[-3000:]
     expected = summary(tmp_path / "one")
     assert {row["state"] for row in expected} == {"completed", "stopped"}  # decisions were taken
-    assert summary(tmp_path / "two") == expected
 
     killed_trials = kill_and_resume(tmp_path, "asha.yaml", ASHA_ORDER_MATTERS)
     killed_rows = summary(tmp_path / "killed", drop=())
