@@ -66,20 +66,29 @@ class PreemptionPlugin:
 
     @hookimpl
     def on_training_start(self) -> None:
-        """A signal that arrived while the trial was being built stops training now."""
+        """A signal that arrived while the trial was being built stops training now; so does a
+        search segment resumed where it had already ended."""
         if self.received and self._run.context is not None:
             self._run.context.set_stop_requested(True)
+        self._pause_if_segment_ended(validated_now=False)
 
     @hookimpl
     def on_validation_end(self, metrics: Dict[str, Any]) -> None:
         """Pause at the first validation at or past the search segment's end, if any."""
+        self._pause_if_segment_ended(validated_now=True)
+
+    def _pause_if_segment_ended(self, validated_now: bool) -> None:
+        """Pause when the search segment's end is reached and validated: at that validation, or
+        at the start of a segment resumed from a checkpoint taken there (a stop that raced the
+        pause); the search's decision then reads that validation, as without the stop."""
         run = self._run
         if self.segment_end is None or run.exit_reason is not None or run.context is None:
             return
         state = run.state
         end = length_in_batches(self.segment_end, global_batch_size=run.hparams.get("global_batch_size"),
                                 epoch_length_batches=state.epoch_length)
-        if state.batches_trained >= end:
+        validated = validated_now or state.last_validation_batch == state.batches_trained
+        if state.batches_trained >= end and validated:
             logger.info("search segment ends at %s: pausing after the validation at batch %d",
                         _described(self.segment_end), state.batches_trained)
             run.exit_reason = ExitReason.PAUSED

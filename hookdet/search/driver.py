@@ -291,14 +291,15 @@ class Driver:
     def poll(self) -> bool:
         """Handle every finished segment and reap dead ones; True when the search is over."""
         done_states = ("COMPLETE", "FAIL")
-        processed = set(self.state["processed"])
-        segments = self.queue.segments()
-        unprocessed = sorted((s for s in segments if s.user_attrs.get("key") not in processed),
-                             key=sequence_number)
-        for segment in unprocessed:  # in number order, stopping at the first still at work
-            if segment.state.name not in done_states:
+        while True:  # in number order, stopping at the first still at work; read again after
+            # each decision, which may have queued a retry that comes before what was read
+            processed = set(self.state["processed"])
+            segments = self.queue.segments()
+            unprocessed = sorted((s for s in segments if s.user_attrs.get("key") not in processed),
+                                 key=sequence_number)
+            if not unprocessed or unprocessed[0].state.name not in done_states:
                 break
-            self.handle(segment)
+            self.handle(unprocessed[0])
         for segment in segments:
             if segment.state.name == "RUNNING" and self._dead(segment):
                 self.queue.finish(self.queue.trial_id(segment.number),
