@@ -17,16 +17,40 @@ __version__ = "0.1.0"
 #: Determined's log line format, for ``logging.basicConfig(format=det.LOG_FORMAT)``.
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 
-from hookdet import core, pytorch  # noqa: E402  (the public face needs the markers above)
-from hookdet.cluster_info import ClusterInfo, TrialInfo, get_cluster_info  # noqa: E402
-from hookdet.errors import InvalidHP  # noqa: E402
-from hookdet.plugin_manager import (  # noqa: E402
-    PluginError,
-    check_known_options,
-    option_error,
-    read_seconds_option,
-)
-from hookdet.run import Run, TrainState  # noqa: E402
+#: Where each public name lives. Nothing heavy (torch, pydantic) is imported until a name is
+#: used, so ``hookdet --help`` and plugin modules start fast; ``det.pytorch`` imports torch.
+_LAZY_NAMES = {
+    "core": "hookdet.core",
+    "pytorch": "hookdet.pytorch",
+    "ClusterInfo": "hookdet.cluster_info",
+    "TrialInfo": "hookdet.cluster_info",
+    "get_cluster_info": "hookdet.cluster_info",
+    "InvalidHP": "hookdet.errors",
+    "PluginError": "hookdet.plugin_manager",
+    "check_known_options": "hookdet.plugin_manager",
+    "option_error": "hookdet.plugin_manager",
+    "read_seconds_option": "hookdet.plugin_manager",
+    "Run": "hookdet.run",
+    "TrainState": "hookdet.run",
+}
+
+
+def __getattr__(name: str):
+    """Import a public name on first use (PEP 562) and keep it."""
+    import importlib
+
+    home = _LAZY_NAMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'hookdet' has no attribute {name!r}")
+    module = importlib.import_module(home)
+    value = module if home == f"hookdet.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_NAMES))
+
 
 __all__ = [
     "HOOK_NAMESPACE",

@@ -17,7 +17,6 @@ import types
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import pluggy
-import stevedore
 
 from hookdet import hookspecs
 from hookdet import default_hooks
@@ -60,6 +59,8 @@ def read_seconds_option(plugin: str, options: Dict[str, Any], field: str, defaul
 
 def installed_plugins() -> Dict[str, str]:
     """Installed plugin names mapped to their entry-point targets, without importing any."""
+    import stevedore  # reads entry points (importlib.metadata): only when plugins are listed
+
     manager = stevedore.NamedExtensionManager(ENTRY_POINT_GROUP, names=[])
     return {ep.name: ep.value for ep in manager.list_entry_points()}
 
@@ -93,6 +94,8 @@ class PluginManager:
         names = [name for name in names if self.get(name) is None]
         if not names:
             return
+        import stevedore  # reads entry points (importlib.metadata): only when plugins are named
+
         unknown: List[str] = []
         failures: List[str] = []
 

@@ -12,17 +12,12 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Union
 
 import torch
 
 from hookdet import cluster_info
 from hookdet import active_run
-from hookdet.config import (
-    ExperimentConfig,
-    length_in_batches,
-    parse_experiment_config,
-)
 from hookdet.checkpoints.registry import make_storage
 from hookdet.context import PyTorchTrialContext
 from hookdet.core_loop import TrainingLoop
@@ -42,6 +37,9 @@ from hookdet.runs.metrics import ReportLog
 from hookdet.rng import seed_everything
 from hookdet.run import Run
 from hookdet.trial import Batch, PyTorchTrial, TrainUnit
+
+if TYPE_CHECKING:
+    from hookdet.config import ExperimentConfig
 
 logger = logging.getLogger("hookdet")
 
@@ -98,6 +96,8 @@ def init(
     file, trial seed and run directory come from the cluster info, as Determined's ``init``
     takes them from the cluster.
     """
+    from hookdet.config import ExperimentConfig, parse_experiment_config  # pydantic: on first use
+
     info = cluster_info.get_cluster_info()
     if info is not None and info.task_type == "TRIAL" and not isinstance(exp_conf, ExperimentConfig):
         exp_conf = parse_experiment_config(
@@ -298,6 +298,8 @@ def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dic
     ``perform_initial_validation`` step-zero validation. The parity suite compares the mapping
     with Determined's (``tests/parity/test_parity_experiment_file.py``).
     """
+
+    from hookdet.config import length_in_batches
 
     def as_unit(length: Any) -> Optional[TrainUnit]:
         if length is None:

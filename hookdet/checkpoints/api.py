@@ -19,7 +19,6 @@ import torch
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet.checkpoints.storage import StorageError
-from hookdet.config import parse_experiment_config
 from hookdet.context import PyTorchTrialContext
 from hookdet.distributed import DistributedContext
 from hookdet.importing import SpecImportError, import_object
@@ -41,6 +40,8 @@ class CheckpointLoadContext(PyTorchTrialContext):
         hparams: Optional[Dict[str, Any]] = None,
         exp_conf: Optional[Dict[str, Any]] = None,
     ) -> None:
+        from hookdet.config import parse_experiment_config  # pydantic: on first use
+
         config = parse_experiment_config(dict(exp_conf or {}), source="CheckpointLoadContext exp_conf")
         hparams = dict(hparams if hparams is not None else config.hyperparameters or {})
         run = Run(
