@@ -282,8 +282,8 @@ class PluginManager:
             return
         if hook_name in hookspecs.TRIAL_API_HOOKS:
             return
-        culprit = _plugin_that_raised(error, hook_impls)
-        if culprit is not None and culprit.plugin_name != DEFAULTS_NAME:
+        culprit, user_code_raised = _implementation_that_raised(error, hook_impls)
+        if culprit is not None and culprit.plugin_name != DEFAULTS_NAME and not user_code_raised:
             wrapped = PluginError(f"plugin {culprit.plugin_name!r} failed in hook {hook_name}: {error!r}")
             wrapped.__cause__ = error
             outcome.force_exception(wrapped)
@@ -296,19 +296,27 @@ class PluginManager:
         return caller(**kwargs)
 
 
-def _plugin_that_raised(error: BaseException, hook_impls: Sequence[Any]) -> Any:
-    """The hook implementation whose frame is innermost in ``error``'s traceback, if any."""
+def _implementation_that_raised(error: BaseException, hook_impls: Sequence[Any]) -> Tuple[Any, bool]:
+    """The hook implementation whose frame is innermost in ``error``'s traceback (or None), and
+    whether user code it called raised: a frame of the user's below it (a ``PyTorchCallback``
+    the callbacks adapter called, say). That error is the user's, reported with the user's frames
+    as one raised in ``train_batch`` is, not as the plugin's failure."""
+    from hookdet.failure_report import is_user_frame
+
     codes = {}
     for impl in hook_impls:
         function = inspect.unwrap(impl.function)
         code = getattr(function, "__code__", None)
         if code is not None:
             codes[code] = impl
-    found = None
+    found, user_code_below = None, False
     traceback = error.__traceback__
     while traceback is not None:
-        impl = codes.get(traceback.tb_frame.f_code)
+        code = traceback.tb_frame.f_code
+        impl = codes.get(code)
         if impl is not None:
-            found = impl
+            found, user_code_below = impl, False
+        elif found is not None and is_user_frame(code.co_filename):
+            user_code_below = True
         traceback = traceback.tb_next
-    return found
+    return found, user_code_below

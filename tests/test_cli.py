@@ -237,3 +237,61 @@ def test_only_the_users_own_files_count_as_user_frames() -> None:
     for internal in (failure_report.__file__, pluggy.__file__, stdlib_module.__file__, torch.__file__,
                      str(Path(sys.prefix) / "bin" / "hookdet"), "<frozen runpy>"):
         assert not failure_report.is_user_frame(internal), internal
+
+
+# ---------------------------------------------------------------------------------------------
+# User code is user code: a callback's error is reported as train_batch's is
+# ---------------------------------------------------------------------------------------------
+
+RAISING_CALLBACK = '''
+
+class Raising(pytorch.PyTorchCallback):
+    def on_validation_end(self, metrics):
+        raise ValueError("the callback fails on purpose")
+
+
+def build_callbacks(self):
+    return {"raising": Raising()}
+
+
+Trial.build_callbacks = build_callbacks
+'''
+
+
+@pytest.mark.parametrize("where", ["train_batch", "callback"])
+def test_an_error_in_user_code_shows_the_users_frames_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture, where: str
+) -> None:
+    """An exception from a ``PyTorchCallback`` (which the callbacks plugin calls) is the user's,
+    as one from ``train_batch`` is: the user's frames, one closing line, exit 1; not a plugin's
+    failure (exit 2, no traceback)."""
+    if where == "callback":
+        source, raising_line = TRIAL_TEMPLATE + RAISING_CALLBACK, 'raise ValueError("the callback fails on purpose")'
+    else:
+        raising_line = 'raise ValueError("train_batch fails on purpose")'
+        source = TRIAL_TEMPLATE.replace("        x, y = batch\n        loss", f"        {raising_line}\n        x, y = batch\n        loss")
+    assert main(["run", *run_cli(tmp_path, trial_source=source)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "Traceback (most recent call last, hookdet's frames left out):", lines
+    assert raising_line in [line.strip() for line in lines], lines
+    assert not any("hookdet/" in line or "pluggy" in line for line in lines[:-1]), lines
+    assert lines[-1].startswith("hookdet: error: the trial raised ValueError: "), lines
+    assert "plugin" not in lines[-1]
+
+
+def test_a_callbacks_error_leaves_trainer_fit_as_the_users_exception(tmp_path: Path) -> None:
+    """Through the Trainer API the callback's own exception comes out of ``fit``, as from
+    Determined: a script's ``except ValueError`` still catches it."""
+    module = f"trial_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(TRIAL_TEMPLATE + RAISING_CALLBACK))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        trial_class = __import__(module).Trial
+        from hookdet import pytorch
+
+        with pytorch.init(exp_conf={"plugins": {"only": ["callbacks"]}}, run_dir=tmp_path / "run") as context:
+            trainer = pytorch.Trainer(trial_class(context), context)
+            with pytest.raises(ValueError, match="the callback fails on purpose"):
+                trainer.fit(max_length=pytorch.Batch(2))
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -1,5 +1,10 @@
 """Adapts the trial's ``PyTorchCallback``s into hook implementations, one method to one hook.
 
+A built-in plugin, not part of the host: ``no:callbacks`` runs a trial without its callbacks
+(a warning names them). A callback is the user's code all the same: what it
+raises goes out unchanged, reported as an error in ``train_batch`` is (the user's frames, one
+closing line, exit 1), never as this plugin's failure; Determined lets it through the same way.
+
 Only the lifecycle methods that at least one callback overrides become hook implementations, so
 a callback that does not override ``on_before_optimizer_step`` costs the optimizer step nothing.
 Callbacks run in the order ``build_callbacks`` returned them, as in Determined.
@@ -37,10 +42,6 @@ ADAPTER_NAME = "callbacks:adapter"
 #: The methods Determined calls with keyword arguments; it passes the others' positionally, so a
 #: callback may name their parameters as it likes (or take ``*args``), and so may it here.
 KEYWORD_CALLS = ("on_training_workload_end", "on_checkpoint_upload_end")
-
-
-class CallbackError(Exception):
-    """A callback raised; the message names the callback and the method."""
 
 
 class CallbacksPlugin:
@@ -83,21 +84,18 @@ def _call_callbacks(adapter: Any, method: str, only: Any = None, **kwargs: Any) 
     for name, callback in adapter.callbacks.items():
         if not _overrides(callback, method) or (only is not None and name != only):
             continue
-        try:
-            if method == "on_training_epoch_start" and not inspect.signature(callback.on_training_epoch_start).parameters:
-                warnings.warn(
-                    f"callback {name!r}: on_training_epoch_start() without epoch_idx is "
-                    "deprecated; accept an epoch_idx argument",
-                    DeprecationWarning,
-                    stacklevel=2,
-                )
-                callback.on_training_epoch_start()
-            elif method in KEYWORD_CALLS:
-                getattr(callback, method)(**kwargs)
-            else:
-                getattr(callback, method)(*kwargs.values())
-        except Exception as error:
-            raise CallbackError(f"callback {name!r} failed in {method}: {error!r}") from error
+        if method == "on_training_epoch_start" and not inspect.signature(callback.on_training_epoch_start).parameters:
+            warnings.warn(
+                f"callback {name!r}: on_training_epoch_start() without epoch_idx is "
+                "deprecated; accept an epoch_idx argument",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            callback.on_training_epoch_start()
+        elif method in KEYWORD_CALLS:
+            getattr(callback, method)(**kwargs)
+        else:
+            getattr(callback, method)(*kwargs.values())
 
 
 # pluggy passes a hook's arguments by the names in each implementation's code object, so each
@@ -158,10 +156,6 @@ def _on_checkpoint_upload_end(self: Any, uuid: str) -> None:
     _call_callbacks(self, "on_checkpoint_upload_end", uuid=uuid)
 
 
-def _on_checkpoint_end(self: Any, checkpoint_dir: str) -> None:
-    _call_callbacks(self, "on_checkpoint_end", checkpoint_dir=checkpoint_dir)
-
-
 def _on_before_optimizer_step(self: Any, parameters: Any) -> None:
     _call_callbacks(self, "on_before_optimizer_step", parameters=parameters)
 
@@ -172,7 +166,9 @@ def _on_trial_shutdown(self: Any) -> None:
         _call_callbacks(self, "on_trial_shutdown", only=name)
 
 
-_FORWARDERS: Dict[str, Callable] = {method: globals()["_" + method] for method in LIFECYCLE_METHODS}
-
 #: Callback methods called from another hook than their namesake.
 _HOOK_FOR = {"on_checkpoint_end": "on_checkpoint_write_end"}
+
+_FORWARDERS: Dict[str, Callable] = {
+    method: globals()["_" + method] for method in LIFECYCLE_METHODS if method not in _HOOK_FOR
+}
