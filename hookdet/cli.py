@@ -214,10 +214,10 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
     from hookdet.launcher import failure_lines, launcher_death_line
-    from hookdet.plugin_list import launcher_for
-    from hookdet.trainer import default_run_dir, plugin_selection_for
+    from hookdet.plugin_list import Launch, select_plugins
+    from hookdet.trainer import default_run_dir
 
-    launcher = launcher_for(plugin_selection_for(config))
+    launcher = select_plugins(config.plugins, Launch(world_size=slots)).launcher
     if launcher == "horovodrun":
         if args.torchrun:
             raise UsageError(

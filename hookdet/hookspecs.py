@@ -143,7 +143,7 @@ def hookdet_make_checkpoint_storage(run: "Run") -> Any:
 # ---------------------------------------------------------------------------------------------
 # What the trial API asks of plugins (firstresult; the context calls these, nothing else)
 #
-# Each has a built-in answer, loaded by name from DEFAULT_PROVIDERS when no registered plugin
+# Each has a built-in answer, loaded by name from plugin_list.DEFAULT_PROVIDERS when no registered plugin
 # implements the hook, so the trial can switch a feature on that the experiment file did not list.
 # ---------------------------------------------------------------------------------------------
 
@@ -519,20 +519,16 @@ PER_BATCH_HOOKS = (
 #: Lifecycle hooks that fire on the chief rank only, as in Determined.
 CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end")
 
-#: The built-in plugin that answers each trial-API provider hook when no registered plugin does;
-#: :meth:`hookdet.plugin_manager.PluginManager.provide` loads it by this name, unless the
-#: experiment file removed it (so ``no:callbacks`` leaves the trial's callbacks unrun, with a warning).
-DEFAULT_PROVIDERS = {
-    "hookdet_add_callbacks": "callbacks",
-    "hookdet_use_amp": "amp",
-    "hookdet_wrap_scaler": "amp",
-    "hookdet_configure_apex_amp": "apex",
-    "hookdet_set_profiler": "profiler",
-    "hookdet_autocast_forward_pass": "amp",
-    "hookdet_make_tensorboard_writer": "tensorboard",
-}
-
 #: Hooks that answer a call of the trial's own (``context.wrap_scaler(...)``, ...): an exception
 #: raised in them reaches the trial as raised (it is the answer to the trial's call, as a method's
 #: would be), not re-raised as a ``PluginError``.
-TRIAL_API_HOOKS = (*DEFAULT_PROVIDERS, "hookdet_resume_point")
+TRIAL_API_HOOKS = (
+    "hookdet_add_callbacks",
+    "hookdet_use_amp",
+    "hookdet_wrap_scaler",
+    "hookdet_configure_apex_amp",
+    "hookdet_set_profiler",
+    "hookdet_autocast_forward_pass",
+    "hookdet_make_tensorboard_writer",
+    "hookdet_resume_point",
+)

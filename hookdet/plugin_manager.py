@@ -22,6 +22,7 @@ from hookdet import hookspecs
 from hookdet import default_hooks
 from hookdet.errors import HookdetError
 from hookdet.markers import HOOK_NAMESPACE
+from hookdet import plugin_list
 from hookdet.plugin_list import DEFAULT_PLUGINS  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("hookdet")
@@ -155,12 +156,12 @@ class PluginManager:
     def ensure_provider(self, hook_name: str) -> None:
         """Make sure some plugin answers the provider hook ``hook_name``.
 
-        When none does, the plugin :data:`hookdet.hookspecs.DEFAULT_PROVIDERS` names for it is
+        When none does, the plugin :data:`hookdet.plugin_list.DEFAULT_PROVIDERS` names for it is
         loaded (the trial switched a feature on that the experiment file did not list).
         """
         if self.implemented(hook_name):
             return
-        default = hookspecs.DEFAULT_PROVIDERS.get(hook_name)
+        default = plugin_list.DEFAULT_PROVIDERS.get(hook_name)
         if default is None:
             raise PluginError(f"no plugin implements {hook_name}; enable one that does")
         self.load(default)
@@ -171,7 +172,7 @@ class PluginManager:
         """The first non-None answer to the provider hook ``hook_name``.
 
         When no running plugin answers, the built-in provider that
-        :data:`hookdet.hookspecs.DEFAULT_PROVIDERS` names is loaded and asked (the trial switched
+        :data:`hookdet.plugin_list.DEFAULT_PROVIDERS` names is loaded and asked (the trial switched
         on a feature the experiment file did not list). A provider the experiment file removed
         (``no:<name>``) is an error naming it, or with ``optional`` an answer of None.
         """
@@ -179,7 +180,7 @@ class PluginManager:
         answer = caller(**kwargs) if self.implemented(hook_name) else None
         if answer is not None:
             return answer
-        default = hookspecs.DEFAULT_PROVIDERS.get(hook_name)
+        default = plugin_list.DEFAULT_PROVIDERS.get(hook_name)
         if default is None or self.get(default) is not None or (optional and default in self.removed):
             if optional:
                 return None

@@ -5,6 +5,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
+from hookdet.plugin_list import Launch
 from hookdet.runs.files import TENSORBOARD_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,6 +105,8 @@ class Run:
     callbacks: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Names the experiment file removed with ``no:<name>``; never switched on later.
     removed_plugins: FrozenSet[str] = frozenset()
+    #: How this process was started (ranks, launcher): the facts the plugin selection was made for.
+    launch: Launch = dataclasses.field(default_factory=Launch)
     #: Whether reported metrics go to TensorBoard (``context.set_enable_tensorboard_logging``);
     #: a TensorBoard plugin reads it, and the trial's own writer works either way.
     tensorboard_metrics: bool = True

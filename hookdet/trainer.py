@@ -22,14 +22,7 @@ from hookdet.checkpoints.registry import make_storage
 from hookdet.context import PyTorchTrialContext
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
-from hookdet.plugin_list import (
-    DISTRIBUTED_PLUGINS,
-    PluginSelection,
-    joining_later,
-    names_to_load,
-    resolve_plugin_list,
-    unused_plugin_config,
-)
+from hookdet.plugin_list import DISTRIBUTED_PLUGINS, Launch, PluginSelection, select_plugins, unused_plugin_config
 from hookdet.plugin_manager import PluginError, PluginManager
 from hookdet.runs import ownership as ownership
 from hookdet.runs import record as run_record
@@ -58,18 +51,9 @@ def default_run_dir(config: ExperimentConfig) -> Path:
     return Path("runs") / f"{name}-{stamp}"
 
 
-def plugin_selection_for(config: ExperimentConfig) -> PluginSelection:
-    """``config``'s ``plugins:`` list resolved (defaults, additions, removals)."""
-    return resolve_plugin_list(config.plugins)
-
-
-def plugin_names_for(config: ExperimentConfig, enable_tensorboard_logging: bool = True) -> list:
-    """The plugins a run of ``config`` loads, in order."""
-    launched_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    launched_by_horovod = int(os.environ.get("HOROVOD_SIZE", "1")) > 1  # horovodrun's ranks
-    return names_to_load(
-        plugin_selection_for(config), launched_distributed, launched_by_horovod, enable_tensorboard_logging
-    )
+def plugin_selection_for(config: ExperimentConfig, enable_tensorboard_logging: bool = True) -> PluginSelection:
+    """The plugins a run of ``config`` loads, in this process's launch (:mod:`hookdet.plugin_list`)."""
+    return select_plugins(config.plugins, Launch.from_environment(), enable_tensorboard_logging)
 
 
 @contextlib.contextmanager
@@ -109,7 +93,8 @@ def init(
     )
     if aggregation_frequency != 1:
         config.optimizations.aggregation_frequency = aggregation_frequency
-    manager = _plugin_manager_for(config, enable_tensorboard_logging, plugins)
+    selection = plugin_selection_for(config, enable_tensorboard_logging)
+    manager = _plugin_manager_for(config, selection, plugins)
     trial_seed = info.trial.trial_seed if info is not None else config.trial_seed()
     seed_everything(trial_seed)
     run = Run(
@@ -121,13 +106,14 @@ def init(
         trial_seed=trial_seed,
         plugin_names=tuple(manager.named_plugins()),
         removed_plugins=manager.removed,
+        launch=selection.launch,
     )
     failed = False
     try:
         active_run.enter(run)
         manager.start(run)
         try:
-            _open(run, distributed)
+            _open(run, distributed, selection)
             run.context = PyTorchTrialContext(run)
             yield run.context
         except BaseException as error:
@@ -149,32 +135,34 @@ def init(
             ownership.give_up(run, discard=failed and not run_record.trained(run))
 
 
-def _plugin_manager_for(config: ExperimentConfig, enable_tensorboard_logging: bool, plugins: Sequence[Any]) -> PluginManager:
-    """The experiment's plugins, loaded, and ``plugins`` registered after them under their class
+def _plugin_manager_for(config: ExperimentConfig, selection: PluginSelection, plugins: Sequence[Any]) -> PluginManager:
+    """The selected plugins, loaded, and ``plugins`` registered after them under their class
     names; a ``plugin_config`` block for a plugin that will not run is refused first."""
-    names = plugin_names_for(config, enable_tensorboard_logging)
     extra_names = [type(plugin).__name__ for plugin in plugins]
-    selection = plugin_selection_for(config)
-    problem = unused_plugin_config(
-        config.plugin_config, [*selection.names, *extra_names], joining_later(selection)
-    )
+    problem = unused_plugin_config(config.plugin_config, [*selection.names, *extra_names], selection.may_join())
     if problem:
         raise PluginError(f"{config.source}: {problem}")
     manager = PluginManager(config.plugin_config)
     manager.removed = selection.removed
-    manager.load_all(names)
+    manager.load_all(selection.names)
     for name, plugin in zip(extra_names, plugins):
         manager.register(name, plugin)
     return manager
 
 
-def _open(run: Run, distributed: Optional[DistributedContext]) -> None:
+def _open(run: Run, distributed: Optional[DistributedContext], selection: PluginSelection) -> None:
     """Give the run its ranks, device, run directory (owned, recorded) and storage, every rank
     agreeing with the chief."""
     # A context the script made itself is offered to the plugins (ddp adopts a torch one).
     run.distributed = distributed
     made = run.hook.hookdet_make_distributed(run=run)
     run.distributed = distributed or made
+    if selection.launch.multi_process and run.distributed.size == 1:
+        raise PluginError(
+            f"{run.config.source}: this process is one of {selection.launch.world_size} ranks, but "
+            f"no plugin makes the run distributed: {selection.not_distributed_reason()}; add "
+            "'ddp' (or another distributed plugin) to plugins, or train in one process"
+        )
     run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
     run.device = _device_for(run.distributed)
     claim = ownership.take(run) if run.is_chief else None

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hookdet.config import parse_experiment_config
-from hookdet.plugin_list import joining_later, unused_plugin_config
+from hookdet.plugin_list import unused_plugin_config
 from hookdet.trainer import plugin_selection_for
 from tests.test_docs import CodeBlock, code_blocks
 
@@ -40,4 +40,4 @@ def test_yaml_snippet_loads_through_the_config_loader(block: CodeBlock) -> None:
     assert isinstance(content, dict), f"{block.page}:{block.line}: not a mapping"
     config = parse_experiment_config(content, source=f"{block.page}:{block.line}")
     selection = plugin_selection_for(config)
-    assert unused_plugin_config(config.plugin_config, selection.names, joining_later(selection)) is None
+    assert unused_plugin_config(config.plugin_config, selection.names, selection.may_join()) is None

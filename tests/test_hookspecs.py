@@ -11,6 +11,7 @@ import pytest
 
 from hookdet import hookspecs, pytorch
 from hookdet.markers import hookimpl
+from hookdet.plugin_list import DEFAULT_PROVIDERS
 from hookdet.plugin_manager import PluginError, installed_plugins
 from hookdet.builtin_plugins.callbacks import LIFECYCLE_METHODS
 from tests.hook_recorder import SPEC_NAMES, HookRecorder
@@ -169,6 +170,7 @@ def test_a_trial_api_call_loads_the_builtin_provider_unless_removed(tmp_path: Pa
 
 def test_every_provider_with_a_builtin_answer_names_an_installed_plugin() -> None:
     installed = installed_plugins()
-    for hook_name, plugin_name in hookspecs.DEFAULT_PROVIDERS.items():
+    for hook_name, plugin_name in DEFAULT_PROVIDERS.items():
         assert hook_name in SPEC_NAMES and getattr(hookspecs, hook_name).hookdet_spec["firstresult"], hook_name
         assert plugin_name in installed, plugin_name
+        assert hook_name in hookspecs.TRIAL_API_HOOKS, hook_name

@@ -9,8 +9,8 @@ no built-in plugin imports another, and no host module calls a plugin by name.
   a plugin's companion object in the same module.
 * Host modules (everything else in ``hookdet/``) import no built-in plugin, never ask the plugin
   manager for a built-in by name, compare nothing with a built-in's name, and call no method
-  that only a particular plugin has. The names of built-ins live in two places by design:
-  :mod:`hookdet.plugin_list` (the defaults and join rules) and ``hookspecs.DEFAULT_PROVIDERS``.
+  that only a particular plugin has. The names of built-ins live in one place by design:
+  :mod:`hookdet.plugin_list` (the defaults, the join rules and ``DEFAULT_PROVIDERS``).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ PLUGIN_METHODS = {"use_amp", "wrap_scaler", "configure_apex_amp", "get_writer", 
                   "add_callbacks", "resume_point", "callbacks"}
 
 #: Host modules that name built-ins by design (see the module docstring).
-NAMING_MODULES = {"hookdet/plugin_list.py", "hookdet/hookspecs.py"}
+NAMING_MODULES = {"hookdet/plugin_list.py"}
 
 
 def builtin_names() -> Set[str]:

@@ -16,7 +16,7 @@ from hookdet.plugin_manager import (
     PluginManager,
     installed_plugins,
 )
-from hookdet.plugin_list import resolve_plugin_list
+from hookdet.plugin_list import Launch, select_plugins
 from tests.trials import OneWeightTrial
 
 HP = {"lr": 0.1, "records": 4, "global_batch_size": 1}
@@ -48,14 +48,14 @@ DEFAULTS = ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard
     ],
 )
 def test_resolve_plugin_list_names(requested: Any, expected: list) -> None:
-    assert list(resolve_plugin_list(requested).names) == expected
+    assert list(select_plugins(requested).names) == expected
 
 
 def test_the_selection_keeps_what_no_removed_and_whether_it_was_exact() -> None:
-    selection = resolve_plugin_list(["amp", "no:progress"])
+    selection = select_plugins(["amp", "no:progress"])
     assert selection.removed == frozenset({"progress"}) and not selection.exact
     assert "amp" in selection and "progress" not in selection
-    assert resolve_plugin_list({"only": ["amp"]}).exact
+    assert select_plugins({"only": ["amp"]}).exact
 
 
 def test_unknown_plugin_lists_installed_ones() -> None:
@@ -119,7 +119,8 @@ def test_exception_in_a_plugin_names_plugin_and_hook(tmp_path: Path) -> None:
             pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(2))
 
 
-def test_exception_in_a_callback_names_the_callback(tmp_path: Path) -> None:
+def test_exception_in_a_callback_comes_out_as_the_callback_raised_it(tmp_path: Path) -> None:
+    """The callbacks plugin called user code: the error is the user's, not a PluginError."""
     class Failing(pytorch.PyTorchCallback):
         def on_training_start(self) -> None:
             raise RuntimeError("callback trouble")
@@ -127,8 +128,9 @@ def test_exception_in_a_callback_names_the_callback(tmp_path: Path) -> None:
     with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         trial = OneWeightTrial(context)
         trial.build_callbacks = lambda: {"failing": Failing()}  # type: ignore[method-assign]
-        with pytest.raises(Exception, match="callback 'failing' failed in on_training_start"):
+        with pytest.raises(RuntimeError, match="^callback trouble$") as raised:
             pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(2))
+        assert not isinstance(raised.value, PluginError)
 
 
 def test_trial_errors_are_not_blamed_on_plugins(tmp_path: Path) -> None:
@@ -192,3 +194,26 @@ def test_trial_switches_a_plugin_on_through_the_public_call(tmp_path: Path) -> N
     with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         plugin = context.experimental.use_plugin("metrics_log")
         assert context._run.plugins.get("metrics_log") is plugin
+
+
+@pytest.mark.parametrize(
+    "requested, launch, expected",
+    [
+        (None, Launch(world_size=2), [*DEFAULTS, "ddp"]),
+        (None, Launch(world_size=2, horovod=True), [*DEFAULTS, "horovod"]),
+        (["horovod"], Launch(world_size=2), [*DEFAULTS, "horovod"]),
+        (["no:ddp"], Launch(world_size=2), DEFAULTS),
+        ({"only": ["checkpoint"]}, Launch(world_size=2), ["checkpoint"]),
+        ({"only": ["ddp", "checkpoint"]}, Launch(world_size=2), ["ddp", "checkpoint"]),
+        (None, Launch(), DEFAULTS),
+    ],
+)
+def test_the_launch_adds_a_distributed_plugin_unless_the_file_says_otherwise(requested: Any, launch: Launch, expected: list) -> None:
+    assert list(select_plugins(requested, launch).names) == expected
+
+
+def test_the_launch_is_read_from_torchrun_and_horovodrun_variables() -> None:
+    assert Launch.from_environment({}) == Launch()
+    assert Launch.from_environment({"WORLD_SIZE": "4"}) == Launch(world_size=4)
+    assert Launch.from_environment({"HOROVOD_SIZE": "2", "WORLD_SIZE": "1"}) == Launch(world_size=2, horovod=True)
+    assert select_plugins(["horovod"]).launcher == "horovodrun" and select_plugins(None).launcher == "torchrun"

@@ -256,3 +256,35 @@ def test_an_abort_in_teardown_cannot_fail_a_finished_run(tmp_path: Path) -> None
                                     "2 ranks abort at teardown", fault=False)
     assert status == 0, stderr[-4000:]
     assert not error_lines(stderr) and "completed after 4 batches" in stdout, stdout[-2000:] + stderr[-2000:]
+
+
+@pytest.mark.parametrize("plugins, words", [
+    (["no:ddp"], "the experiment file removes 'ddp' (no:ddp)"),
+    ({"only": ["checkpoint", "metrics_log"]}, "the experiment file lists only ['checkpoint', 'metrics_log']"),
+])
+def test_no_and_only_hold_under_two_ranks_and_a_launch_nothing_distributes_is_refused(
+    tmp_path: Path, plugins: object, words: str
+) -> None:
+    """The file's ``no:ddp`` and ``only:`` are not overridden by the launch (ddp is not added);
+    two ranks that no plugin makes distributed would each train alone into one run directory,
+    so the run is refused in one line naming why, before anything is written."""
+    config = write_config(tmp_path / "exp.yaml")
+    content = yaml.safe_load(config.read_text())
+    content["plugins"] = plugins
+    config.write_text(yaml.safe_dump(content))
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(tmp_path / "run")]), "2 ranks: no distributed plugin")
+    assert status == 2, stderr[-4000:]
+    assert_one_line(stderr, "ranks 0, 1", "is one of 2 ranks, but no plugin makes the run distributed", words)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_only_with_ddp_listed_trains_two_ranks(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "exp.yaml")
+    content = yaml.safe_load(config.read_text())
+    content["plugins"] = {"only": ["ddp", "checkpoint", "metrics_log"]}
+    content["searcher"]["max_length"] = {"batches": 4}
+    config.write_text(yaml.safe_dump(content))
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(tmp_path / "run")]), "2 ranks: only with ddp", fault=False)
+    assert status == 0, stderr[-4000:]
+    reports = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["steps_completed"] for r in reports if r["group"] == "validation"] == [4], reports
