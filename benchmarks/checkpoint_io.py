@@ -60,6 +60,7 @@ sys.path.insert(0, str(REPO))
 
 from hookdet.checkpoints import format as fmt  # noqa: E402
 from hookdet import pytorch  # noqa: E402
+from hookdet.plugin import run_of
 
 LAYERS = 4
 #: Square layer width per state size: weights + Adam's two moments, 12 bytes per parameter.
@@ -182,7 +183,7 @@ def measure(size: str, root: Path, repeats: int, stall_rounds: int) -> Dict[str,
     results: Dict[str, List[float]] = {}
     load_before = os.getloadavg()[0]
     with pytorch.init(exp_conf=exp_conf, run_dir=root / "run") as context:
-        run = context._run
+        run = run_of(context)
         plugin = run.plugins.get("checkpoint")
         trial = BigTrial(context)
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(1))

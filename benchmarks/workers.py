@@ -49,6 +49,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch  # noqa: E402
+from hookdet.plugin import run_of
 
 if __package__:
     from . import workloads  # noqa: E402
@@ -214,7 +215,7 @@ def run_hookdet(workload: workloads.Workload, clock: StepClock, work_dir: Path) 
     config = _experiment_config(workload)
     with pytorch.init(hparams=config["hyperparameters"], exp_conf=config, run_dir=work_dir / "run") as context:
         trial = trial_class(context)
-        plugins = list(context._run.plugins.named_plugins())
+        plugins = list(run_of(context).plugins.named_plugins())
         started = time.perf_counter()
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(workload.steps))
         fit_seconds = time.perf_counter() - started

@@ -106,6 +106,7 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
     from hookdet.cluster_info import activated, local_cluster_info
     from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason
     from hookdet.runs.identity import write_identity
+    from hookdet.context import run_of
     from hookdet.trainer import Trainer, default_run_dir, fit_arguments, init
 
     model_dir = (Path(args.model_dir) if args.model_dir else config_path.resolve().parent).resolve()
@@ -121,7 +122,7 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
     info = local_cluster_info(config, slots=slots, latest_checkpoint=resume, run_dir=run_dir)
     with working_directory(model_dir), activated(info), \
             init(exp_conf=config, run_dir=run_dir, model_dir=model_dir) as context:
-        run = context._run
+        run = run_of(context)
         run.resume_from = resume  # so get_initial_batch() is right in the trial's __init__
         if fork_parent is not None and run.is_chief:
             write_identity(run, parent=fork_parent)

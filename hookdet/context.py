@@ -15,6 +15,7 @@ from hookdet.batch_moving import to_device as _to_device
 from hookdet.errors import ArgumentTypeError
 from hookdet.lr_scheduler import LRScheduler
 from hookdet.reducers import MetricReducer, ReducerRegistry
+from hookdet.run import TENSORBOARD_METRICS
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookdet.run import Run
@@ -174,12 +175,12 @@ class PyTorchTrialContext:
             )
         if enable_tensorboard_logging:
             self._run.plugins.ensure_provider("hookdet_make_tensorboard_writer")
-        self._run.tensorboard_metrics = enable_tensorboard_logging
+        self._run.stash[TENSORBOARD_METRICS] = enable_tensorboard_logging
 
     def get_enable_tensorboard_logging(self) -> bool:
         """Whether reported metrics are written to TensorBoard: a running plugin provides a
         TensorBoard writer and ``set_enable_tensorboard_logging(False)`` was not called."""
-        return self._run.tensorboard_metrics and self._run.plugins.implemented("hookdet_make_tensorboard_writer")
+        return self._run.stash.get(TENSORBOARD_METRICS, True) and self._run.plugins.implemented("hookdet_make_tensorboard_writer")
 
     def get_tensorboard_path(self) -> Any:
         """The directory TensorBoard files go to (inside the run directory; never None)."""
@@ -467,7 +468,7 @@ class PyTorchTrialContext:
             if clip_grads is not None:
                 clip_grads(parameters)
             if self._call_before_step:
-                self._run.hook.on_before_optimizer_step(parameters=parameters)
+                self._run.hook.on_before_optimizer_step(run=self._run, parameters=parameters)
         if self._call_step_hook:
             self._run.hook.hookdet_step_optimizer(optimizer=optimizer, context=self, scaler=scaler)
         elif scaler is not None:
@@ -517,3 +518,9 @@ class PyTorchTrialContext:
             if scheduled is optimizer or scheduled is self._original_optimizers.get(id(optimizer)):
                 return self._last_step_batch.get(id(optimizer)) == batch_idx
         return False
+
+
+def run_of(context: PyTorchTrialContext) -> "Run":
+    """The :class:`hookdet.run.Run` behind a trial context: the documented way for trial code,
+    the host and tests to reach the run (``hookdet.plugin.run_of(self.context)``)."""
+    return context._run

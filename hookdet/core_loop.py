@@ -19,6 +19,7 @@ from hookdet.loop_schedule import (
     reached,
 )
 from hookdet.exit_codes import ExitReason
+from hookdet.run import TRIAL_CALLBACKS, WORKLOAD_METRICS
 from hookdet import loader_adapters
 from hookdet.batch_moving import batch_mover
 from hookdet.data import DataLoader
@@ -84,7 +85,7 @@ class TrainingLoop:
             # As Determined: on_trial_startup sees where training will start and the checkpoint
             # it will resume from before that checkpoint is loaded (callbacks' load_state_dict).
             self.hook.on_trial_startup(
-                first_batch_idx=self.context.get_initial_batch(), checkpoint_uuid=self._resume_uuid()
+                run=self.run, first_batch_idx=self.context.get_initial_batch(), checkpoint_uuid=self._resume_uuid()
             )
             train_loader = self._build_loaders(max_length)  # after startup, as in Determined
             if self.run.resume_from is not None:
@@ -99,12 +100,12 @@ class TrainingLoop:
                 seed=self.run.trial_seed,
             )
             self.run.first_batch = self.state.batches_trained
-            self.hook.on_training_start()  # before a step-zero validation, as in Determined
+            self.hook.on_training_start(run=self.run)  # before a step-zero validation, as in Determined
             if step_zero_validation and self.state.batches_trained == 0 and not test_mode:
                 self._validate()
             self._train(iter(batches), validation_period, checkpoint_period, reporting_period)
         finally:
-            self.hook.on_trial_shutdown()
+            self.hook.on_trial_shutdown(run=self.run)
 
     def _build_loaders(self, max_length: TrainUnit) -> Any:
         """Build both loaders; set the epoch length and the run's length; return the training one."""
@@ -148,7 +149,7 @@ class TrainingLoop:
         if not callbacks:
             return
         if self.run.plugins.provide("hookdet_add_callbacks", optional=True, run=self.run, callbacks=callbacks):
-            self.run.callbacks = dict(callbacks)
+            self.run.stash[TRIAL_CALLBACKS] = dict(callbacks)
         else:
             logger.warning(
                 "the trial's callbacks (%s) will not run: the experiment file removes the plugin "
@@ -194,7 +195,7 @@ class TrainingLoop:
         # they join this workload, so the next report averages what it would have without a stop.
         workload: List[Dict[str, Any]] = list(self.run.carried_workload or [])
         self.run.carried_workload = None
-        self.run.workload_metrics = workload
+        self.run.stash[WORKLOAD_METRICS] = workload
         context.experimental.reset_reducers()
         self._set_train_mode(True)
 
@@ -205,7 +206,7 @@ class TrainingLoop:
             first = state.batches_trained
             epoch_idx, position = divmod(first, epoch_length)
             if position == 0 and call_epoch_start:
-                hook.on_training_epoch_start(epoch_idx=epoch_idx)
+                hook.on_training_epoch_start(run=self.run, epoch_idx=epoch_idx)
             stretch_end = first + 1 if self.test_mode else min(next_boundary, first - position + epoch_length)
             stopping = False
             for batch_idx in range(first, stretch_end):
@@ -243,7 +244,7 @@ class TrainingLoop:
             epoch_ended = state.batches_trained % epoch_length == 0
             if epoch_ended:
                 if call_epoch_end:
-                    hook.on_training_epoch_end(epoch_idx=epoch_idx)
+                    hook.on_training_epoch_end(run=self.run, epoch_idx=epoch_idx)
                 # Every rank ends the same epochs, so every rank joins this collective alike
                 # (whatever hooks each rank has); an epoch-end hook may have asked for a stop.
                 stopping = stopping or any_rank(context._stop_requested)
@@ -254,7 +255,7 @@ class TrainingLoop:
                 continue  # no boundary here: the workload goes on
             if ended:
                 return
-            workload = self.run.workload_metrics = []
+            workload = self.run.stash[WORKLOAD_METRICS] = []
             context.experimental.reset_reducers()
         self.run.exit_reason = ExitReason.COMPLETED  # nothing was left to train
 
@@ -363,7 +364,7 @@ class TrainingLoop:
                 allgather, self.distributed.size,
             )
             self.hook.on_training_workload_end(
-                avg_metrics=hook_avg_metrics, batch_metrics=hook_batch_metrics
+                run=self.run, avg_metrics=hook_avg_metrics, batch_metrics=hook_batch_metrics
             )
         if self.run.is_chief:
             self._report("training", avg_metrics)
@@ -399,7 +400,7 @@ class TrainingLoop:
     def _validate(self) -> bool:
         """Run validation; return whether its searcher metric is the best so far."""
         hook = self.hook
-        hook.on_validation_start()
+        hook.on_validation_start(run=self.run)
         self._set_train_mode(False)
         self.context._reducers.reset_all(for_training=False)
         try:
@@ -410,7 +411,7 @@ class TrainingLoop:
                     metrics, hook_metrics = self._evaluate_batches()
         finally:
             self._set_train_mode(True)
-        hook.on_validation_end(metrics=hook_metrics)
+        hook.on_validation_end(run=self.run, metrics=hook_metrics)
         self.state.last_validation_batch = self.state.batches_trained
         is_best = self._record_validation(metrics)
         if self.run.is_chief:
@@ -433,7 +434,7 @@ class TrainingLoop:
         outputs: List[Any] = []
         records = 0
         started = time.monotonic()
-        hook.on_validation_epoch_start()
+        hook.on_validation_epoch_start(run=self.run)
         for batch_idx, batch in enumerate(loader):
             if context.experimental._auto_to_device:
                 batch = self.move_batch(batch)
@@ -457,7 +458,7 @@ class TrainingLoop:
             if self.test_mode:
                 break
         numpy_outputs = callback_metrics.batches_as_numpy(outputs)
-        hook.on_validation_epoch_end(outputs=numpy_outputs)
+        hook.on_validation_epoch_end(run=self.run, outputs=numpy_outputs)
         logger.debug("validated %d records in %d batches in %.3f s on rank %d",
                      records, len(outputs), time.monotonic() - started, self.distributed.rank)
         allgather, reducer = self.distributed.allgather, trial.evaluation_reducer()

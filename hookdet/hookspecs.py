@@ -360,35 +360,38 @@ def hookdet_load_checkpoint(run: "Run", checkpoint: str) -> Optional[bool]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Lifecycle hooks: Determined's PyTorchCallback, name for name
+# Lifecycle hooks: Determined's PyTorchCallback, name for name, each with the run
+#
+# Every lifecycle hook also gets ``run``; pluggy passes an implementation only the arguments it
+# names, so a Determined-shaped implementation without ``run`` works unchanged.
 # ---------------------------------------------------------------------------------------------
 
 
 @hookspec
-def on_trial_startup(first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
+def on_trial_startup(run: "Run", first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
     """The trial is built; ``first_batch_idx`` is where training resumes (0 for a fresh run) and
     ``checkpoint_uuid`` the checkpoint it resumes from. As in Determined, the data loaders are
     built and the checkpoint is loaded after this hook (``run.max_batches`` is still None)."""
 
 
 @hookspec
-def on_training_start() -> None:
+def on_training_start(run: "Run") -> None:
     """Training is about to draw its first batch (after any step-zero validation)."""
 
 
 @hookspec
-def on_training_epoch_start(epoch_idx: int) -> None:
+def on_training_epoch_start(run: "Run", epoch_idx: int) -> None:
     """The first batch of epoch ``epoch_idx`` is about to be trained."""
 
 
 @hookspec
-def on_training_epoch_end(epoch_idx: int) -> None:
+def on_training_epoch_end(run: "Run", epoch_idx: int) -> None:
     """The last batch of epoch ``epoch_idx`` has been trained."""
 
 
 @hookspec
 def on_training_workload_end(
-    avg_metrics: Dict[str, Any], batch_metrics: List[Dict[str, Any]]
+    run: "Run", avg_metrics: Dict[str, Any], batch_metrics: List[Dict[str, Any]]
 ) -> None:
     """A training workload ended: ``batch_metrics`` its per-batch values (across ranks, their
     means), ``avg_metrics`` the means over its batches, in Determined's types (numpy arrays,
@@ -396,17 +399,17 @@ def on_training_workload_end(
 
 
 @hookspec
-def on_validation_start() -> None:
+def on_validation_start(run: "Run") -> None:
     """Validation is about to start."""
 
 
 @hookspec
-def on_validation_epoch_start() -> None:
+def on_validation_epoch_start(run: "Run") -> None:
     """The first validation batch is about to be evaluated."""
 
 
 @hookspec
-def on_validation_epoch_end(outputs: List[Any]) -> None:
+def on_validation_epoch_end(run: "Run", outputs: List[Any]) -> None:
     """All validation batches were evaluated; ``outputs`` are this rank's per-batch results
     (tensors as numpy arrays, as in Determined).
 
@@ -415,45 +418,45 @@ def on_validation_epoch_end(outputs: List[Any]) -> None:
 
 
 @hookspec
-def on_validation_end(metrics: Dict[str, Any]) -> None:
+def on_validation_end(run: "Run", metrics: Dict[str, Any]) -> None:
     """Validation finished with the reduced ``metrics`` (numpy values, as in Determined)."""
 
 
 @hookspec
-def on_checkpoint_load_start(checkpoint: Dict[str, Any]) -> None:
+def on_checkpoint_load_start(run: "Run", checkpoint: Dict[str, Any]) -> None:
     """A checkpoint's state dict was loaded and is about to be applied; it may be changed."""
 
 
 @hookspec
-def on_checkpoint_save_start(checkpoint: Dict[str, Any]) -> None:
+def on_checkpoint_save_start(run: "Run", checkpoint: Dict[str, Any]) -> None:
     """A checkpoint's state dict is about to be written; keys may be added. Chief only."""
 
 
 @hookspec
-def on_checkpoint_write_end(checkpoint_dir: str) -> None:
+def on_checkpoint_write_end(run: "Run", checkpoint_dir: str) -> None:
     """The checkpoint is written: ``checkpoint_dir`` is the published checkpoint directory (it
     exists during the hook and after it); files added here are sealed into its manifest. With a
     background write this fires when the write has finished. Chief only."""
 
 
 @hookspec
-def on_checkpoint_upload_end(uuid: str) -> None:
+def on_checkpoint_upload_end(run: "Run", uuid: str) -> None:
     """The checkpoint is committed to storage as ``uuid``."""
 
 
 @hookspec
-def on_checkpoint_end(checkpoint_dir: str) -> None:
+def on_checkpoint_end(run: "Run", checkpoint_dir: str) -> None:
     """Checkpointing finished; ``checkpoint_dir`` is where its files were written."""
 
 
 @hookspec
-def on_before_optimizer_step(parameters: List["torch.nn.Parameter"]) -> None:
+def on_before_optimizer_step(run: "Run", parameters: List["torch.nn.Parameter"]) -> None:
     """The optimizer is about to step ``parameters``; their gradients are final (averaged,
     unscaled, clipped)."""
 
 
 @hookspec
-def on_trial_shutdown() -> None:
+def on_trial_shutdown(run: "Run") -> None:
     """The trial is shutting down, whether training finished, stopped or raised."""
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
 from hookdet.plugin_list import Launch
 from hookdet.runs.files import TENSORBOARD_DIR
+from hookdet.stash import Stash, StashKey
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -47,6 +48,18 @@ class TrainState:
         for field in dataclasses.fields(self):
             if field.name in state:
                 setattr(self, field.name, state[field.name])
+
+
+#: The trial's ``build_callbacks()`` by name, once a plugin runs them (``hookdet_add_callbacks``);
+#: their state goes into checkpoints. Absent when the trial has none running.
+TRIAL_CALLBACKS: StashKey[Dict[str, Any]] = StashKey("trial callbacks")
+#: The metrics of each batch of the current workload, in order, as ``train_batch`` returned them
+#: (tensors possibly on the device); the loop appends to it. For observers that read the latest
+#: batch without a per-batch hook: read only, and never force a device sync.
+WORKLOAD_METRICS: StashKey[list] = StashKey("workload metrics")
+#: Whether reported metrics go to TensorBoard (``context.set_enable_tensorboard_logging``);
+#: absent means yes. A TensorBoard plugin reads it; the trial's own writer works either way.
+TENSORBOARD_METRICS: StashKey[bool] = StashKey("tensorboard metrics")
 
 
 @dataclasses.dataclass
@@ -93,23 +106,18 @@ class Run:
     exit_reason: Optional["ExitReason"] = None
     #: Which run this is: made when the run directory is first used, kept across resumes into it.
     run_id: Optional[str] = None
-    #: The metrics of each batch of the current workload, in order, as ``train_batch`` returned
-    #: them (tensors possibly on the device); the loop appends to it. For observers that read
-    #: the latest batch without a per-batch hook: read only, and never force a device sync.
-    workload_metrics: Optional[list] = None
     #: The plugins this run loaded from the experiment file's ``plugins:`` list, resolved once
     #: (:mod:`hookdet.plugin_list`) plus any passed to ``init(plugins=...)``: ask this, never the
     #: raw list, whether a plugin is on.
     plugin_names: Tuple[str, ...] = ()
-    #: The trial's ``build_callbacks()`` by name, once a plugin runs them (``hookdet_add_callbacks``).
-    callbacks: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Names the experiment file removed with ``no:<name>``; never switched on later.
     removed_plugins: FrozenSet[str] = frozenset()
     #: How this process was started (ranks, launcher): the facts the plugin selection was made for.
     launch: Launch = dataclasses.field(default_factory=Launch)
-    #: Whether reported metrics go to TensorBoard (``context.set_enable_tensorboard_logging``);
-    #: a TensorBoard plugin reads it, and the trial's own writer works either way.
-    tensorboard_metrics: bool = True
+    #: Per-run state by typed key (:mod:`hookdet.stash`): each plugin's own, and what the host
+    #: shares with plugins under :data:`TRIAL_CALLBACKS`, :data:`WORKLOAD_METRICS` and
+    #: :data:`TENSORBOARD_METRICS`.
+    stash: Stash = dataclasses.field(default_factory=Stash)
 
     @property
     def hook(self) -> Any:

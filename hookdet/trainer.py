@@ -19,7 +19,7 @@ import torch
 from hookdet import cluster_info
 from hookdet import active_run
 from hookdet.checkpoints.registry import make_storage
-from hookdet.context import PyTorchTrialContext
+from hookdet.context import PyTorchTrialContext, run_of
 from hookdet.core_loop import TrainingLoop
 from hookdet.distributed import DistributedContext
 from hookdet.plugin_list import DISTRIBUTED_PLUGINS, Launch, PluginSelection, select_plugins, unused_plugin_config
@@ -192,7 +192,7 @@ class Trainer:
             raise TypeError(f"Trainer takes a PyTorchTrial, got {type(trial).__name__}")
         self.trial = trial
         self.context = context
-        self.run: Run = context._run
+        self.run: Run = run_of(context)
         self.run.trial = trial
 
     def configure_profiler(
@@ -294,7 +294,7 @@ def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dic
             return None
         if length.unit == "batches":
             return Batch(length.value)
-        global_batch_size = context._run.hparams.get("global_batch_size")
+        global_batch_size = run_of(context).hparams.get("global_batch_size")
         if length.unit == "records":
             if not global_batch_size:
                 raise ValueError("a length in records needs the 'global_batch_size' hyperparameter")

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from hookdet import pytorch
+from hookdet.plugin import run_of
 from tests.trials import fit
 
 OVERFLOW_VALUE = 1e20
@@ -119,7 +120,7 @@ class UseAmpTrial(RegressionTrial):
         self.context.experimental.use_amp()
 
     def current_scales(self) -> List[float]:
-        scaler = self.context._run.plugins.get("amp").scaler
+        scaler = run_of(self.context).plugins.get("amp").scaler
         return [scaler.get_scale()] if scaler.is_enabled() else []
 
 
@@ -170,7 +171,7 @@ class ApexTrial(RegressionTrial):
         )
 
     def current_scales(self) -> List[float]:
-        backend = self.context._run.plugins.get("apex").backend
+        backend = run_of(self.context).plugins.get("apex").backend
         return [scaler.scale.item() for scaler in backend.scalers] if backend is not None else []
 
 
@@ -199,7 +200,7 @@ TRIALS = {
 
 def final_state(trial: RegressionTrial) -> Dict[str, Any]:
     """What the resume tests compare: weights, optimizer state and every plugin's state."""
-    run = trial.context._run
+    run = run_of(trial.context)
     return {
         "model": {k: v.clone() for k, v in trial.context.unwrapped_models[0].state_dict().items()},
         "optimizer": trial.optimizer.state_dict(),

@@ -310,7 +310,7 @@ def write_config(path: Path, hparams: Dict[str, Any], **overrides: Any) -> Path:
             "max_length": {"batches": 8},
         },
         "scheduling_unit": 1,
-        "plugins": {"only": ["callbacks", "preemption", "metrics_log", "checkpoint"]},
+        "plugins": {"only": ["callbacks", "preemption", "metrics_log", "checkpoint", "ddp"]},
         "reproducibility": {"experiment_seed": 7},
     }
     config.update(overrides)

@@ -11,6 +11,7 @@ from typing import Any, Dict
 import torch
 
 from hookdet import pytorch
+from hookdet.plugin import run_of
 
 HP = {"lr": 0.05, "global_batch_size": 2}
 PLUGINS = ["no:tensorboard", "no:progress", "no:amp",            "flat_storage", "csv_writer", "bf16_autocast", "line_progress"]
@@ -69,8 +70,8 @@ def run(run_dir: Path, storage_root: Path, max_batches: int, resume: Any = None)
             max_length=pytorch.Batch(max_batches), checkpoint_period=pytorch.Batch(4),
             validation_period=pytorch.Batch(4), reporting_period=pytorch.Batch(2), latest_checkpoint=resume,
         )
-        run_state = context._run.state
-        loaded = sorted(context._run.plugins.named_plugins())
+        run_state = run_of(context).state
+        loaded = sorted(run_of(context).plugins.named_plugins())
         enabled = context.get_enable_tensorboard_logging()
     return {
         "weights": [p.detach().clone() for p in trial.model.parameters()],

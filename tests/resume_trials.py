@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from hookdet import pytorch
+from hookdet.plugin import run_of
 
 PLUGINS = ["callbacks", "checkpoint", "metrics_log"]
 
@@ -303,7 +304,7 @@ def run_spec(spec: Dict[str, Any]) -> Dict[str, Any]:
 def snapshot(trial: Any, context: Any) -> Dict[str, Any]:
     """Copies of the trial's weights, optimizer and scheduler states, the callbacks' state and
     everything the :class:`Recorder` saw."""
-    run = context._run
+    run = run_of(context)
     recorder = trial.recorder
     stateful = getattr(trial, "stateful", None)
     return copy.deepcopy(

@@ -15,6 +15,7 @@ from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet import cli, pytorch
 from hookdet.checkpoints.api import CheckpointLoadContext, load_trial_from_checkpoint_path
+from hookdet.plugin import run_of
 from tests.resume_trials import GANTrial, RegressionTrial, run_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def test_deprecated_torch_load_keywords_warn_and_cannot_be_mixed(trained: Dict[s
 
 class NarrowTrial(RegressionTrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
-        context._run.hparams["hidden"] = 5
+        run_of(context).hparams["hidden"] = 5
         super().__init__(context)
 
 

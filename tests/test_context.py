@@ -9,6 +9,7 @@ import torch
 
 from hookdet import pytorch
 from hookdet.reducers import MetricError
+from hookdet.plugin import run_of
 from tests.trials import OneWeightTrial, fit
 
 HP = {"lr": 0.1, "records": 8, "global_batch_size": 2}
@@ -94,7 +95,7 @@ def test_set_stop_requested_stops_at_the_next_batch_with_a_checkpoint(tmp_path: 
             return super().train_batch(batch, epoch_idx, batch_idx)
 
     trial = fit(Stopping, HP, tmp_path, max_length=pytorch.Batch(100))
-    run = trial.context._run
+    run = run_of(trial.context)
     assert run.state.batches_trained == 3 and run.exit_reason == "stopped"
     assert run.state.last_checkpoint_batch == 3
 

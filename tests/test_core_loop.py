@@ -14,6 +14,7 @@ import torch
 import hookdet
 from hookdet import pytorch
 from hookdet.markers import hookimpl
+from hookdet.plugin import run_of
 from tests.hook_recorder import SPEC_NAMES, HookRecorder
 from tests.trials import OneWeightTrial, fit
 
@@ -165,7 +166,7 @@ def record_fit(tmp_path: Path, records: int = 4, resume: Any = None, stop_at: An
     # with background writes is tested in tests/builtin_plugins/test_async_checkpoint.py).
     exp_conf = {"plugins": {"only": ["checkpoint"]}, "plugin_config": {"checkpoint": {"async": False}}}
     with pytorch.init(hparams=hp, exp_conf=exp_conf, run_dir=tmp_path) as context:
-        context._run.plugins.register("recorder", recorder)
+        run_of(context).plugins.register("recorder", recorder)
         trial = OneWeightTrial(context)
         if stop_at is not None:
             stopper = StopAt(context, stop_at)
@@ -291,9 +292,9 @@ def test_test_mode_trains_and_validates_one_batch(tmp_path: Path) -> None:
     observer = ValidationOutputs()
     hp = hparams(records=100)
     with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
-        context._run.plugins.register("observer", observer)
+        run_of(context).plugins.register("observer", observer)
         pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(50), test_mode=True)
-        assert context._run.state.batches_trained == 1
+        assert run_of(context).state.batches_trained == 1
     assert observer.sizes == [1]
 
 
@@ -345,9 +346,9 @@ def test_should_exit_checkpoints_unless_skipped(tmp_path: Path) -> None:
         hp = hparams(records=100, skip=skip)
         recorder = HookRecorder(["hookdet_save_checkpoint"])
         with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": ["checkpoint"]}}, run_dir=tmp_path / str(skip)) as context:
-            context._run.plugins.register("recorder", recorder)
+            run_of(context).plugins.register("recorder", recorder)
             pytorch.Trainer(ExitingTrial(context), context).fit(max_length=pytorch.Batch(10))
-            assert context._run.state.batches_trained == 2
+            assert run_of(context).state.batches_trained == 2
         assert recorder.names() == ([] if skip else ["hookdet_save_checkpoint"])
 
 
@@ -360,7 +361,7 @@ def test_unimplemented_per_batch_hooks_are_never_called(tmp_path: Path) -> None:
     calls: List[str] = []
     hp = hparams()
     with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
-        plugins = context._run.plugins
+        plugins = run_of(context).plugins
         plugins.pluggy_manager.add_hookcall_monitoring(lambda name, impls, kwargs: calls.append(name), lambda *a: None)
         trial = OneWeightTrial(context)
         trial.build_callbacks = lambda: {}  # type: ignore[method-assign]
@@ -386,7 +387,7 @@ def test_implemented_per_batch_hook_fires_every_batch(tmp_path: Path) -> None:
 
     hp = hparams()
     with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
-        context._run.plugins.register("counter", BatchCounter())
+        run_of(context).plugins.register("counter", BatchCounter())
         pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(7))
     assert seen == list(range(7))
 
@@ -419,7 +420,7 @@ def test_previous_batch_graph_lives_until_the_next_forward_and_not_into_validati
 
     hp = hparams(records=6)  # one epoch: stretches end only at the validations
     with pytorch.init(hparams=hp, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
-        context._run.plugins.register("watcher", ValidationWatcher())
+        run_of(context).plugins.register("watcher", ValidationWatcher())
         pytorch.Trainer(GraphWatchingTrial(context), context).fit(
             max_length=pytorch.Batch(6), validation_period=pytorch.Batch(3)
         )
@@ -479,7 +480,7 @@ def test_the_loop_runs_few_python_bytecodes_of_its_own_per_batch(tmp_path: Path)
 
     hp = hparams(records=64)
     with pytorch.init(hparams=hp, exp_conf={"hyperparameters": hp}, run_dir=tmp_path) as context:
-        assert "tensorboard" in dict(context._run.plugins.named_plugins())  # the defaults are on
+        assert "tensorboard" in dict(run_of(context).plugins.named_plugins())  # the defaults are on
         trial = CountedTrial(context)
         sys.settrace(trace_frames)
         try:

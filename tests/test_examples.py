@@ -32,6 +32,7 @@ from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.cli import load_trial_class, main
 from hookdet.config import ExperimentConfig, load_experiment_config
 from hookdet.markers import hookimpl
+from hookdet.plugin import run_of
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -459,7 +460,7 @@ def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
     trial, dtypes = fit_recording_dtypes("amp_pytorch", "MNistAutoAMPTrial", tmp_path / "run", batches=20)
     reduced = torch.float16 if torch.cuda.is_available() else torch.bfloat16
     assert dtypes == {reduced}, "every convolution ran in reduced precision"
-    amp = trial.context._run.plugins.get("amp")
+    amp = run_of(trial.context).plugins.get("amp")
     assert amp is not None and amp.mode == "auto" and amp.dtype == reduced
     for value in trial.model.state_dict().values():
         assert value.dtype == torch.float32, "weights stay float32 under autocast"

@@ -9,11 +9,13 @@ import torch
 
 import pytest
 
+import hookdet.plugin
 from hookdet import hookspecs, pytorch
 from hookdet.markers import hookimpl
 from hookdet.plugin_list import DEFAULT_PROVIDERS
 from hookdet.plugin_manager import PluginError, installed_plugins
 from hookdet.builtin_plugins.callbacks import LIFECYCLE_METHODS
+from hookdet.plugin import run_of
 from tests.hook_recorder import SPEC_NAMES, HookRecorder
 from tests.trials import OneWeightTrial
 
@@ -35,7 +37,34 @@ def test_lifecycle_hooks_are_exactly_the_callback_methods() -> None:
     for name in lifecycle:
         spec_parameters = list(inspect.signature(getattr(hookspecs, name)).parameters)
         callback_parameters = list(inspect.signature(getattr(pytorch.PyTorchCallback, name)).parameters)[1:]
-        assert spec_parameters == callback_parameters, name
+        assert spec_parameters == ["run", *callback_parameters], name
+
+
+def test_every_lifecycle_hook_reaches_implementations_with_and_without_run(tmp_path: Path) -> None:
+    """pluggy passes each implementation only the arguments it names: a plugin's hook that takes
+    ``run`` gets the run; a Determined-shaped one without it works unchanged."""
+    seen: Dict[str, Any] = {}
+
+    class WithRun:
+        @hookimpl
+        def on_validation_end(self, run: Any, metrics: Any) -> None:
+            seen["with_run"] = run
+
+        @hookimpl
+        def on_trial_shutdown(self, run: Any) -> None:
+            seen["shutdown"] = run
+
+    class WithoutRun:
+        @hookimpl
+        def on_validation_end(self, metrics: Any) -> None:
+            seen["without_run"] = dict(metrics)
+
+    with pytorch.init(hparams={"lr": 0.1, "records": 4, "global_batch_size": 1}, exp_conf={"plugins": {"only": []}},
+                      run_dir=tmp_path, plugins=[WithRun(), WithoutRun()]) as context:
+        pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(2))
+        run = hookdet.plugin.run_of(context)
+    assert seen["with_run"] is run and seen["shutdown"] is run
+    assert set(seen["without_run"]) == {"validation_loss"}
 
 
 def test_per_batch_hooks_are_specs() -> None:
@@ -132,7 +161,7 @@ def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
     provider = AnswersTheTrialApi()
     exp_conf = {"plugins": {"only": []}}
     with pytorch.init(hparams={"lr": 0.1}, exp_conf=exp_conf, run_dir=tmp_path, plugins=[provider]) as context:
-        run = context._run
+        run = run_of(context)
         run.resume_from = "some-checkpoint"
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         model = torch.nn.Linear(1, 1)
@@ -162,7 +191,7 @@ def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
 def test_a_trial_api_call_loads_the_builtin_provider_unless_removed(tmp_path: Path) -> None:
     with pytorch.init(hparams={"lr": 0.1}, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path / "a") as context:
         context.experimental.use_amp()
-        assert "amp" in context._run.plugins.named_plugins()
+        assert "amp" in run_of(context).plugins.named_plugins()
     with pytorch.init(hparams={"lr": 0.1}, exp_conf={"plugins": ["no:amp"]}, run_dir=tmp_path / "b") as context:
         with pytest.raises(PluginError, match=r"plugin 'amp' is needed here but the experiment file removes it \(no:amp\)"):
             context.experimental.use_amp()

@@ -118,6 +118,33 @@ def test_plugins_import_no_other_plugin_and_no_private_name() -> None:
     assert problems == [], "\n".join(problems)
 
 
+#: What a plugin outside hookdet imports of it: the faces, nothing behind them.
+FACES = {"hookdet", "hookdet.plugin", "hookdet.pytorch"}
+
+
+def third_party_plugin_sources() -> List[Path]:
+    """Plugins written outside hookdet: the contrib packages (their tests aside) and the
+    third-party packages the tests install."""
+    fixtures = [
+        path for name in ("hookdet-replacements", "hookdet-flatfs", "hookdet-sample-plugin")
+        for path in sorted((REPO / "tests" / "fixtures" / name).glob("*.py")) if path.name != "setup.py"
+    ]
+    return [path for path in plugin_sources() if BUILTINS not in path.parents] + fixtures
+
+
+def test_plugins_outside_hookdet_import_only_its_faces() -> None:
+    """A stranger's plugin needs ``hookdet.plugin`` (and ``hookdet.pytorch`` for trial types),
+    never a module behind them: what is not on a face may change without notice."""
+    problems = [
+        f"{relative(path)}:{line}: imports {module}"
+        for path in third_party_plugin_sources()
+        for line, module, _ in imported_modules(ast.parse(path.read_text(encoding="utf-8")))
+        if module.split(".")[0] == "hookdet" and module not in FACES
+    ]
+    assert len(third_party_plugin_sources()) >= 4
+    assert problems == [], "\n".join(problems)
+
+
 def test_host_modules_import_no_builtin_plugin() -> None:
     problems = [
         f"{relative(path)}:{line}: imports {module}"

@@ -15,6 +15,7 @@ from typing import List
 import pytest
 
 from hookdet.cli import main
+from hookdet.plugin import run_of
 from tests.test_cli import CONFIG_TEMPLATE, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,7 +83,7 @@ def test_the_resolved_names_are_on_the_run(tmp_path: Path) -> None:
 
     exp_conf = {"plugins": ["amp", "no:progress"], "hyperparameters": {"global_batch_size": 1}}
     with pytorch.init(exp_conf=exp_conf, run_dir=tmp_path) as context:
-        run = context._run
+        run = run_of(context)
         assert run.plugin_names == (
             "callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "amp",
         )

@@ -17,6 +17,7 @@ from hookdet.plugin_manager import (
     installed_plugins,
 )
 from hookdet.plugin_list import Launch, select_plugins
+from hookdet.plugin import run_of
 from tests.trials import OneWeightTrial
 
 HP = {"lr": 0.1, "records": 4, "global_batch_size": 1}
@@ -114,7 +115,7 @@ def test_exception_in_a_plugin_names_plugin_and_hook(tmp_path: Path) -> None:
             raise ZeroDivisionError("boom")
 
     with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
-        context._run.plugins.register("broken", Broken())
+        run_of(context).plugins.register("broken", Broken())
         with pytest.raises(PluginError, match=r"plugin 'broken' failed in hook on_validation_end: ZeroDivisionError\('boom'\)"):
             pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(2))
 
@@ -144,17 +145,17 @@ def test_trial_errors_are_not_blamed_on_plugins(tmp_path: Path) -> None:
             raise KeyError("the trial's own bug")
 
     with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
-        context._run.plugins.register("wrapping", Wrapping())
+        run_of(context).plugins.register("wrapping", Wrapping())
         with pytest.raises(KeyError, match="the trial's own bug"):
             pytorch.Trainer(FailingTrial(context), context).fit(max_length=pytorch.Batch(2))
 
 
 def test_trial_switches_a_plugin_on_by_name(tmp_path: Path) -> None:
     with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
-        assert context._run.plugins.get("metrics_log") is None
-        plugin = context._run.plugins.load("metrics_log")
-        assert context._run.plugins.get("metrics_log") is plugin
-        assert context._run.plugins.load("metrics_log") is plugin
+        assert run_of(context).plugins.get("metrics_log") is None
+        plugin = run_of(context).plugins.load("metrics_log")
+        assert run_of(context).plugins.get("metrics_log") is plugin
+        assert run_of(context).plugins.load("metrics_log") is plugin
 
 
 def test_trace_logs_every_hook_with_plugin_and_time(tmp_path: Path) -> None:
@@ -193,7 +194,7 @@ def test_misspelt_hook_name_is_refused() -> None:
 def test_trial_switches_a_plugin_on_through_the_public_call(tmp_path: Path) -> None:
     with pytorch.init(hparams=HP, exp_conf={"plugins": {"only": []}}, run_dir=tmp_path) as context:
         plugin = context.experimental.use_plugin("metrics_log")
-        assert context._run.plugins.get("metrics_log") is plugin
+        assert run_of(context).plugins.get("metrics_log") is plugin
 
 
 @pytest.mark.parametrize(

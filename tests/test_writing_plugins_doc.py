@@ -7,6 +7,7 @@ import inspect
 from pathlib import Path
 
 import hookdet
+import hookdet.plugin
 from hookdet import hookspecs
 
 PAGE = (Path(__file__).resolve().parents[1] / "docs" / "writing-plugins.md").read_text(encoding="utf-8")
@@ -27,7 +28,12 @@ def test_every_protocol_is_named() -> None:
 
 
 def test_every_public_export_and_run_field_is_named() -> None:
-    exports = [name for name in hookdet.__all__ if not name.startswith("_") and name not in ("pytorch", "hookspec", "HOOK_NAMESPACE")]
-    assert [name for name in exports if f"hookdet.{name}" not in PAGE] == []
+    plugin_face = [name for name in hookdet.plugin.__all__]
+    assert [name for name in plugin_face if f"`{name}`" not in PAGE and f"hookdet.plugin.{name}" not in PAGE] == []
+    determined_face = [
+        name for name in hookdet.__all__
+        if not name.startswith("_") and name not in ("pytorch", *hookdet.plugin.__all__)
+    ]
+    assert [name for name in determined_face if f"hookdet.{name}" not in PAGE] == []
     fields = [field.name for field in dataclasses.fields(hookdet.Run)] + ["hook", "is_chief", "options"]
     assert [name for name in fields if f"run.{name}" not in PAGE] == []

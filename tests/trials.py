@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from hookdet import pytorch
+from hookdet.plugin import run_of
 
 
 class RecordingCallback(pytorch.PyTorchCallback):
@@ -88,7 +89,7 @@ def fit(
     config: Optional[Dict[str, Any]] = None,
     **fit_kwargs: Any,
 ) -> Any:
-    """Train ``trial_class`` through the Trainer API; return the trial (its run is ``trial.context._run``)."""
+    """Train ``trial_class`` through the Trainer API; return the trial (its run is ``run_of(trial.context)``)."""
     exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["callbacks", "checkpoint"]}, **(config or {})}
     with pytorch.init(hparams=hparams, exp_conf=exp_conf, run_dir=run_dir) as context:
         trial = trial_class(context)

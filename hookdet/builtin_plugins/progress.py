@@ -33,6 +33,7 @@ from typing import IO, Any, Dict, Optional
 
 from hookdet.live_view import LiveView, format_duration, ordered_metrics
 from hookdet.markers import hookimpl
+from hookdet.plugin import WORKLOAD_METRICS
 from hookdet.plugin_manager import check_known_options, read_seconds_option
 
 logger = logging.getLogger("hookdet")
@@ -85,7 +86,7 @@ class ProgressPlugin:
                 batches_trained=lambda: self._run.state.batches_trained,
                 validation_batches=lambda: self.validation_batches,
                 searcher_metric=self._run.config.searcher.metric,
-                workload=lambda: self._run.workload_metrics,
+                workload=lambda: self._run.stash.get(WORKLOAD_METRICS, None),
             )
             self._view.open()
         elif self.log_every_s > 0:

@@ -29,6 +29,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from hookdet.markers import hookimpl
+from hookdet.plugin import TENSORBOARD_METRICS
 from hookdet.plugin_manager import PluginError, check_known_options, read_seconds_option
 
 logger = logging.getLogger("hookdet")
@@ -144,7 +145,7 @@ class TensorBoardPlugin:
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
         """Keep the numeric metrics under ``<group>/<name>``; write when due (fires on the chief)."""
-        if not run.tensorboard_metrics:
+        if not run.stash.get(TENSORBOARD_METRICS, True):
             return
         scalars = [(metric_tag(group, name), value) for name, value in metrics.items() if _is_scalar(value)]
         if scalars:

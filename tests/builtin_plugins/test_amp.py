@@ -24,6 +24,7 @@ from hookdet.checkpoints.format import load_state
 from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.plugin_manager import PluginError
 from hookdet.trial import TrialError
+from hookdet.plugin import run_of
 from tests.amp_trials import ManualScalerTrial, RegressionTrial, UseAmpAfterWrapTrial, UseAmpTrial
 from tests.trials import fit
 
@@ -51,7 +52,7 @@ def test_use_amp_runs_the_forward_in_bfloat16_on_cpu(tmp_path: Path, caplog: Any
     assert trial.hidden_dtypes == [torch.bfloat16] * 3  # inside the model: autocast
     assert trial.output_dtypes == [torch.float32] * 3  # out of the model: back to float32
     assert all(p.dtype == torch.float32 for p in trial.model.parameters())
-    plugins = trial.context._run.plugins
+    plugins = run_of(trial.context).plugins
     assert not plugins.get("amp").scaler.is_enabled()
     # bfloat16 needs no loss scaling, so no per-batch hook was registered at all.
     assert plugins.get("amp:steps") is None
@@ -104,7 +105,7 @@ def test_scale_grows_after_growth_interval_clean_steps(tmp_path: Path) -> None:
         max_length=pytorch.Batch(8),
     )
     assert [s[0] for s in trial.scales_before] == [256.0] * 3 + [512.0] * 3 + [1024.0] * 2
-    assert trial.context._run.plugins.get("amp").scaler.get_scale() == 1024.0
+    assert run_of(trial.context).plugins.get("amp").scaler.get_scale() == 1024.0
 
 
 def test_with_gradient_aggregation_the_scale_updates_only_on_optimizer_step_batches(tmp_path: Path) -> None:
@@ -146,7 +147,7 @@ def test_unscaled_gradients_reach_clip_grads(tmp_path: Path) -> None:
 def test_wrap_scaler_leaves_the_scaler_to_the_trial_and_checkpoints_it(tmp_path: Path) -> None:
     hp = {**HP, "batchnorm": False, "overflow_batches": [1], "init_scale": 2.0**8, "growth_interval": 2}
     trial = fit(ManualScalerTrial, hp, tmp_path, max_length=pytorch.Batch(5))
-    plugins = trial.context._run.plugins
+    plugins = run_of(trial.context).plugins
     assert plugins.get("amp").mode == "manual" and plugins.get("amp").scaler is trial.scaler
     assert plugins.get("amp:steps") is None  # hookdet neither scales, unscales, nor updates
     # The trial's own update() ran once per batch: a second one would have raised in GradScaler.
@@ -257,7 +258,7 @@ def test_resume_with_a_scaler_in_a_new_process_is_bitwise_exact(tmp_path: Path) 
     momentum = [s["momentum_buffer"] for s in straight.optimizer.state_dict()["state"].values()]
     resumed_momentum = [s["momentum_buffer"] for s in resumed["optimizer"]["state"].values()]
     assert all(torch.equal(a, b) for a, b in zip(momentum, resumed_momentum))
-    scaler_state = straight.context._run.plugins.get("amp").state_dict()
+    scaler_state = run_of(straight.context).plugins.get("amp").state_dict()
     assert resumed["plugins"]["amp"] == scaler_state
     # Neither the checkpoint's scaler (512, 2 clean steps) nor the final one is a fresh scaler's.
     assert [s[0] for s in straight.scales_before] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0,

@@ -19,6 +19,7 @@ import torch
 from hookdet import pytorch
 from hookdet.plugin_manager import PluginError
 from hookdet.trial import TrialError
+from hookdet.plugin import run_of
 from tests.amp_trials import ApexTrial, RegressionTrial, TwoLossApexTrial
 from tests.trials import fit
 
@@ -110,7 +111,7 @@ def test_o3_is_pure_half_precision(tmp_path: Path) -> None:
     trial = fit(ApexTrial, apex_hp(opt_level="O3"), tmp_path, max_length=pytorch.Batch(4))
     assert all(p.dtype == torch.bfloat16 for p in trial.model.parameters())
     assert [p for g in trial.optimizer.param_groups for p in g["params"]] == list(trial.model.parameters())
-    assert trial.context._run.plugins.get("apex:steps") is None  # loss scale 1: nothing per batch
+    assert run_of(trial.context).plugins.get("apex:steps") is None  # loss scale 1: nothing per batch
     assert not torch.equal(trial.weights_before[0][0], trial.model[0].weight)
 
 
@@ -288,7 +289,7 @@ def test_o2_resume_in_a_new_process_is_bitwise_exact(tmp_path: Path) -> None:
     assert resumed["batches_trained"] == 8
     for name, tensor in straight.context.unwrapped_models[0].state_dict().items():
         assert torch.equal(tensor, resumed["model"][name]), name
-    mine = straight.context._run.plugins.get("apex").state_dict()
+    mine = run_of(straight.context).plugins.get("apex").state_dict()
     theirs = resumed["plugins"]["apex"]
     assert theirs["loss_scalers"][0]["scale"].item() == mine["loss_scalers"][0]["scale"].item() == 2.0**15
     assert torch.equal(theirs["loss_scalers"][0]["growth_tracker"], mine["loss_scalers"][0]["growth_tracker"])

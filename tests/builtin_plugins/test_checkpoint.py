@@ -26,6 +26,7 @@ from hookdet.builtin_plugins.checkpoint.retention import checkpoints_to_delete
 from hookdet.cluster_info import activated, local_cluster_info
 from hookdet.config import parse_experiment_config
 from hookdet.markers import hookimpl
+from hookdet.plugin import run_of
 from tests.resume_trials import RegressionTrial, run_spec
 
 SPEC: Dict[str, Any] = {
@@ -96,7 +97,7 @@ def test_wrapped_models_are_saved_unwrapped(tmp_path: Path) -> None:
     hparams = {**SPEC["hparams"]}
     exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["callbacks", "checkpoint"]}}
     with pytorch.init(hparams=hparams, exp_conf=exp_conf, run_dir=tmp_path) as context:
-        context._run.plugins.register("wrap_in_data_parallel", WrapInDataParallel())
+        run_of(context).plugins.register("wrap_in_data_parallel", WrapInDataParallel())
         trial = RegressionTrial(context)
         assert isinstance(trial.model, nn.DataParallel)
         assert all(key.startswith("module.") for key in trial.model.state_dict())
@@ -266,14 +267,14 @@ class ScriptedMetricTrial(pytorch.PyTorchTrial):
         return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.ones(2, 2)), batch_size=2)
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
-        self.stored_during_training.append(len(self.context._run.storage.list_ids()))
+        self.stored_during_training.append(len(run_of(self.context).storage.list_ids()))
         loss = self.model(batch[0]).pow(2).mean()
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer)
         return {"loss": loss}
 
     def evaluate_full_dataset(self, data_loader: Any) -> Dict[str, Any]:
-        return {"validation_loss": METRICS[self.context._run.state.batches_trained - 1]}
+        return {"validation_loss": METRICS[run_of(self.context).state.batches_trained - 1]}
 
 
 def run_scripted(

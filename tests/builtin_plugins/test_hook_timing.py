@@ -14,6 +14,7 @@ from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import PluginError
+from hookdet.plugin import run_of
 from tests.trials import OneWeightTrial, fit
 
 HP = {"lr": 0.1, "records": 8, "global_batch_size": 2}
@@ -62,7 +63,7 @@ def test_counts_every_hook_call_and_implementation(tmp_path: Path, capsys: Any) 
     assert re.search(r"^trial\.train_batch +12 ", table, re.MULTILINE)
 
     # Everything it wrapped is put back when the run ends.
-    run = trial.context._run
+    run = run_of(trial.context)
     manager = run.plugins.pluggy_manager
     for caller in vars(manager.hook).values():
         for implementation in getattr(caller, "get_hookimpls", lambda: [])():
@@ -101,7 +102,7 @@ def test_wrappers_are_timed_around_the_yield_only(tmp_path: Path) -> None:
     around = AroundTheStep()
     with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP, "plugins": {"only": ["metrics_log", "hook_timing"]}},
                       run_dir=tmp_path) as context:
-        context._run.plugins.register("around", around)
+        run_of(context).plugins.register("around", around)
         trial = SlowTrial(context)
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(6), validation_period=pytorch.Batch(3),
                                             reporting_period=pytorch.Batch(3))
@@ -134,7 +135,7 @@ def test_a_failing_plugin_is_still_named_while_timed(tmp_path: Path) -> None:
     with pytest.raises(PluginError, match=r"plugin 'faulty' failed in hook on_training_epoch_end: ValueError"):
         with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP, "plugins": {"only": ["hook_timing"]}},
                           run_dir=tmp_path) as context:
-            context._run.plugins.register("faulty", Faulty())
+            run_of(context).plugins.register("faulty", Faulty())
             pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(8))
     assert timing_report(tmp_path)["hooks"]["on_training_epoch_end"]["implementations"]["faulty"]["calls"] == 1
 
@@ -142,7 +143,7 @@ def test_a_failing_plugin_is_still_named_while_timed(tmp_path: Path) -> None:
 def test_nothing_is_wrapped_when_the_plugin_is_not_listed(tmp_path: Path) -> None:
     trial = fit(OneWeightTrial, HP, tmp_path, config={"plugins": {"only": ["callbacks", "metrics_log"]}},
                 max_length=pytorch.Batch(2))
-    manager = trial.context._run.plugins.pluggy_manager
+    manager = run_of(trial.context).plugins.pluggy_manager
     implementations = [impl for caller in vars(manager.hook).values() for impl in getattr(caller, "get_hookimpls", list)()]
     assert implementations and not any(hasattr(impl.function, "_hookdet_timed") for impl in implementations)
     assert not (tmp_path / "hook_timing-rank0.json").exists()

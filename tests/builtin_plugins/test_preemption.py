@@ -32,6 +32,7 @@ from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+from hookdet.plugin import run_of
 from tests.resume_trials import RegressionTrial
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -322,7 +323,7 @@ def fit_with_signal(tmp_path: Path, when: str) -> Any:
             max_length=pytorch.Batch(8), validation_period=pytorch.Batch(4), reporting_period=pytorch.Batch(2)
         )
     assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
-    return trial, context._run
+    return trial, run_of(context)
 
 
 def test_sigterm_in_a_batch_stops_after_that_batch_with_a_checkpoint(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import torch
 
 from hookdet import pytorch
 from hookdet.plugin_manager import PluginError
+from hookdet.plugin import run_of
 from tests.trials import OneWeightTrial, fit
 
 HP = {"lr": 0.1, "records": 8, "global_batch_size": 2}
@@ -66,7 +67,7 @@ def test_set_profiler_loads_the_plugin_and_writes_into_the_tensorboard_directory
 ) -> None:
     monkeypatch.chdir(tmp_path)
     trial = fit(SetProfilerTrial, HP, tmp_path / "run", max_length=pytorch.Batch(8))
-    assert trial.context._run.plugins.get("profiler") is not None
+    assert run_of(trial.context).plugins.get("profiler") is not None
     (trace,) = traces(tmp_path / "run")
     assert profiled_steps(trace) == {2, 3}
     assert no_directory_named_none(tmp_path)

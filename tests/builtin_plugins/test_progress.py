@@ -28,6 +28,7 @@ from hookdet.builtin_plugins.progress import ProgressPlugin, format_metrics
 from hookdet.live_view import format_number
 from hookdet.plugin_manager import PluginError
 from hookdet.distributed import DistributedContext
+from hookdet.plugin import run_of
 from tests.trials import OneWeightTrial, fit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -282,7 +283,7 @@ class PerBatchProbe(pytorch.PyTorchCallback):
         self.per_batch_hook = None
 
     def on_training_start(self) -> None:
-        self.per_batch_hook = self.context._run.plugins.implemented("hookdet_train_batch_end")
+        self.per_batch_hook = run_of(self.context).plugins.implemented("hookdet_train_batch_end")
 
 
 class ProbedTrial(OneWeightTrial):
@@ -299,7 +300,7 @@ def test_the_live_view_calls_no_per_batch_hook_in_training(tmp_path: Path) -> No
         viewed = fit(ProbedTrial, HP, tmp_path / "view", config=config, max_length=pytorch.Batch(2))
     assert (plain.probe.per_batch_hook, viewed.probe.per_batch_hook) == (False, False)
     assert any(line.endswith(" 2/2 batches") or " 2/2 batches " in line for line in screen_lines(terminal.screen))
-    assert viewed.context._run.plugins.get("progress:validation") is None  # gone when the run ended
+    assert run_of(viewed.context).plugins.get("progress:validation") is None  # gone when the run ended
 
 
 def test_the_bytecode_budget_holds_with_the_live_view_on(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.tensorboard import DiscardingWriter, TorchWriter
 from hookdet.distributed import DistributedContext
 from hookdet.plugin_manager import PluginError
+from hookdet.plugin import run_of
 from tests.trials import OneWeightTrial, fit
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -73,7 +74,7 @@ def test_every_reported_scalar_is_in_tensorboard(tmp_path: Path) -> None:
         validation_period=pytorch.Batch(4),
         reporting_period=pytorch.Batch(3),
     )
-    run = trial.context._run
+    run = run_of(trial.context)
     assert trial.legacy.writer is trial.writer
     assert trial.context.get_tensorboard_path() == tmp_path / "tensorboard"
 
@@ -139,7 +140,7 @@ def test_writer_is_closed_at_the_end_and_files_are_complete(tmp_path: Path) -> N
         OneWeightTrial, HP, tmp_path, config={"plugins": PLUGINS}, max_length=pytorch.Batch(4),
         validation_period=pytorch.Batch(4),
     )
-    plugin = trial.context._run.plugins.get("tensorboard")
+    plugin = run_of(trial.context).plugins.get("tensorboard")
     assert plugin._writer is None
     with pytest.raises(RuntimeError, match="TorchWriter\\(\\) needs a run"):
         TorchWriter()

@@ -58,6 +58,7 @@ from hookdet.checkpoints.writer import BackgroundWriter, HostSnapshot, write_fai
 from hookdet.cluster_info import get_cluster_info
 from hookdet.exit_codes import ExitReason
 from hookdet.markers import hookimpl
+from hookdet.plugin import TRIAL_CALLBACKS
 from hookdet.plugin_manager import check_known_options, option_error
 from hookdet.runs.resume_report import report_resume
 from hookdet.checkpoints.storage import CheckpointNotFoundError
@@ -86,7 +87,6 @@ class CheckpointPlugin:
         self._snapshot = HostSnapshot()
         #: The checkpoint being written in the background: uuid, batches trained, metric.
         self._pending: Optional[Dict[str, Any]] = None
-        self._run: Any = None
         #: Checkpoints of this trial that retention tracks: uuid, batches trained, metric.
         self._saved: List[Dict[str, Any]] = []
         #: Batches trained in each checkpoint asked about (``hookdet_resume_point``) or restored.
@@ -134,11 +134,6 @@ class CheckpointPlugin:
     # ------------------------------------------------------------------ hooks
 
     @hookimpl
-    def hookdet_configure(self, run: Any) -> None:
-        """Remember the run (retention at shutdown needs it)."""
-        self._run = run
-
-    @hookimpl
     def hookdet_save_checkpoint(self, run: Any) -> Optional[str]:
         """Write a checkpoint on the chief (gathering every rank's RNG and gradients first):
         in the background from a host snapshot, or, in synchronous mode, before returning."""
@@ -148,7 +143,7 @@ class CheckpointPlugin:
         )
         in_background = (
             self.asynchronous
-            and not _callbacks_await_completion(run.callbacks)
+            and not _callbacks_await_completion(run.stash.get(TRIAL_CALLBACKS, {}))
             and (_publishes_locally(run.storage) or not run.plugins.implemented("on_checkpoint_write_end"))
         )
         storage_id = location = None
@@ -219,27 +214,27 @@ class CheckpointPlugin:
             directory = run.storage.local_dir(storage_id)
             if directory is not None:
                 before = fmt.file_stats(directory)
-                run.hook.on_checkpoint_write_end(checkpoint_dir=str(directory))
+                run.hook.on_checkpoint_write_end(run=run, checkpoint_dir=str(directory))
                 fmt.reseal(directory, before)
             user_index.record(storage_id, run.storage.locator(), run.run_dir)
         run.state.latest_checkpoint = storage_id
-        run.hook.on_checkpoint_upload_end(uuid=storage_id)
-        run.hook.on_checkpoint_end(checkpoint_dir=location)
+        run.hook.on_checkpoint_upload_end(run=run, uuid=storage_id)
+        run.hook.on_checkpoint_end(run=run, checkpoint_dir=location)
         if run.is_chief:
             self._saved.append(pending)
             self._retain(run, final=False)
 
     @hookimpl
-    def on_training_epoch_end(self, epoch_idx: int) -> None:
+    def on_training_epoch_end(self, run: Any, epoch_idx: int) -> None:
         """Complete a background write that has finished (every rank reaches epoch ends alike)."""
         if self._pending is not None:
-            self.finish_write(self._run, wait=False)
+            self.finish_write(run, wait=False)
 
     @hookimpl
-    def on_validation_end(self, metrics: Dict[str, Any]) -> None:
+    def on_validation_end(self, run: Any, metrics: Dict[str, Any]) -> None:
         """Complete a background write that has finished."""
         if self._pending is not None:
-            self.finish_write(self._run, wait=False)
+            self.finish_write(run, wait=False)
 
     @hookimpl
     def hookdet_load_checkpoint(self, run: Any, checkpoint: str) -> bool:
@@ -268,11 +263,10 @@ class CheckpointPlugin:
         return True
 
     @hookimpl(tryfirst=True)
-    def on_trial_shutdown(self) -> None:
+    def on_trial_shutdown(self, run: Any) -> None:
         """Wait for a write in flight; once training completed, apply retention exactly (the
         newest is no longer protected)."""
-        run = self._run
-        if run is None or run.distributed is None:
+        if run.distributed is None:
             return
         if self._pending is not None:
             if sys.exc_info()[0] is None:
@@ -309,7 +303,7 @@ class CheckpointPlugin:
             "models_state_dict": [model.state_dict() for model in context.unwrapped_models],
             "optimizers_state_dict": [optimizer.state_dict() for optimizer in context.optimizers],
             "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
-            "callbacks": {name: cb.state_dict() for name, cb in run.callbacks.items()},
+            "callbacks": {name: cb.state_dict() for name, cb in run.stash.get(TRIAL_CALLBACKS, {}).items()},
             "plugins": {
                 name: plugin_call(name, plugin.state_dict)
                 for name, plugin in run.plugins.named_plugins().items()
@@ -323,7 +317,7 @@ class CheckpointPlugin:
             checkpoint["gradients"] = [rank["gradients"] for rank in rank_states]
         if any(rank["workload"] for rank in rank_states):
             checkpoint["workloads"] = [rank["workload"] for rank in rank_states]
-        run.hook.on_checkpoint_save_start(checkpoint=checkpoint)
+        run.hook.on_checkpoint_save_start(run=run, checkpoint=checkpoint)
         fmt.check_weights_only(checkpoint, "checkpoint")  # a bad value fails here, before any write
         metadata = fmt.base_metadata(
             uuid=storage_id,
@@ -350,7 +344,7 @@ class CheckpointPlugin:
                 directory = Path(directory)
                 state_entry = fmt.write_state(directory, checkpoint)
                 if hook_in_staging:
-                    run.hook.on_checkpoint_write_end(checkpoint_dir=str(directory))
+                    run.hook.on_checkpoint_write_end(run=run, checkpoint_dir=str(directory))
                 fmt.write_metadata(directory, metadata, known_files={fmt.STATE_FILE: state_entry})
             return storage.location(storage_id)
 

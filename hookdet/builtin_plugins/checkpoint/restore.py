@@ -16,6 +16,7 @@ from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup, user_index
 from hookdet.checkpoints.registry import storage_from_locator
 from hookdet.checkpoints.storage import CheckpointNotFoundError, StorageError
+from hookdet.plugin import TRIAL_CALLBACKS
 from hookdet.plugin_manager import PluginError
 from hookdet.runs.identity import locate_for_resume
 
@@ -106,7 +107,7 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
 
     _check_structure(state, context, trial, directory)  # before applying anything
 
-    run.hook.on_checkpoint_load_start(checkpoint=state)
+    run.hook.on_checkpoint_load_start(run=run, checkpoint=state)
     _load_list("model", context.unwrapped_models, state.get("models_state_dict", []), directory)
     _load_list("optimizer", context.optimizers, state.get("optimizers_state_dict", []), directory)
     _load_list("LR scheduler", context.lr_schedulers, state.get("lr_schedulers_state_dict", []), directory)
@@ -172,7 +173,7 @@ def _restore_plugins_and_callbacks(run: Any, state: Dict[str, Any], directory: P
             plugin_call(name, plugin.load_state_dict, plugin_state)
         else:
             logger.warning("checkpoint %s holds state of plugin %r, which is not running", directory, name)
-    callbacks = run.callbacks
+    callbacks = run.stash.get(TRIAL_CALLBACKS, {})
     saved_callbacks = state.get("callbacks", {})
     for name, callback_state in saved_callbacks.items():
         if name in callbacks:

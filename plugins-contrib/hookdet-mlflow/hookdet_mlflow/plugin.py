@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from hookdet import PluginError, hookimpl
+from hookdet.plugin import PluginError, hookimpl
 
 logger = logging.getLogger("hookdet")
 
@@ -105,7 +105,6 @@ class MLflowPlugin:
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
         self._client: Any = None
-        self._run: Any = None
         self._checkpoint_uuid: Optional[str] = None
         self._resumed_from: Optional[str] = None
 
@@ -129,7 +128,6 @@ class MLflowPlugin:
             import mlflow  # noqa: F401
         except ImportError as error:
             raise PluginError(f"{INSTALL_HINT} [{error}]") from error
-        self._run = run
 
     @property
     def client(self) -> Any:
@@ -146,14 +144,14 @@ class MLflowPlugin:
         self._resumed_from = checkpoint_uuid
 
     @hookimpl
-    def on_training_start(self) -> None:
+    def on_training_start(self, run: Any) -> None:
         """Reopen the checkpoint's MLflow run (its id came with the checkpoint's state), or start
         one with params and tags (chief only)."""
-        if not self._run.is_chief:
+        if not run.is_chief:
             return
         if self.run_id is not None and self._reopen(self._resumed_from):
             return
-        self._start()
+        self._start(run)
 
     def _reopen(self, checkpoint_uuid: Optional[str]) -> bool:
         from mlflow.exceptions import MlflowException
@@ -173,8 +171,8 @@ class MLflowPlugin:
         logger.info("mlflow: continuing run %s at %s", self.run_id, self.client.tracking_uri)
         return True
 
-    def _start(self) -> None:
-        run, options = self._run, self.options
+    def _start(self, run: Any) -> None:
+        options = self.options
         name = options.experiment_name or run.config.name or DEFAULT_EXPERIMENT
         self.experiment_id = self._experiment_id(name)
         trial_class = type(run.trial)
@@ -235,10 +233,10 @@ class MLflowPlugin:
         self._checkpoint_uuid = uuid
 
     @hookimpl
-    def on_checkpoint_end(self, checkpoint_dir: str) -> None:
+    def on_checkpoint_end(self, run: Any, checkpoint_dir: str) -> None:
         """Tag the latest checkpoint; with ``log_checkpoints``, upload it as artifacts."""
         uuid, self._checkpoint_uuid = self._checkpoint_uuid, None
-        if self.run_id is None or uuid is None or not self._run.is_chief:
+        if self.run_id is None or uuid is None or not run.is_chief:
             return
         self.client.set_tag(self.run_id, "hookdet.latest_checkpoint", uuid)
         if not self.options.log_checkpoints:

@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from hookdet import pytorch
 from hookdet.plugin_manager import PluginError
 from hookdet_mlflow import MLflowPlugin, flatten_params
+from hookdet.plugin import run_of
 from tiny_trial import TinyTrial
 
 TESTS = Path(__file__).resolve().parent
@@ -111,7 +112,7 @@ def train(run_dir: Path, mlflow_options: Dict[str, Any], max_batches: int, resum
             max_length=pytorch.Batch(max_batches), validation_period=pytorch.Batch(4),
             reporting_period=pytorch.Batch(2), latest_checkpoint=resume,
         )
-    return context._run
+    return run_of(context)
 
 
 def read_reports(run_dir: Path) -> List[Dict[str, Any]]:
