@@ -384,8 +384,25 @@ def command_plugins(args: argparse.Namespace) -> int:
         except Exception as error:  # an unloadable plugin is listed, not fatal
             hooks = f"cannot load: {error}"
         default = " (default)" if name in DEFAULT_PLUGINS else ""
-        print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}{conflicts}")
+        print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}{conflicts}{_options_listing(target)}")
     return 0
+
+
+def _options_listing(target: str) -> str:
+    """The ``plugin_config`` options a plugin declares, one line each with its default."""
+    from hookdet.plugin_options import declared_options, option_fields
+
+    try:
+        options_type = declared_options(import_object(target))
+    except Exception:  # noqa: BLE001 - the hooks line already says why it cannot load
+        return ""
+    if options_type is None:
+        return ""
+    lines = [
+        f"\n    {field.name}: {field.type} = {field.default}" + (f"  # {field.description}" if field.description else "")
+        for field in option_fields(options_type)
+    ]
+    return "\n  options:" + "".join(lines)
 
 
 def command_export(args: argparse.Namespace) -> int:
@@ -496,16 +513,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         status = args.handler(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
     except InvalidHP as error:
         print(f"hookdet: the trial raised InvalidHP: {error}", file=sys.stderr)
         status = INVALID_HP_EXIT_CODE
     except HookdetError as error:
         status = _say_error(str(error), BAD_INPUT_EXIT_CODE)
+    except BrokenPipeError:  # the reader went away (``hookdet plugins | head``): stop quietly
+        return _stop_writing_to_a_closed_pipe()
     except KeyboardInterrupt:  # Ctrl-C where no plugin turns it into a checkpoint and a stop
         status = _say_error("interrupted (Ctrl-C); nothing since the last checkpoint was saved", 128 + signal.SIGINT)
     except Exception as error:
         status = _report_failure(error)
     return report_status_to_launcher(status)
+
+
+def _stop_writing_to_a_closed_pipe() -> int:
+    """Point stdout at /dev/null (so the interpreter's final flush cannot fail again) and return
+    128 + SIGPIPE, the status a Unix tool killed by the broken pipe has."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _report_failure(error: Exception) -> int:

@@ -10,8 +10,12 @@ docs/writing-plugins.md walks through writing a plugin.
   the run gets it as ``run``), ``TrainState`` its counters, ``run_of(context)`` the run behind a
   trial context. ``run.stash`` keeps a plugin's per-run state under a ``StashKey`` of its own;
   the host shares ``TRIAL_CALLBACKS``, ``WORKLOAD_METRICS`` and ``TENSORBOARD_METRICS`` there.
-* ``PluginError`` refuses a run with one line naming your plugin; ``check_known_options``,
-  ``option_error`` and ``read_seconds_option`` read ``plugin_config.<name>``.
+* ``PluginError`` refuses a run with one line naming your plugin. A plugin class declares its
+  options as ``Options``, a pydantic model or dataclass (:mod:`hookdet.plugin_options`): the
+  experiment file's ``plugin_config.<name>`` is then checked with the file, with file and line,
+  and ``__init__`` gets an ``Options`` instance; ``options_for(cls, options, name)`` turns a dict
+  given by hand (a test's) into one, and ``option_fields`` lists them. Plugins that check a dict
+  themselves have ``check_known_options``, ``option_error`` and ``read_seconds_option``.
 * ``CheckpointStorage`` is what a storage type implements, with its errors
   (``StorageError`` and the kinds below it), ``check_storage_id`` and ``METADATA_FILE``;
   ``DistributedContext`` is what ``hookdet_make_distributed`` answers with;
@@ -34,6 +38,7 @@ from hookdet.distributed import DistributedContext
 from hookdet.markers import HOOK_NAMESPACE, hookimpl, hookspec
 from hookdet.mixed_precision import autocast_forward, patch_forward
 from hookdet.plugin_manager import PluginError, check_known_options, option_error, read_seconds_option
+from hookdet.plugin_options import option_fields, options_for
 from hookdet.run import TENSORBOARD_METRICS, TRIAL_CALLBACKS, WORKLOAD_METRICS, Run, TrainState
 from hookdet.stash import Stash, StashKey
 
@@ -62,6 +67,8 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "option_error",
+    "option_fields",
+    "options_for",
     "patch_forward",
     "read_seconds_option",
     "run_of",

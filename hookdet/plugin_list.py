@@ -23,6 +23,9 @@ import dataclasses
 import os
 from typing import Any, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Set, Tuple, Union
 
+#: The entry-point group every plugin, built-in or third-party, is installed under.
+ENTRY_POINT_GROUP = "hookdet.plugins"
+
 #: Plugins that run unless the experiment file removes them (``no:<name>``) or says ``only:``.
 DEFAULT_PLUGINS = ("callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress")
 

@@ -24,10 +24,11 @@ from hookdet.errors import HookdetError
 from hookdet.markers import HOOK_NAMESPACE
 from hookdet import plugin_list
 from hookdet.plugin_list import DEFAULT_PLUGINS  # noqa: F401 (re-exported)
+from hookdet.plugin_options import options_for
 
 logger = logging.getLogger("hookdet")
 
-ENTRY_POINT_GROUP = "hookdet.plugins"
+ENTRY_POINT_GROUP = plugin_list.ENTRY_POINT_GROUP
 
 DEFAULTS_NAME = "hookdet.defaults"
 
@@ -211,7 +212,7 @@ class PluginManager:
             if options and not takes_options:
                 raise PluginError(f"plugin {name!r} takes no plugin_config options, got {sorted(options)}")
             try:
-                plugin = target(options=options) if takes_options else target()
+                plugin = target(options=options_for(target, options, name)) if takes_options else target()
             except PluginError:
                 raise
             except Exception as error:

@@ -6,6 +6,7 @@ conftest: each worker counts its own cases and hands its counts over when it fin
 (``workeroutput``), and the controller prints the sum.
 """
 import os
+import signal
 import tempfile
 
 import pytest
@@ -15,6 +16,13 @@ from tests.parity.checks import COMPARED
 # Runs started by the tests (and their child processes) index their checkpoints here, not in the
 # user's ~/.local/share/hookdet (hookdet.checkpoints.user_index).
 os.environ.setdefault("HOOKDET_HOME", tempfile.mkdtemp(prefix="hookdet-home-"))
+
+# A suite started in the background by a non-interactive shell (``pytest &``, nohup, some CI
+# runners) inherits SIGINT ignored, and so would every process it starts: Python then installs no
+# KeyboardInterrupt handler and the Ctrl-C tests would send a signal nobody hears. A handler here
+# (not inherited across exec, unlike "ignored") gives the children the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(session, config, items):  # noqa: ARG001

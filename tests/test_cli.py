@@ -295,3 +295,15 @@ def test_a_callbacks_error_leaves_trainer_fit_as_the_users_exception(tmp_path: P
                 trainer.fit(max_length=pytorch.Batch(2))
     finally:
         sys.path.remove(str(tmp_path))
+
+
+@pytest.mark.parametrize("command", [["plugins"], ["search", "preview", "examples/digits/random.yaml"]])
+def test_output_cut_short_by_its_reader_ends_quietly(command: List[str]) -> None:
+    """``hookdet plugins | head -1``: the closed pipe ends the command as it ends a Unix tool
+    (status 141, 128 + SIGPIPE), with no traceback and no "a bug" line."""
+    executable = Path(sys.executable).with_name("hookdet")
+    process = subprocess.Popen([str(executable), *command], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # the reader is gone before the first line is written
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141, stderr
+    assert stderr == ""

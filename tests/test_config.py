@@ -830,13 +830,13 @@ def test_plugins_and_their_options_are_kept() -> None:
     config = parse_experiment_config(
         {
             "plugins": ["checkpoint", "tensorboard", "no:progress", "my_pkg.plugin"],
-            "plugin_config": {"tensorboard": {"flush_secs": 5, "tags": ["a"]}, "checkpoint": None},
+            "plugin_config": {"my_pkg.plugin": {"flush_secs": 5, "tags": ["a"]}, "checkpoint": None},
         }
     )
 
     assert config.plugins == ["checkpoint", "tensorboard", "no:progress", "my_pkg.plugin"]
     assert config.plugin_config == {
-        "tensorboard": {"flush_secs": 5, "tags": ["a"]},
+        "my_pkg.plugin": {"flush_secs": 5, "tags": ["a"]},
         "checkpoint": {},
     }
 
@@ -910,7 +910,7 @@ def test_a_bad_override_is_not_blamed_on_a_file_line(tmp_path: Path) -> None:
 def test_to_dict_round_trips_through_json_and_back_into_a_config(tmp_path: Path) -> None:
     config = load_experiment_config(
         write(tmp_path, MNIST_CONST_YAML),
-        overrides={"plugins": ["checkpoint"], "plugin_config": {"checkpoint": {"keep": 2}}},
+        overrides={"plugins": ["my_pkg.plugin"], "plugin_config": {"my_pkg.plugin": {"keep": 2}}},
     )
 
     snapshot = config.to_dict()
@@ -958,3 +958,43 @@ def test_constructing_the_model_directly_validates_too() -> None:
     config = ExperimentConfig(searcher={"max_length": {"epochs": 1}})
 
     assert config.searcher.max_length == Length(unit="epochs", value=1)
+
+
+# ------------------------------------------------------------------------------ declared plugin options
+
+
+def test_declared_plugin_options_are_checked_with_the_file_every_problem_with_its_line(tmp_path: Path) -> None:
+    """Plugins that declare ``Options`` (progress, tensorboard, checkpoint, metrics_log) have
+    their ``plugin_config`` blocks checked as the file is read: file, line, did-you-mean, all at
+    once, with the file's other problems."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        "searcher:\n"
+        "  max_lenght: {batches: 4}\n"
+        "plugin_config:\n"
+        "  progress:\n"
+        "    log_evry_s: 5\n"
+        "  tensorboard:\n"
+        "    write_every_s: -1\n"
+        "  checkpoint:\n"
+        "    async: 'no'\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_experiment_config(path)
+    assert str(raised.value).splitlines() == [
+        f"{path}:2: unknown field 'searcher.max_lenght'; did you mean 'max_length'?",
+        f"  {path}:5: plugin_config.progress.log_evry_s: unknown option 'log_evry_s'; did you mean 'log_every_s'?",
+        f"  {path}:7: plugin_config.tensorboard.write_every_s: must be at least 0.0; got -1",
+        f"  {path}:9: plugin_config.checkpoint.async: expected true or false; got 'no'",
+    ]
+
+
+def test_declared_options_reach_the_plugin_with_defaults_filled(tmp_path: Path) -> None:
+    from hookdet import pytorch
+    from hookdet.plugin import run_of
+
+    exp_conf = {"plugins": {"only": ["progress", "checkpoint"]}, "plugin_config": {"progress": {"log_every_s": 2}}}
+    with pytorch.init(exp_conf=exp_conf, run_dir=tmp_path) as context:
+        plugins = run_of(context).plugins
+        assert plugins.get("progress").log_every_s == 2.0
+        assert plugins.get("checkpoint").asynchronous is True

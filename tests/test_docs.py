@@ -341,6 +341,16 @@ def test_writing_plugins_example_package_and_its_tests_run(tmp_path: Path) -> No
 
     with pytest.raises(Exception, match="fliename"):
         plugin_module.CsvMetricsPlugin(options={"fliename": "x.csv"})
+    # what hookdet says of the misspelt option when it reads an experiment file naming it
+    from hookdet.plugin_options import option_problems
+
+    installed = {"csv_metrics": plugin_module.CsvMetricsPlugin}
+    assert option_problems({"csv_metrics": {"fliename": "x.csv", "group": "test"}}, installed.get) == [
+        (("csv_metrics", "fliename"), "unknown option 'fliename'; did you mean 'filename'?"),
+    ]
+    assert option_problems({"csv_metrics": {"group": "test"}}, installed.get) == [
+        (("csv_metrics", "group"), "expected one of 'training' or 'validation'; got 'test'"),
+    ]
 
 
 def test_writing_plugins_wrapper_example_times_every_batch(tmp_path: Path) -> None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict
+
+import pydantic
 
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import check_known_options
+from hookdet.plugin_options import options_for
 
 logger = logging.getLogger("hookdet")
 
@@ -22,10 +24,16 @@ logger = logging.getLogger("hookdet")
 class MetricsLogPlugin:
     """Warns of (or stops at) non-finite training metrics (chief only: reports fire there)."""
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        options = dict(options or {})
-        check_known_options("metrics_log", options, ("stop_on_nonfinite",))
-        self._stop_on_nonfinite = bool(options.get("stop_on_nonfinite", False))
+    class Options(pydantic.BaseModel):
+        """``plugin_config.metrics_log``."""
+
+        model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+        stop_on_nonfinite: bool = pydantic.Field(
+            False, description="stop the run at a non-finite training metric instead of warning"
+        )
+
+    def __init__(self, options: Any = None) -> None:
+        self._stop_on_nonfinite = options_for(MetricsLogPlugin, options, "metrics_log").stop_on_nonfinite
         self._nonfinite_seen: set = set()
 
     @hookimpl

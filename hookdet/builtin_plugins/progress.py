@@ -31,10 +31,12 @@ import threading
 import time
 from typing import IO, Any, Dict, Optional
 
+import pydantic
+
 from hookdet.live_view import LiveView, format_duration, ordered_metrics
 from hookdet.markers import hookimpl
 from hookdet.plugin import WORKLOAD_METRICS
-from hookdet.plugin_manager import check_known_options, read_seconds_option
+from hookdet.plugin_options import options_for
 
 logger = logging.getLogger("hookdet")
 
@@ -54,10 +56,16 @@ def format_metrics(metrics: Dict[str, Any], first: Optional[str] = None) -> str:
 class ProgressPlugin:
     """Training and validation progress for the chief."""
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        options = dict(options or {})
-        check_known_options(NAME, options, ("log_every_s",))
-        self.log_every_s = read_seconds_option(NAME, options, "log_every_s", LOG_EVERY_S)
+    class Options(pydantic.BaseModel):
+        """``plugin_config.progress``."""
+
+        model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+        log_every_s: float = pydantic.Field(
+            LOG_EVERY_S, ge=0, description="seconds between progress lines when stderr is not a terminal"
+        )
+
+    def __init__(self, options: Any = None) -> None:
+        self.log_every_s = options_for(ProgressPlugin, options, NAME).log_every_s
         self._run: Any = None
         self._stream: Optional[IO[str]] = None
         self._view: Optional[LiveView] = None

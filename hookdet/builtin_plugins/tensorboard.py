@@ -28,9 +28,12 @@ import numbers
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+import pydantic
+
 from hookdet.markers import hookimpl
 from hookdet.plugin import TENSORBOARD_METRICS
-from hookdet.plugin_manager import PluginError, check_known_options, read_seconds_option
+from hookdet.plugin_manager import PluginError
+from hookdet.plugin_options import options_for
 
 logger = logging.getLogger("hookdet")
 
@@ -86,10 +89,16 @@ def _discard(*args: Any, **kwargs: Any) -> None:
 class TensorBoardPlugin:
     """Writes reported metrics to ``run.tensorboard_dir`` and owns the run's ``SummaryWriter``."""
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        options = dict(options or {})
-        check_known_options(NAME, options, ("write_every_s",))
-        self.write_every_s = read_seconds_option(NAME, options, "write_every_s", WRITE_EVERY_S)
+    class Options(pydantic.BaseModel):
+        """``plugin_config.tensorboard``."""
+
+        model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+        write_every_s: float = pydantic.Field(
+            WRITE_EVERY_S, ge=0, description="seconds between writes of the kept reports to the event file"
+        )
+
+    def __init__(self, options: Any = None) -> None:
+        self.write_every_s = options_for(TensorBoardPlugin, options, NAME).write_every_s
         self._run: Any = None
         self._writer: Any = None
         # Reports not yet handed to the writer: (step, wall time, [(tag, value), ...]).

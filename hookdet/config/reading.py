@@ -200,12 +200,27 @@ def _build(
         config = ExperimentConfig.model_validate(screened)
     except ValidationError as error:
         problems += config_errors_from(error, reporter)
+    else:
+        problems += _plugin_option_problems(config, reporter)
     if problems:  # every problem this reading found, in file order
         raise all_at_once(problems) from None
     if config.searcher.name != "single":
         ignored.append("searcher.name")
     config.note_origin(reporter.source, ignored)
     return config
+
+
+def _plugin_option_problems(config: ExperimentConfig, reporter: Reporter) -> List[ConfigError]:
+    """The ``plugin_config`` blocks checked against the options their plugins declare
+    (:mod:`hookdet.plugin_options`); only the plugins with a block are imported."""
+    if not config.plugin_config:
+        return []
+    from hookdet.plugin_options import installed_plugin_class, option_problems
+
+    return [
+        reporter.error(("plugin_config", *path), f"{dotted(('plugin_config', *path))}: {message}")
+        for path, message in option_problems(config.plugin_config, installed_plugin_class)
+    ]
 
 
 class _Yaml12Loader(BoundedNesting, yaml.SafeLoader):

@@ -22,8 +22,8 @@ import torch
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
+from hookdet.config import ConfigError
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import PluginError
 from hookdet.checkpoints.local import LocalStorage
 from tests.resume_trials import RegressionTrial, run_spec
 
@@ -253,15 +253,17 @@ def test_a_failed_write_fails_the_run_naming_the_checkpoint_and_the_cause(tmp_pa
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"async": "yes"}, "plugin_config.checkpoint.async must be true or false, got 'yes'"),
-        ({"asynchronous": True}, "plugin_config.checkpoint: unknown option 'asynchronous'; known options: async"),
+        ({"async": "yes"}, "exp_conf: plugin_config.checkpoint.async: expected true or false; got 'yes'"),
+        ({"asynchronous": True}, "exp_conf: plugin_config.checkpoint.asynchronous: unknown option 'asynchronous'; known options: async"),
     ],
 )
 def test_the_async_option_is_checked(tmp_path: Path, options: Dict[str, Any], message: str) -> None:
+    """The option is declared (``CheckpointPlugin.Options``): checked when the experiment is read."""
     exp_conf = {"plugins": {"only": ["checkpoint"]}, "plugin_config": {"checkpoint": options}}
-    with pytest.raises(PluginError, match=message):
+    with pytest.raises(ConfigError) as error:
         with pytorch.init(exp_conf=exp_conf, run_dir=tmp_path):
             pass
+    assert str(error.value) == message
 
 
 def rewrite_as_format_3(directory: Path) -> None:

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from hookdet import pytorch
+from hookdet.config import ConfigError
 from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.tensorboard import DiscardingWriter, TorchWriter
 from hookdet.distributed import DistributedContext
-from hookdet.plugin_manager import PluginError
 from hookdet.plugin import run_of
 from tests.trials import OneWeightTrial, fit
 
@@ -128,11 +128,14 @@ def test_training_reports_are_kept_until_due_and_on_disk_by_the_next_validation(
     assert [e.wall_time for e in loss_events] == [e.wall_time for e in weight_events]
 
 
-@pytest.mark.parametrize("value", [-1, "soon", True])
-def test_a_bad_write_every_s_is_refused_naming_the_field(tmp_path: Path, value: Any) -> None:
+@pytest.mark.parametrize("value, expected", [
+    (-1, "must be at least 0.0; got -1"), ("soon", "expected a number; got 'soon'"), (True, "expected a number; got True"),
+])
+def test_a_bad_write_every_s_is_refused_naming_the_field(tmp_path: Path, value: Any, expected: str) -> None:
     config = {"plugins": PLUGINS, "plugin_config": {"tensorboard": {"write_every_s": value}}}
-    with pytest.raises(PluginError, match=r"plugin_config\.tensorboard\.write_every_s must be a number of seconds"):
+    with pytest.raises(ConfigError) as raised:
         fit(OneWeightTrial, HP, tmp_path, config=config, max_length=pytorch.Batch(2))
+    assert str(raised.value) == f"exp_conf: plugin_config.tensorboard.write_every_s: {expected}"
 
 
 def test_writer_is_closed_at_the_end_and_files_are_complete(tmp_path: Path) -> None:

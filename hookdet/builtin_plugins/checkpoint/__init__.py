@@ -49,6 +49,7 @@ import uuid as uuid_module
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import pydantic
 import torch
 
 from hookdet.checkpoints import format as fmt
@@ -59,7 +60,7 @@ from hookdet.cluster_info import get_cluster_info
 from hookdet.exit_codes import ExitReason
 from hookdet.markers import hookimpl
 from hookdet.plugin import TRIAL_CALLBACKS
-from hookdet.plugin_manager import check_known_options, option_error
+from hookdet.plugin_options import options_for
 from hookdet.runs.resume_report import report_resume
 from hookdet.checkpoints.storage import CheckpointNotFoundError
 from hookdet.builtin_plugins.checkpoint.restore import find, located, metadata_of, plugin_call, restore_checkpoint
@@ -76,13 +77,17 @@ class CheckpointPlugin:
     resumed run keeps collecting the checkpoints written before it.
     """
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        options = dict(options or {})
-        check_known_options("checkpoint", options, ("async",))
-        if not isinstance(options.get("async", True), bool):
-            raise option_error("checkpoint", "async", "true or false", options["async"])
+    class Options(pydantic.BaseModel):
+        """``plugin_config.checkpoint``."""
+
+        model_config = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+        asynchronous: bool = pydantic.Field(
+            True, alias="async", description="write checkpoints in the background while training goes on"
+        )
+
+    def __init__(self, options: Any = None) -> None:
         #: Whether checkpoints are written in the background (``plugin_config.checkpoint.async``).
-        self.asynchronous: bool = options.get("async", True)
+        self.asynchronous: bool = options_for(CheckpointPlugin, options, "checkpoint").asynchronous
         self._writer = BackgroundWriter()
         self._snapshot = HostSnapshot()
         #: The checkpoint being written in the background: uuid, batches trained, metric.

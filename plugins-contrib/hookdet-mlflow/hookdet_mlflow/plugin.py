@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from hookdet.plugin import PluginError, hookimpl
+import pydantic
+
+from hookdet.plugin import PluginError, hookimpl, options_for
 
 logger = logging.getLogger("hookdet")
 
-KNOWN_OPTIONS = ("tracking_uri", "experiment_name", "run_name", "log_checkpoints", "tags")
 DEFAULT_EXPERIMENT = "hookdet"
 INSTALL_HINT = (
     "plugin 'mlflow' needs the mlflow package, which is not installed: run "
@@ -74,34 +75,28 @@ def _chunks(items: List[Any], size: int) -> Iterator[List[Any]]:
         yield items[start:start + size]
 
 
-class MLflowOptions:
-    """``plugin_config.mlflow``, checked."""
+class MLflowOptions(pydantic.BaseModel):
+    """``plugin_config.mlflow``, declared: hookdet checks it with the experiment file."""
 
-    def __init__(self, options: Dict[str, Any]) -> None:
-        unknown = sorted(set(options) - set(KNOWN_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown option(s) {unknown}; known: {list(KNOWN_OPTIONS)}")
-        for name in ("tracking_uri", "experiment_name", "run_name"):
-            value = options.get(name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        self.tracking_uri: Optional[str] = options.get("tracking_uri")
-        self.experiment_name: Optional[str] = options.get("experiment_name")
-        self.run_name: Optional[str] = options.get("run_name")
-        self.log_checkpoints = options.get("log_checkpoints", False)
-        if not isinstance(self.log_checkpoints, bool):
-            raise ValueError(f"log_checkpoints must be true or false, got {self.log_checkpoints!r}")
-        tags = options.get("tags", {})
-        if not isinstance(tags, dict):
-            raise ValueError(f"tags must be a mapping of name to value, got {tags!r}")
-        self.tags = {str(key): str(value) for key, value in tags.items()}
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    tracking_uri: Optional[str] = pydantic.Field(
+        None, min_length=1, description="the tracking server or store (default: MLflow's own default)"
+    )
+    experiment_name: Optional[str] = pydantic.Field(
+        None, min_length=1, description="the MLflow experiment (default: the experiment file's name)"
+    )
+    run_name: Optional[str] = pydantic.Field(None, min_length=1, description="the MLflow run's name (default: the run directory's)")
+    log_checkpoints: bool = pydantic.Field(False, description="upload each checkpoint as the run's artifacts")
+    tags: Dict[str, Any] = pydantic.Field(default_factory=dict, description="tags set on the MLflow run")
 
 
 class MLflowPlugin:
     """Logs the run to MLflow through one ``MlflowClient`` (no global ``mlflow.start_run`` state)."""
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        self.options = MLflowOptions(dict(options or {}))
+    Options = MLflowOptions
+
+    def __init__(self, options: Any = None) -> None:
+        self.options: MLflowOptions = options_for(MLflowPlugin, options, "mlflow")
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
         self._client: Any = None
@@ -180,7 +175,7 @@ class MLflowPlugin:
             "hookdet.trial_class": f"{trial_class.__module__}:{trial_class.__qualname__}",
             "hookdet.experiment_name": name,
             "hookdet.run_dir": str(Path(run.run_dir).resolve()),
-            **options.tags,
+            **{str(key): str(value) for key, value in options.tags.items()},
         }
         created = self.client.create_run(
             self.experiment_id, tags=tags, run_name=options.run_name or Path(run.run_dir).name

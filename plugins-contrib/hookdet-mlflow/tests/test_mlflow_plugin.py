@@ -9,6 +9,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,7 +25,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from hookdet import pytorch
-from hookdet.plugin_manager import PluginError
+from hookdet.config import ConfigError
 from hookdet_mlflow import MLflowPlugin, flatten_params
 from hookdet.plugin import run_of
 from tiny_trial import TinyTrial
@@ -228,17 +229,21 @@ def test_other_ranks_log_nothing(sqlite_store: str, tmp_path: Path, monkeypatch:
 @pytest.mark.parametrize(
     "options, culprit",
     [
-        ({"log_checkpoint": True}, "unknown option(s) ['log_checkpoint']"),
-        ({"log_checkpoints": "yes"}, "log_checkpoints must be true or false"),
-        ({"tracking_uri": ""}, "tracking_uri must be a non-empty string"),
-        ({"tags": ["a"]}, "tags must be a mapping"),
+        ({"log_checkpoint": True}, "plugin_config.mlflow.log_checkpoint: unknown option 'log_checkpoint'; did you mean 'log_checkpoints'?"),
+        ({"log_checkpoints": "yes"}, "plugin_config.mlflow.log_checkpoints: expected true or false; got 'yes'"),
+        ({"tracking_uri": ""}, "plugin_config.mlflow.tracking_uri: String should have at least 1 character; got ''"),
+        ({"tags": ["a"]}, "plugin_config.mlflow.tags: expected a mapping; got ['a']"),
     ],
 )
 def test_bad_options_name_the_plugin_and_the_field(options: Dict[str, Any], culprit: str, tmp_path: Path) -> None:
-    with pytest.raises(PluginError) as error:
+    """The options are declared (``MLflowPlugin.Options``): hookdet checks them when it reads the
+    experiment, before the plugin is built."""
+    with pytest.raises(ConfigError) as error:
         train(tmp_path, options, max_batches=2)
-    assert "plugin 'mlflow': invalid plugin_config.mlflow" in str(error.value)
-    assert culprit in str(error.value)
+    assert str(error.value) == f"exp_conf: {culprit}"
+    assert not (tmp_path / "run.json").exists()
+    with pytest.raises(ValueError, match=re.escape(culprit)):  # built by hand, with a dict
+        MLflowPlugin(options=options)
 
 
 def test_flatten_params() -> None:
