@@ -12,15 +12,15 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import time
 import types
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 import pluggy
 
 from hookdet import hookspecs
 from hookdet import default_hooks
 from hookdet.errors import HookdetError
+from hookdet.hook_monitor import HookMonitor, TraceLog
 from hookdet.markers import HOOK_NAMESPACE
 from hookdet import plugin_list
 from hookdet.plugin_list import DEFAULT_PLUGINS  # noqa: F401 (re-exported)
@@ -75,9 +75,12 @@ class PluginManager:
         self._pm.add_hookspecs(hookspecs)
         self._pm.register(default_hooks, name=DEFAULTS_NAME)
         self._plugin_config = dict(plugin_config or {})
-        self._pm.add_hookcall_monitoring(self._before_hook, self._after_hook)
-        self._trace = os.environ.get("HOOKDET_TRACE", "") not in ("", "0")
-        self._call_starts: List[float] = []
+        #: The one watch over hook calls: errors named by plugin, and timing for listeners
+        #: (``monitor.listen(...)``; the ``hook_timing`` plugin listens, and so does
+        #: ``HOOKDET_TRACE=1``'s log).
+        self.monitor = HookMonitor(self._pm, DEFAULTS_NAME, PluginError)
+        if os.environ.get("HOOKDET_TRACE", "") not in ("", "0"):
+            self.monitor.listen(TraceLog())
 
     @property
     def hook(self) -> Any:
@@ -122,8 +125,6 @@ class PluginManager:
             raise PluginError(
                 f"unknown plugin {', '.join(repr(n) for n in sorted(unknown))}; installed plugins: {installed}"
             )
-        if failures:
-            raise PluginError("; ".join(failures))
         for extension in extensions:
             self.register(extension.name, extension.plugin)
 
@@ -224,6 +225,7 @@ class PluginManager:
             self._pm.register(plugin, name=name)
             self.generation += 1
             self._pm.check_pending()
+            self.monitor.wrap_implementations()
         except pluggy.PluginValidationError as error:
             if self._pm.is_registered(plugin):
                 self._pm.unregister(plugin)
@@ -266,29 +268,7 @@ class PluginManager:
         """The hook names ``plugin`` implements."""
         return sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or [])
 
-    # ------------------------------------------------------------------ errors and tracing
-
-    def _before_hook(self, hook_name: str, hook_impls: Sequence[Any], kwargs: Dict[str, Any]) -> None:
-        if self._trace:
-            self._call_starts.append(time.perf_counter())
-
-    def _after_hook(
-        self, outcome: Any, hook_name: str, hook_impls: Sequence[Any], kwargs: Dict[str, Any]
-    ) -> None:
-        if self._trace:
-            elapsed = time.perf_counter() - self._call_starts.pop()
-            plugins = ",".join(impl.plugin_name for impl in hook_impls) or "-"
-            logger.info("hook %s [%s] %.3f ms", hook_name, plugins, elapsed * 1e3)
-        error = outcome.exception
-        if error is None or isinstance(error, (PluginError, KeyboardInterrupt, SystemExit)):
-            return
-        if hook_name in hookspecs.TRIAL_API_HOOKS:
-            return
-        culprit, user_code_raised = _implementation_that_raised(error, hook_impls)
-        if culprit is not None and culprit.plugin_name != DEFAULTS_NAME and not user_code_raised:
-            wrapped = PluginError(f"plugin {culprit.plugin_name!r} failed in hook {hook_name}: {error!r}")
-            wrapped.__cause__ = error
-            outcome.force_exception(wrapped)
+    # ------------------------------------------------------------------ the hook monitor
 
     def _call_plugin_hook(self, name: str, plugin: Any, hook_name: str, **kwargs: Any) -> Any:
         """Call one plugin's implementation of ``hook_name`` only."""
@@ -296,29 +276,3 @@ class PluginManager:
             hook_name, remove_plugins=[p for n, p in self._pm.list_name_plugin() if n != name]
         )
         return caller(**kwargs)
-
-
-def _implementation_that_raised(error: BaseException, hook_impls: Sequence[Any]) -> Tuple[Any, bool]:
-    """The hook implementation whose frame is innermost in ``error``'s traceback (or None), and
-    whether user code it called raised: a frame of the user's below it (a ``PyTorchCallback``
-    the callbacks adapter called, say). That error is the user's, reported with the user's frames
-    as one raised in ``train_batch`` is, not as the plugin's failure."""
-    from hookdet.failure_report import is_user_frame
-
-    codes = {}
-    for impl in hook_impls:
-        function = inspect.unwrap(impl.function)
-        code = getattr(function, "__code__", None)
-        if code is not None:
-            codes[code] = impl
-    found, user_code_below = None, False
-    traceback = error.__traceback__
-    while traceback is not None:
-        code = traceback.tb_frame.f_code
-        impl = codes.get(code)
-        if impl is not None:
-            found, user_code_below = impl, False
-        elif found is not None and is_user_frame(code.co_filename):
-            user_code_below = True
-        traceback = traceback.tb_next
-    return found, user_code_below

@@ -95,7 +95,6 @@ def test_determined_mnist_const_yaml_loads_with_its_values(tmp_path: Path) -> No
 
     assert config.name == "mnist_pytorch_const"
     assert config.entrypoint == "model_def:MNistTrial"
-    assert config.entrypoint_parts() == ("model_def", "MNistTrial")
     assert config.hyperparameters == {
         "learning_rate": 1.0,
         "global_batch_size": 64,
@@ -729,13 +728,6 @@ def test_entrypoints_that_are_neither_a_trial_class_nor_a_command_are_refused(
 
     assert error.field == "entrypoint"
     assert hint in error.message
-
-
-def test_entrypoint_parts_without_an_entrypoint_names_the_source(tmp_path: Path) -> None:
-    config = load_experiment_config(write(tmp_path, "name: no-entry\n"))
-
-    with pytest.raises(ConfigError, match=r"const\.yaml: entrypoint is required"):
-        config.entrypoint_parts()
 
 
 # ------------------------------------------------------------------------------ storage

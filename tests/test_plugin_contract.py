@@ -203,3 +203,20 @@ def test_the_loop_uses_only_the_named_context_interface() -> None:
             if base.endswith("context") or base.endswith("context.experimental"):
                 used.add(node.attr)
     assert used and used <= loop_interface.LOOP_MEMBERS, used - loop_interface.LOOP_MEMBERS
+
+
+def test_one_hook_monitor_times_and_wraps_implementations() -> None:
+    """Only :mod:`hookdet.hook_monitor` installs pluggy's call monitoring or swaps a hook
+    implementation's function; ``hook_timing`` (and ``HOOKDET_TRACE``) only listen to it."""
+    problems = []
+    for path in [*host_sources(), *plugin_sources()]:
+        if relative(path) == "hookdet/hook_monitor.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "add_hookcall_monitoring":
+                problems.append(f"{relative(path)}:{node.lineno}: add_hookcall_monitoring")
+            if isinstance(node, ast.Assign) and any(
+                isinstance(target, ast.Attribute) and target.attr == "function" for target in node.targets
+            ):
+                problems.append(f"{relative(path)}:{node.lineno}: assigns a hook implementation's function")
+    assert problems == [], "\n".join(problems)

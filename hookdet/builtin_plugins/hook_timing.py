@@ -1,24 +1,17 @@
 """Where a run's time goes: every hook, every plugin's implementation, the trial and the loop.
 
 Listing ``hook_timing`` in ``plugins`` switches it on; when it is not listed nothing of it is
-imported and no hook call pays for it. While on, it times
+imported and no hook call pays for it. While on, it listens to the plugin manager's hook monitor
+(:mod:`hookdet.hook_monitor`, which times each hook call and each implementation: ``wrapper=True``
+implementations over their code before and after ``yield``, not over what they wrap; plain
+implementations including any hooks they call themselves) and times the trial's
+``train_batch`` and evaluation method itself.
 
-* each hook call as a whole (pluggy's hook-call monitoring),
-* each plugin's implementation of each hook, by wrapping the registered implementation
-  (``wrapper=True`` generators are timed over their code before and after ``yield``, not over
-  what they wrap; plain implementations include any hooks they call themselves),
-* the trial's ``train_batch`` and evaluation method,
-
-and at the end of the run (``hookdet_unconfigure``) prints a table to stderr on the chief and
+At the end of the run (``hookdet_unconfigure``) it prints a table to stderr on the chief and
 writes ``hook_timing-rank<N>.json`` into the run directory on every rank. The *fit window* runs
 from the start of ``on_trial_startup`` to the end of ``on_trial_shutdown``; within it the loop's
 own share is the window minus the time inside outermost hook calls and outermost trial-method
 calls: data loading, moving batches to the device and the loop's bookkeeping.
-
-pluggy's public monitoring (``add_hookcall_monitoring``) sees a hook call as a whole; to see each
-implementation this plugin swaps the ``function`` attribute of pluggy's ``HookImpl`` records (a
-public attribute, and the only way pluggy offers) for a timed wrapper, marks the wrapper so it is
-never wrapped twice, and puts every original back when the run ends.
 """
 from __future__ import annotations
 
@@ -26,9 +19,7 @@ import functools
 import json
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
-
-import pluggy
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hookdet.markers import hookimpl
 from hookdet.trial import PyTorchTrial
@@ -50,71 +41,6 @@ class Timing:
         return {"calls": self.calls, "total_s": self.seconds}
 
 
-class _TimedTeardown:
-    """A wrapper implementation's generator whose every resumption is timed.
-
-    pluggy drives it with ``next``, ``send``, ``throw`` and ``close`` (and reads ``gi_code`` when
-    the wrapper misbehaves); all are passed through.
-    """
-
-    __slots__ = ("_generator", "_timing")
-
-    def __init__(self, generator: Any, timing: Timing) -> None:
-        self._generator = generator
-        self._timing = timing
-
-    def _resume(self, method: Callable[..., Any], *args: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return method(*args)
-        finally:
-            self._timing.seconds += time.perf_counter() - start
-
-    def __iter__(self) -> "_TimedTeardown":
-        return self
-
-    def __next__(self) -> Any:
-        return self._resume(self._generator.__next__)
-
-    def send(self, value: Any) -> Any:
-        return self._resume(self._generator.send, value)
-
-    def throw(self, *exception: Any) -> Any:
-        return self._resume(self._generator.throw, *exception)
-
-    def close(self) -> None:
-        self._generator.close()
-
-    @property
-    def gi_code(self) -> Any:
-        return self._generator.gi_code
-
-
-def _timed(function: Callable[..., Any], timing: Timing, is_wrapper: bool) -> Callable[..., Any]:
-    """``function`` with its calls counted and timed into ``timing``."""
-    if is_wrapper:
-
-        @functools.wraps(function)
-        def timed_wrapper(*args: Any, **kwargs: Any) -> Any:
-            timing.calls += 1
-            return _TimedTeardown(function(*args, **kwargs), timing)
-
-        setattr(timed_wrapper, _TIMED_MARK, True)
-        return timed_wrapper
-
-    @functools.wraps(function)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            timing.calls += 1
-            timing.seconds += time.perf_counter() - start
-
-    setattr(timed, _TIMED_MARK, True)
-    return timed
-
-
 class HookTimingPlugin:
     """Times hooks, implementations and the trial; reports when the run ends."""
 
@@ -122,46 +48,49 @@ class HookTimingPlugin:
         self.hooks: Dict[str, Timing] = {}
         self.implementations: Dict[Tuple[str, str], Timing] = {}
         self.trial_methods: Dict[str, Timing] = {}
-        self._run: Any = None
-        self._call_starts: List[float] = []
-        self._undo_monitoring: Optional[Callable[[], None]] = None
+        self._monitor: Any = None
+        self._hook_depth = 0
         self._restore: List[Callable[[], None]] = []
         self._window_start: Optional[float] = None
         self._window_end: Optional[float] = None
         self._outer_hook_seconds = 0.0
         self._outer_trial_seconds = 0.0
 
-    # ------------------------------------------------------------------ installing
+    # ------------------------------------------------------------------ listening
 
     @hookimpl(tryfirst=True)
     def hookdet_configure(self, run: Any) -> None:
-        """Start timing (first, so the other plugins' ``hookdet_configure`` is timed too)."""
-        self._run = run
-        self._undo_monitoring = run.plugins.pluggy_manager.add_hookcall_monitoring(
-            self._before_hook, self._after_hook
-        )
-        self._wrap_implementations()
+        """Start listening (first, so the other plugins' ``hookdet_configure`` is timed too)."""
+        self._monitor = run.plugins.monitor
+        self._monitor.listen(self)
 
     @hookimpl(tryfirst=True)
-    def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
-        """Time what joined since configure (callbacks, plugins the trial loaded) and the trial."""
-        self._wrap_implementations()
-        self._wrap_trial(self._run.trial)
+    def on_trial_startup(self, run: Any) -> None:
+        """Time the trial's methods."""
+        self._wrap_trial(run.trial)
 
-    def _wrap_implementations(self) -> None:
-        manager = self._run.plugins.pluggy_manager
-        for caller in vars(manager.hook).values():
-            if not isinstance(caller, pluggy.HookCaller):
-                continue
-            for implementation in caller.get_hookimpls():
-                function = implementation.function
-                if implementation.plugin is self or getattr(function, _TIMED_MARK, False):
-                    continue
-                key = (caller.name, implementation.plugin_name)
-                timing = self.implementations.setdefault(key, Timing())
-                is_wrapper = bool(implementation.wrapper or implementation.hookwrapper)
-                implementation.function = _timed(function, timing, is_wrapper)  # type: ignore[misc]
-                self._restore.append(functools.partial(_set_function, implementation, function))
+    def hook_started(self, hook_name: str, outermost: bool) -> None:
+        """The monitor: a hook call began."""
+        self._hook_depth += 1
+        if hook_name == "on_trial_startup" and self._window_start is None:
+            self._window_start = time.perf_counter()
+
+    def hook_finished(self, hook_name: str, plugin_names: Sequence[str], seconds: float, outermost: bool) -> None:
+        """The monitor: a hook call ended after ``seconds``."""
+        self._hook_depth = max(0, self._hook_depth - 1)
+        timing = self.hooks.setdefault(hook_name, Timing())
+        timing.calls += 1
+        timing.seconds += seconds
+        if outermost and self._window_start is not None and self._window_end is None:
+            self._outer_hook_seconds += seconds
+        if hook_name == "on_trial_shutdown" and outermost:
+            self._window_end = time.perf_counter()
+
+    def implementation_timed(self, hook_name: str, plugin_name: str, seconds: float, calls: int) -> None:
+        """The monitor: an implementation ran."""
+        timing = self.implementations.setdefault((hook_name, plugin_name), Timing())
+        timing.calls += calls
+        timing.seconds += seconds
 
     def _wrap_trial(self, trial: Any) -> None:
         if trial is None:
@@ -179,7 +108,7 @@ class HookTimingPlugin:
     def _timed_trial_method(self, method: Callable[..., Any], timing: Timing) -> Callable[..., Any]:
         @functools.wraps(method)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            outermost = not self._call_starts
+            outermost = self._hook_depth == 0
             start = time.perf_counter()
             try:
                 return method(*args, **kwargs)
@@ -193,35 +122,14 @@ class HookTimingPlugin:
         setattr(timed, _TIMED_MARK, True)
         return timed
 
-    # ------------------------------------------------------------------ hook-call monitoring
-
-    def _before_hook(self, hook_name: str, hook_impls: Any, kwargs: Any) -> None:
-        now = time.perf_counter()
-        if hook_name == "on_trial_startup" and self._window_start is None:
-            self._window_start = now
-        self._call_starts.append(now)
-
-    def _after_hook(self, outcome: Any, hook_name: str, hook_impls: Any, kwargs: Any) -> None:
-        if not self._call_starts:
-            return  # the hookdet_configure call during which timing was switched on
-        now = time.perf_counter()
-        elapsed = now - self._call_starts.pop()
-        timing = self.hooks.setdefault(hook_name, Timing())
-        timing.calls += 1
-        timing.seconds += elapsed
-        if not self._call_starts and self._window_start is not None and self._window_end is None:
-            self._outer_hook_seconds += elapsed
-        if hook_name == "on_trial_shutdown" and not self._call_starts:
-            self._window_end = now
-
     # ------------------------------------------------------------------ report
 
     @hookimpl(trylast=True)
     def hookdet_unconfigure(self, run: Any) -> None:
-        """Stop timing, undo every wrapper, print the table (chief) and write the JSON."""
-        if self._undo_monitoring is not None:
-            self._undo_monitoring()
-            self._undo_monitoring = None
+        """Stop listening, unwrap the trial, print the table (chief) and write the JSON."""
+        if self._monitor is not None:
+            self._monitor.stop_listening(self)
+            self._monitor = None
         for restore in reversed(self._restore):
             restore()
         self._restore.clear()
@@ -292,10 +200,6 @@ def format_report(report: Dict[str, Any], rank: int = 0) -> str:
     for name, timing in sorted(report["trial_methods"].items()):
         lines.append(row(f"trial.{name}", timing["calls"], timing["total_s"]))
     return "\n".join(lines)
-
-
-def _set_function(implementation: Any, function: Callable[..., Any]) -> None:
-    implementation.function = function
 
 
 def _forget_attribute(target: Any, name: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import random
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Union
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -17,7 +17,7 @@ from hookdet.config.blocks import (
     reduce_hyperparameters,
     trial_spec_from_entrypoint,
 )
-from hookdet.config.problems import ConfigError, FieldProblem, as_written, dotted
+from hookdet.config.problems import FieldProblem, as_written, dotted
 from hookdet.config.sections import (
     MAX_EXPERIMENT_SEED,
     RETENTION_KEYS,
@@ -183,16 +183,6 @@ class ExperimentConfig(Section):
     def global_batch_size(self) -> Optional[int]:
         """``hyperparameters.global_batch_size``, if set (checked to be an int >= 1)."""
         return self.hyperparameters.get("global_batch_size")
-
-    def entrypoint_parts(self) -> Tuple[str, str]:
-        """``entrypoint`` split into (module, attribute path), e.g. ``("model_def", "MNistTrial")``.
-
-        Raises ConfigError naming the file when the config has no entrypoint.
-        """
-        if self.entrypoint is None:
-            raise ConfigError("entrypoint is required to run a trial class", source=self._source)
-        module, _, qualname = self.entrypoint.partition(":")
-        return module, qualname
 
     def trial_seed(self, trial_id: int = 1) -> int:
         """The seed of trial ``trial_id`` (1 for a local run), derived as Determined's master
