@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import types
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 import pluggy
 
@@ -70,7 +70,14 @@ def installed_plugins() -> Dict[str, str]:
 class PluginManager:
     """hookdet's plugins for one run: registration by name, conflicts, errors, tracing."""
 
-    def __init__(self, plugin_config: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+    def __init__(
+        self,
+        plugin_config: Optional[Dict[str, Dict[str, Any]]] = None,
+        locate: Optional[Callable[[str], str]] = None,
+    ) -> None:
+        """``plugin_config`` holds each plugin's options; ``locate(name)`` says where the
+        experiment file gives them (``file:line``), for a plugin's refusal of its options."""
+        self._locate = locate
         self._pm = pluggy.PluginManager(HOOK_NAMESPACE)
         self._pm.add_hookspecs(hookspecs)
         self._pm.register(default_hooks, name=DEFAULTS_NAME)
@@ -204,20 +211,21 @@ class PluginManager:
     def register(self, name: str, target: Any) -> Any:
         """Register a plugin module, class or instance as ``name``; returns the registered object."""
         options = self._plugin_config.get(name) or {}
+        where = f"{self._locate(name)}: " if self._locate is not None and name in self._plugin_config else ""
         if isinstance(target, types.ModuleType):
             if options:
-                raise PluginError(f"plugin {name!r} is a module and takes no plugin_config options")
+                raise PluginError(f"{where}plugin {name!r} is a module and takes no plugin_config options")
             plugin = target
         elif inspect.isclass(target):
             takes_options = "options" in inspect.signature(target).parameters
             if options and not takes_options:
-                raise PluginError(f"plugin {name!r} takes no plugin_config options, got {sorted(options)}")
+                raise PluginError(f"{where}plugin {name!r} takes no plugin_config options, got {sorted(options)}")
             try:
                 plugin = target(options=options_for(target, options, name)) if takes_options else target()
-            except PluginError:
-                raise
+            except PluginError as error:
+                raise PluginError(f"{where}{error}") from error
             except Exception as error:
-                raise PluginError(f"plugin {name!r}: invalid plugin_config.{name}: {error}") from error
+                raise PluginError(f"{where}plugin {name!r}: invalid plugin_config.{name}: {error}") from error
         else:
             plugin = target
         self._check_conflicts(name, plugin)

@@ -142,7 +142,7 @@ def _plugin_manager_for(config: ExperimentConfig, selection: PluginSelection, pl
     problem = unused_plugin_config(config.plugin_config, [*selection.names, *extra_names], selection.may_join())
     if problem:
         raise PluginError(f"{config.source}: {problem}")
-    manager = PluginManager(config.plugin_config)
+    manager = PluginManager(config.plugin_config, locate=config.plugin_config_location)
     manager.removed = selection.removed
     manager.load_all(selection.names)
     for name, plugin in zip(extra_names, plugins):

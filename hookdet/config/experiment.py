@@ -62,6 +62,7 @@ class ExperimentConfig(Section):
 
     _ignored_fields: List[str] = PrivateAttr(default_factory=list)
     _source: str = PrivateAttr(default="<dict>")
+    _plugin_config_lines: Dict[str, int] = PrivateAttr(default_factory=dict)
     _hyperparameter_space: Optional[Dict[str, Any]] = PrivateAttr(default=None)
 
     @field_validator("entrypoint", mode="before")
@@ -157,11 +158,18 @@ class ExperimentConfig(Section):
             result[name] = plain_value(options, (str(name),))
         return result
 
-    def note_origin(self, source: str, ignored_fields: List[str]) -> None:
-        """Record the file this config was read from and the cluster-only fields it dropped
-        (the reader's business, after validation)."""
+    def note_origin(self, source: str, ignored_fields: List[str], plugin_config_lines: Optional[Dict[str, int]] = None) -> None:
+        """Record the file this config was read from, the cluster-only fields it dropped and the
+        line of each ``plugin_config`` block (the reader's business, after validation)."""
         self._source = source
         self._ignored_fields = list(ignored_fields)
+        self._plugin_config_lines = dict(plugin_config_lines or {})
+
+    def plugin_config_location(self, plugin: str) -> str:
+        """``file:line`` of ``plugin_config.<plugin>`` (the file alone when the line is unknown),
+        for a plugin's own refusal of its options."""
+        line = self._plugin_config_lines.get(plugin)
+        return f"{self._source}:{line}" if line is not None else self._source
 
     @property
     def ignored_fields(self) -> List[str]:

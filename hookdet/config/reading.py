@@ -206,7 +206,8 @@ def _build(
         raise all_at_once(problems) from None
     if config.searcher.name != "single":
         ignored.append("searcher.name")
-    config.note_origin(reporter.source, ignored)
+    lines = {name: reporter.index.line_of(("plugin_config", name)) for name in config.plugin_config}
+    config.note_origin(reporter.source, ignored, {name: line for name, line in lines.items() if line is not None})
     return config
 
 

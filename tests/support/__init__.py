@@ -1,0 +1,1 @@
+"""Helpers the tests share: trials, fixtures for servers, child-process scripts."""
