@@ -16,7 +16,7 @@ from hookdet.checkpoints import lookup as lookup
 from hookdet import cli, pytorch
 from hookdet.checkpoints.api import CheckpointLoadContext, load_trial_from_checkpoint_path
 from hookdet.plugin import run_of
-from tests.resume_trials import GANTrial, RegressionTrial, run_spec
+from tests.support.resume_trials import GANTrial, RegressionTrial, run_spec
 
 REPO = Path(__file__).resolve().parents[1]
 HPARAMS = {"records": 32, "global_batch_size": 8, "lr": 0.05, "shuffle": True, "hidden": 12}
@@ -27,8 +27,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     """A finished RegressionTrial run and a finished GANTrial run, with their final weights."""
     root = tmp_path_factory.mktemp("trained")
     spec = {"max_batches": 4, "validation_period": 2, "reporting_period": 2}
-    regression = run_spec({**spec, "trial": "tests.resume_trials:RegressionTrial", "hparams": HPARAMS, "run_dir": str(root / "reg")})
-    gan = run_spec({**spec, "trial": "tests.resume_trials:GANTrial", "hparams": HPARAMS, "run_dir": str(root / "gan")})
+    regression = run_spec({**spec, "trial": "tests.support.resume_trials:RegressionTrial", "hparams": HPARAMS, "run_dir": str(root / "reg")})
+    gan = run_spec({**spec, "trial": "tests.support.resume_trials:GANTrial", "hparams": HPARAMS, "run_dir": str(root / "gan")})
     return {
         "regression_dir": lookup.resolve_checkpoint_dir(root / "reg"),
         "regression_run": root / "reg",

@@ -68,7 +68,7 @@ def test_plugins_command_lists_plugins_and_hooks(capsys: pytest.CaptureFixture) 
 
 def test_export_writes_a_bare_state_dict(tmp_path: Path) -> None:
     from hookdet import pytorch
-    from tests.trials import OneWeightTrial
+    from tests.support.trials import OneWeightTrial
 
     hparams = {"lr": 0.1, "records": 4, "global_batch_size": 1}
     with pytorch.init(hparams=hparams, exp_conf={"plugins": {"only": ["checkpoint"]}}, run_dir=tmp_path / "run") as context:

@@ -16,7 +16,7 @@ from hookdet.config_overrides import load_with_overrides, parse_override
 REPO = Path(__file__).resolve().parents[1]
 
 EXPERIMENT = """
-entrypoint: tests.trials:OneWeightTrial
+entrypoint: tests.support.trials:OneWeightTrial
 hyperparameters:
   lr: 0.1
   records: 8

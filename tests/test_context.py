@@ -10,7 +10,7 @@ import torch
 from hookdet import pytorch
 from hookdet.reducers import MetricError
 from hookdet.plugin import run_of
-from tests.trials import OneWeightTrial, fit
+from tests.support.trials import OneWeightTrial, fit
 
 HP = {"lr": 0.1, "records": 8, "global_batch_size": 2}
 

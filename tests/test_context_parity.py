@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hookdet import pytorch
-from tests.trials import OneWeightTrial, fit
+from tests.support.trials import OneWeightTrial, fit
 
 INPUTS = [1.0, 0.5, 2.0, 0.25, 1.5, 0.5]
 LABELS = [1.0, 2.0, 0.5, 1.0, 0.25, 2.0]

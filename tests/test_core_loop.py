@@ -15,8 +15,8 @@ import hookdet
 from hookdet import pytorch
 from hookdet.markers import hookimpl
 from hookdet.plugin import run_of
-from tests.hook_recorder import SPEC_NAMES, HookRecorder
-from tests.trials import OneWeightTrial, fit
+from tests.support.hook_recorder import SPEC_NAMES, HookRecorder
+from tests.support.trials import OneWeightTrial, fit
 
 LR = 0.1
 

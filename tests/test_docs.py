@@ -29,7 +29,7 @@ from hookdet.checkpoints.format import load_state, read_metadata
 from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.cli import build_parser
 from hookdet.plugin_manager import ENTRY_POINT_GROUP, installed_plugins
-from tests.trials import OneWeightTrial
+from tests.support.trials import OneWeightTrial
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"

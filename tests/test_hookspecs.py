@@ -16,8 +16,8 @@ from hookdet.plugin_list import DEFAULT_PROVIDERS
 from hookdet.plugin_manager import PluginError, installed_plugins
 from hookdet.builtin_plugins.callbacks import LIFECYCLE_METHODS
 from hookdet.plugin import run_of
-from tests.hook_recorder import SPEC_NAMES, HookRecorder
-from tests.trials import OneWeightTrial
+from tests.support.hook_recorder import SPEC_NAMES, HookRecorder
+from tests.support.trials import OneWeightTrial
 
 
 def test_every_spec_has_a_docstring() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import hookdet
 from hookdet import pytorch
-from tests.trials import OneWeightTrial
+from tests.support.trials import OneWeightTrial
 
 HP = {"lr": 0.1, "records": 12, "global_batch_size": 1}
 

@@ -18,7 +18,7 @@ from hookdet.plugin_manager import (
 )
 from hookdet.plugin_list import Launch, select_plugins
 from hookdet.plugin import run_of
-from tests.trials import OneWeightTrial
+from tests.support.trials import OneWeightTrial
 
 HP = {"lr": 0.1, "records": 4, "global_batch_size": 1}
 
@@ -163,7 +163,7 @@ def test_trace_logs_every_hook_with_plugin_and_time(tmp_path: Path) -> None:
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         "from hookdet import pytorch\n"
-        "from tests.trials import OneWeightTrial\n"
+        "from tests.support.trials import OneWeightTrial\n"
         f"hp = {HP!r}\n"
         f"with pytorch.init(hparams=hp, exp_conf={{'plugins': {{'only': ['metrics_log']}}}}, run_dir={str(tmp_path)!r}) as c:\n"
         "    pytorch.Trainer(OneWeightTrial(c), c).fit(max_length=pytorch.Batch(2))\n"

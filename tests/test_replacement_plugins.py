@@ -3,7 +3,7 @@ installed with pip and found through its entry points, replaces the checkpoint s
 TensorBoard writer provider, the mixed-precision provider and the progress reporter using only
 hookdet's public API; a run with it passes the checks the built-ins pass, resume included.
 
-One child process (tests/replacement_run.py) trains three runs: 8 batches straight, 4 batches
+One child process (tests/support/replacement_run.py) trains three runs: 8 batches straight, 4 batches
 and a checkpoint, and 4 more resumed from that checkpoint by its storage id.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_replacements_pass_the_builtins_checks(tmp_path: Path) -> None:
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), XDG_CACHE_HOME=str(tmp_path / "cache"))
     result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "replacement_run.py"), str(tmp_path / "runs")],
+        [sys.executable, str(REPO / "tests" / "support" / "replacement_run.py"), str(tmp_path / "runs")],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]

@@ -3,7 +3,7 @@
 Each scenario trains N batches straight through in this process, then trains again asking the
 trial to stop after batch k (``context.set_stop_requested``), for several k: in the middle of
 an epoch and of a reporting workload, exactly at an epoch end, and right after a validation.
-Each stopped run is resumed in a *fresh Python process* (``python -m tests.resume_trials``,
+Each stopped run is resumed in a *fresh Python process* (``python -m tests.support.resume_trials``,
 which calls ``Trainer.fit(latest_checkpoint=RUN_DIR)``) and trained to N. Then, bit for bit
 (``torch.equal`` and ``==`` on floats, never a tolerance):
 
@@ -22,7 +22,7 @@ which calls ``Trainer.fit(latest_checkpoint=RUN_DIR)``) and trained to N. Then, 
 Layout: 32 records, batch size 8, so 4 batches per epoch; N = 12 (3 epochs); validation every
 3 batches, reports every 2.
 
-The new processes: one fresh interpreter (``python -m tests.resume_trials --each``) imports
+The new processes: one fresh interpreter (``python -m tests.support.resume_trials --each``) imports
 torch and hookdet and then forks one child per resume, two at a time. Each child is a new
 process that never saw any training, as a fresh ``python -c`` would be, without paying ~3 s of
 interpreter start and torch import per resume; the straight and stopped runs happen in the test
@@ -42,13 +42,13 @@ import pytest
 import torch
 
 from hookdet.runs.metrics import read_reports
-from tests.resume_trials import run_spec
-from tests.s3_fixture import s3_server  # noqa: F401  (a fixture)
+from tests.support.resume_trials import run_spec
+from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 
 BASE_SPEC: Dict[str, Any] = {
-    "trial": "tests.resume_trials:RegressionTrial",
+    "trial": "tests.support.resume_trials:RegressionTrial",
     "max_batches": 12,
     "validation_period": 3,
     "reporting_period": 2,
@@ -68,7 +68,7 @@ SCENARIOS: Dict[str, Any] = {
         {"shuffle": True, "dropout": 0.2},
         [5, 6],
     ),
-    "gan_two_models_two_optimizers": ({"trial": "tests.resume_trials:GANTrial"}, {}, [5, 8]),
+    "gan_two_models_two_optimizers": ({"trial": "tests.support.resume_trials:GANTrial"}, {}, [5, 8]),
     "stateful_callback": ({}, {"shuffle": True, "stateful": True, "dropout": 0.1}, [5, 8]),
 }
 
@@ -96,7 +96,7 @@ def assert_bitwise_equal(expected: Any, actual: Any, where: str = "") -> None:
 
 def _python(args: List[str]) -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "tests.resume_trials", *args],
+        [sys.executable, "-m", "tests.support.resume_trials", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -115,7 +115,7 @@ def resume_in_new_processes(specs: List[Dict[str, Any]], workdir: Path) -> List[
 
 
 def resume_in_fresh_interpreter(spec: Dict[str, Any], workdir: Path) -> Dict[str, Any]:
-    """Run ``spec`` in a brand-new ``python -m tests.resume_trials`` process; its snapshot."""
+    """Run ``spec`` in a brand-new ``python -m tests.support.resume_trials`` process; its snapshot."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.json").write_text(json.dumps(spec))
     _python([str(workdir / "spec.json"), str(workdir / "out.pt")])
@@ -234,7 +234,7 @@ def test_s3_round_trip_resumes_exactly_from_the_storage_id(s3_server: Dict[str, 
     storage_id = stopped["latest_checkpoint"]
     assert not (tmp_path / "stopped" / "checkpoints").exists()  # nothing went to the local disk
 
-    from tests.s3_fixture import s3_admin_client
+    from tests.support.s3_fixture import s3_admin_client
 
     keys = {
         item["Key"]

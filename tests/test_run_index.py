@@ -54,11 +54,11 @@ def wait_for_reports(run_dir: Path, count: int, process: subprocess.Popen) -> No
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
-    slow = "tests.progress_trials:SlowTrainingTrial"
+    slow = "tests.support.progress_trials:SlowTrainingTrial"
     preempted = start(root, "preempted", slow, 400)
     killed = start(root, "killed", slow, 400)
-    completed = start(root, "completed", "tests.trials:OneWeightTrial", 8)
-    failed = start(root, "failed", "tests.progress_trials:FailingTrial", 8)
+    completed = start(root, "completed", "tests.support.trials:OneWeightTrial", 8)
+    failed = start(root, "failed", "tests.support.progress_trials:FailingTrial", 8)
     wait_for_reports(root / "runs" / "preempted", 3, preempted)
     preempted.send_signal(signal.SIGTERM)
     wait_for_reports(root / "runs" / "killed", 3, killed)
@@ -67,7 +67,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     killed.wait(timeout=30)
     assert completed.wait(timeout=300) == 0, completed.stdout.read()
     assert failed.wait(timeout=300) == 1, failed.stdout.read()
-    resumed = start(root, "resumed", "tests.trials:OneWeightTrial", 8,
+    resumed = start(root, "resumed", "tests.support.trials:OneWeightTrial", 8,
                     "--resume", str(root / "runs" / "completed"), "--config", "hyperparameters.lr=0.05",
                     "--config", "searcher.max_length.batches=12")
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()

@@ -17,7 +17,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.postgres_fixture import postgres_server
+from tests.support.postgres_fixture import postgres_server
 
 pytest.importorskip("optuna")
 

@@ -30,8 +30,8 @@ from hookdet.checkpoints.gcs import GCSStorage
 from hookdet.checkpoints.object_store import ObjectStorage
 from hookdet.checkpoints.registry import storage_class
 from hookdet.checkpoints.s3 import S3Storage
-from tests.s3_fixture import s3_admin_client, s3_server  # noqa: F401  (s3_server: a fixture)
-from tests.storage_servers import azure_server, flatfs_installed, gcs_server  # noqa: F401  (fixtures)
+from tests.support.s3_fixture import s3_admin_client, s3_server  # noqa: F401  (s3_server: a fixture)
+from tests.support.storage_servers import azure_server, flatfs_installed, gcs_server  # noqa: F401  (fixtures)
 
 CHECKPOINT_FILES = {
     METADATA_FILE: json.dumps({"steps_completed": 12}).encode(),

@@ -63,7 +63,7 @@ def test_a_yaml_plugins_list_loads_it_by_name_with_its_options(
     experiment = tmp_path / "experiment.yaml"
     experiment.write_text(textwrap.dedent(
         """
-        entrypoint: tests.trials:OneWeightTrial
+        entrypoint: tests.support.trials:OneWeightTrial
         hyperparameters: {lr: 0.1, records: 8, global_batch_size: 2}
         searcher: {name: single, metric: validation_loss, max_length: {batches: 10}}
         min_validation_period: {batches: 5}

@@ -25,8 +25,8 @@ from hookdet.checkpoints.lookup import resolve_checkpoint_dir
 from hookdet.plugin_manager import PluginError
 from hookdet.trial import TrialError
 from hookdet.plugin import run_of
-from tests.amp_trials import ManualScalerTrial, RegressionTrial, UseAmpAfterWrapTrial, UseAmpTrial
-from tests.trials import fit
+from tests.support.amp_trials import ManualScalerTrial, RegressionTrial, UseAmpAfterWrapTrial, UseAmpTrial
+from tests.support.trials import fit
 
 REPO = Path(__file__).resolve().parents[2]
 HP = {"lr": 0.02, "records": 256, "global_batch_size": 16}
@@ -249,7 +249,7 @@ def test_resume_with_a_scaler_in_a_new_process_is_bitwise_exact(tmp_path: Path) 
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     subprocess.run(
-        [sys.executable, "-m", "tests.amp_trials", str(tmp_path / "spec.json")], cwd=REPO, check=True
+        [sys.executable, "-m", "tests.support.amp_trials", str(tmp_path / "spec.json")], cwd=REPO, check=True
     )
     resumed = torch.load(tmp_path / "resumed.pt", weights_only=True)
     assert resumed["batches_trained"] == 10

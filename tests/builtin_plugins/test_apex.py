@@ -20,8 +20,8 @@ from hookdet import pytorch
 from hookdet.plugin_manager import PluginError
 from hookdet.trial import TrialError
 from hookdet.plugin import run_of
-from tests.amp_trials import ApexTrial, RegressionTrial, TwoLossApexTrial
-from tests.trials import fit
+from tests.support.amp_trials import ApexTrial, RegressionTrial, TwoLossApexTrial
+from tests.support.trials import fit
 
 REPO = Path(__file__).resolve().parents[2]
 HP = {"lr": 0.02, "records": 256, "global_batch_size": 16}
@@ -282,7 +282,7 @@ def test_o2_resume_in_a_new_process_is_bitwise_exact(tmp_path: Path) -> None:
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     subprocess.run(
-        [sys.executable, "-W", "ignore::FutureWarning", "-m", "tests.amp_trials", str(tmp_path / "spec.json")],
+        [sys.executable, "-W", "ignore::FutureWarning", "-m", "tests.support.amp_trials", str(tmp_path / "spec.json")],
         cwd=REPO, check=True,
     )
     resumed = torch.load(tmp_path / "resumed.pt", weights_only=True)

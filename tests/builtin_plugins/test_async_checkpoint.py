@@ -25,7 +25,7 @@ from hookdet import pytorch
 from hookdet.config import ConfigError
 from hookdet.markers import hookimpl
 from hookdet.checkpoints.local import LocalStorage
-from tests.resume_trials import RegressionTrial, run_spec
+from tests.support.resume_trials import RegressionTrial, run_spec
 
 HPARAMS = {"records": 32, "global_batch_size": 8, "lr": 0.05, "shuffle": True, "dropout": 0.2}
 
@@ -282,7 +282,7 @@ def rewrite_as_format_3(directory: Path) -> None:
 
 
 def test_a_checkpoint_of_the_sha256_format_resumes_exactly(tmp_path: Path) -> None:
-    spec = {"trial": "tests.resume_trials:RegressionTrial", "hparams": HPARAMS, "max_batches": 8,
+    spec = {"trial": "tests.support.resume_trials:RegressionTrial", "hparams": HPARAMS, "max_batches": 8,
             "validation_period": 4, "reporting_period": 2, "checkpoint_period": 3}
     run_spec({**spec, "run_dir": str(tmp_path / "first"), "max_batches": 3})
     (original,) = [path for path, _ in lookup.find_checkpoints(tmp_path / "first" / "checkpoints")]

@@ -27,10 +27,10 @@ from hookdet.cluster_info import activated, local_cluster_info
 from hookdet.config import parse_experiment_config
 from hookdet.markers import hookimpl
 from hookdet.plugin import run_of
-from tests.resume_trials import RegressionTrial, run_spec
+from tests.support.resume_trials import RegressionTrial, run_spec
 
 SPEC: Dict[str, Any] = {
-    "trial": "tests.resume_trials:RegressionTrial",
+    "trial": "tests.support.resume_trials:RegressionTrial",
     "hparams": {"records": 32, "global_batch_size": 8, "lr": 0.05, "shuffle": True},
     "max_batches": 6,
     "validation_period": 2,
@@ -78,7 +78,7 @@ def test_checkpoint_contents_need_no_unpickling(tmp_path: Path) -> None:
     assert state["trial_state"]["latest_checkpoint"] == directory.name == result["latest_checkpoint"]
     assert len(state["rng_state"]) == 1 and set(state["rng_state"][0]) >= {"python", "numpy", "torch"}
     metadata = fmt.verify(directory)
-    assert metadata["trial_class"] == "tests.resume_trials:RegressionTrial"
+    assert metadata["trial_class"] == "tests.support.resume_trials:RegressionTrial"
     assert metadata["steps_completed"] == 6 and metadata["hparams"]["lr"] == 0.05
     # The callback's value is Determined's (averaged in float32); the reports' in float64.
     assert metadata["validation_metric"] == pytest.approx(result["validations"][-1]["validation_loss"], rel=1e-6)
@@ -183,10 +183,10 @@ def resume(run_dir: Path, target: Path, **spec_overrides: Any) -> Dict[str, Any]
 def test_a_checkpoint_of_another_trial_class_is_refused(trained_run: Path) -> None:
     newest = checkpoint_by_steps(trained_run / "checkpoints", 6)
     with pytest.raises(fmt.CheckpointError) as raised:
-        resume(trained_run, newest, trial="tests.resume_trials:GANTrial", hparams={**SPEC["hparams"]})
+        resume(trained_run, newest, trial="tests.support.resume_trials:GANTrial", hparams={**SPEC["hparams"]})
     assert (
-        f"checkpoint {newest} was written by trial class tests.resume_trials:RegressionTrial, "
-        "not tests.resume_trials:GANTrial" in str(raised.value)
+        f"checkpoint {newest} was written by trial class tests.support.resume_trials:RegressionTrial, "
+        "not tests.support.resume_trials:GANTrial" in str(raised.value)
     )
     fmt.verify(newest)  # untouched
 

@@ -1,7 +1,7 @@
 """The ddp plugin: real ranks (torchrun, gloo, 2 processes) against the same run on one process.
 
 Every multi-process test launches ``hookdet run`` (or torchrun itself) as a child process and reads
-back what each rank recorded (``tests/distributed_trials.py``). Weights of a 2-rank run equal the
+back what each rank recorded (``tests/support/distributed_trials.py``). Weights of a 2-rank run equal the
 1-rank run's within float32 rounding, not bitwise: DDP averages the two ranks' gradients (each the
 mean over half the batch) with an all-reduce, where one process takes one mean over the whole
 batch, so the same numbers are summed in a different order.
@@ -24,7 +24,7 @@ from hookdet.launcher import RANK_ENTRY
 from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugin_manager import PluginError, PluginManager
-from tests.distributed_trials import (
+from tests.support.distributed_trials import (
     REPO_ROOT,
     TESTS_DIR,
     child_env,

@@ -15,7 +15,7 @@ from hookdet.runs.metrics import read_reports
 from hookdet.markers import hookimpl
 from hookdet.plugin_manager import PluginError
 from hookdet.plugin import run_of
-from tests.trials import OneWeightTrial, fit
+from tests.support.trials import OneWeightTrial, fit
 
 HP = {"lr": 0.1, "records": 8, "global_batch_size": 2}
 PLUGINS = ["callbacks", "metrics_log", "checkpoint", "hook_timing"]

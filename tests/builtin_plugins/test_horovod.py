@@ -14,7 +14,7 @@ import torch
 
 from hookdet import cli
 from hookdet.builtin_plugins.horovod import _named_parameters
-from tests.distributed_trials import (
+from tests.support.distributed_trials import (
     TESTS_DIR,
     expected_weights,
     hookdet_command,

@@ -33,10 +33,10 @@ from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugin import run_of
-from tests.resume_trials import RegressionTrial
+from tests.support.resume_trials import RegressionTrial
 
-TESTS = Path(__file__).resolve().parents[1]
-REPO = TESTS.parent
+TESTS = Path(__file__).resolve().parents[1] / "support"  # the trials' model directory
+REPO = TESTS.parents[1]
 
 
 def write_config(path: Path, hparams: Dict[str, Any], **fields: Any) -> Path:

@@ -12,7 +12,7 @@ import torch
 from hookdet import pytorch
 from hookdet.plugin_manager import PluginError
 from hookdet.plugin import run_of
-from tests.trials import OneWeightTrial, fit
+from tests.support.trials import OneWeightTrial, fit
 
 HP = {"lr": 0.1, "records": 8, "global_batch_size": 2}
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")

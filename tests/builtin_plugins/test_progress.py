@@ -29,14 +29,14 @@ from hookdet.live_view import format_number
 from hookdet.plugin_manager import PluginError
 from hookdet.distributed import DistributedContext
 from hookdet.plugin import run_of
-from tests.trials import OneWeightTrial, fit
+from tests.support.trials import OneWeightTrial, fit
 
 REPO = Path(__file__).resolve().parents[2]
 HOOKDET = Path(sys.executable).with_name("hookdet")
 HP = {"lr": 0.1, "records": 8, "global_batch_size": 2}
 
 EXPERIMENT = """
-entrypoint: tests.trials:OneWeightTrial
+entrypoint: tests.support.trials:OneWeightTrial
 hyperparameters: {lr: 0.1, records: 8, global_batch_size: 2}
 searcher: {name: single, metric: validation_loss, max_length: {batches: 40}}
 min_validation_period: {batches: 10}
@@ -70,9 +70,9 @@ def read_until_closed(controller: int, timeout: float = 120.0) -> str:
     return b"".join(chunks).decode()
 
 
-def write_experiment(directory: Path, entrypoint: str = "tests.trials:OneWeightTrial") -> Path:
+def write_experiment(directory: Path, entrypoint: str = "tests.support.trials:OneWeightTrial") -> Path:
     path = directory / "experiment.yaml"
-    path.write_text(textwrap.dedent(EXPERIMENT).replace("tests.trials:OneWeightTrial", entrypoint))
+    path.write_text(textwrap.dedent(EXPERIMENT).replace("tests.support.trials:OneWeightTrial", entrypoint))
     return path
 
 
@@ -91,7 +91,7 @@ def screen_lines(screen: str) -> List[str]:
 
 @pytest.mark.slow
 def test_live_view_in_a_terminal(tmp_path: Path) -> None:
-    experiment = write_experiment(tmp_path, "tests.progress_trials:ManyMetricsTrial")
+    experiment = write_experiment(tmp_path, "tests.support.progress_trials:ManyMetricsTrial")
     controller, terminal = open_terminal(columns=120)
     process = subprocess.Popen(
         hookdet_run(experiment, tmp_path / "run"),
@@ -146,7 +146,7 @@ def test_live_view_in_a_terminal(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
-    experiment = write_experiment(tmp_path, "tests.progress_trials:ManyMetricsTrial")
+    experiment = write_experiment(tmp_path, "tests.support.progress_trials:ManyMetricsTrial")
     result = subprocess.run(
         hookdet_run(experiment, tmp_path / "run"),
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
@@ -174,7 +174,7 @@ def test_a_long_validation_off_a_terminal_never_goes_silent(tmp_path: Path) -> N
     line at least every half second or so all the way through, saying where validation is."""
     experiment = tmp_path / "experiment.yaml"
     experiment.write_text(textwrap.dedent("""
-        entrypoint: tests.progress_trials:SlowValidationTrial
+        entrypoint: tests.support.progress_trials:SlowValidationTrial
         hyperparameters: {lr: 0.1, records: 10, global_batch_size: 1, eval_sleep_s: 0.3}
         searcher: {name: single, metric: validation_loss, max_length: {batches: 2}}
         scheduling_unit: 1

@@ -19,7 +19,7 @@ from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.tensorboard import DiscardingWriter, TorchWriter
 from hookdet.distributed import DistributedContext
 from hookdet.plugin import run_of
-from tests.trials import OneWeightTrial, fit
+from tests.support.trials import OneWeightTrial, fit
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -172,7 +172,7 @@ def test_missing_tensorboard_package_refuses_the_run_with_one_message(tmp_path: 
     config = tmp_path / "experiment.yaml"
     config.write_text(textwrap.dedent(
         """
-        entrypoint: tests.trials:OneWeightTrial
+        entrypoint: tests.support.trials:OneWeightTrial
         hyperparameters: {lr: 0.1, records: 4, global_batch_size: 2}
         searcher: {name: single, metric: validation_loss, max_length: {batches: 4}}
         plugins: {only: [metrics_log, tensorboard]}

@@ -16,8 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-TESTS = Path(__file__).resolve().parents[1]
-REPO = TESTS.parent
+#: The model directory of the tests' trials (``resume_trials:RegressionTrial``, ...).
+TESTS = Path(__file__).resolve().parents[1] / "support"
+REPO = TESTS.parents[1]
 
 #: Bound on one ``hookdet run`` of the corpus, in seconds (the tests' own limit is far above).
 CASE_TIMEOUT = 360

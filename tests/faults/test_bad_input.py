@@ -209,7 +209,7 @@ def test_a_plugin_whose_state_fails_is_named_not_the_checkpoint_plugin(tmp_path:
     """Issue 19 case 9: the error names the plugin whose state_dict/load_state_dict raised."""
     from hookdet import pytorch
     from hookdet.plugin_manager import PluginError
-    from tests.resume_trials import RegressionTrial
+    from tests.support.resume_trials import RegressionTrial
 
     hparams = {"records": 32, "global_batch_size": 8, "lr": 0.01}
     exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["checkpoint"]}}

@@ -32,7 +32,7 @@ from tests.faults.harness import (
     wait_until,
     write_config,
 )
-from tests.s3_fixture import s3_server  # noqa: F401  (a fixture)
+from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from hookdet.checkpoints import lookup as lookup
 from hookdet.checkpoints.s3 import S3_TIMEOUTS, S3Storage
 from tests.faults.harness import assert_one_line, checkpoint_metadata, finish, start, wait_until, write_config
 from tests.faults.test_bad_input import hookdet, one_line
-from tests.s3_fixture import s3_server  # noqa: F401  (a fixture)
+from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hookdet import pytorch
-from tests.distributed_trials import LinearTrial
+from tests.support.distributed_trials import LinearTrial
 
 
 class Generator(nn.Module):

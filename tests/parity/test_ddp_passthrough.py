@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed_trials import read_weight, run_command, write_config
+from tests.support.distributed_trials import read_weight, run_command, write_config
 
 TRIAL_DIR = Path(__file__).resolve().parent
 

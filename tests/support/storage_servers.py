@@ -29,7 +29,7 @@ import pytest
 
 from hookdet.launcher import child_setup_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AZURITE = REPO / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 #: Azurite's well-known development account (published by Microsoft; it guards nothing).
 AZURITE_ACCOUNT = "devstoreaccount1"

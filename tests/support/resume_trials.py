@@ -1,7 +1,7 @@
 """Trials that exercise every piece of state a resume must restore, and a driver that trains one.
 
 The resume tests train a trial straight through, then again stopping at batch ``k``, then
-resume in a *new process* (``python -m tests.resume_trials SPEC.json OUT.pt``, or ``--each
+resume in a *new process* (``python -m tests.support.resume_trials SPEC.json OUT.pt``, or ``--each
 SPECS.json OUT_DIR`` for one forked child per spec) and compare what the two ways produced, bit
 for bit. Each trial reports, per batch, values that expose a wrong
 resume immediately: the sum of the batch's inputs (data order), the learning rate (scheduler
@@ -361,8 +361,8 @@ def _run_forked(specs: List[Dict[str, Any]], out_dir: Path, parallel: int = 2) -
 
 
 def main(argv: List[str]) -> int:
-    """``python -m tests.resume_trials SPEC.json OUT.pt``: train per the spec, save the snapshot;
-    ``python -m tests.resume_trials --each SPECS.json OUT_DIR``: the same for each spec of a
+    """``python -m tests.support.resume_trials SPEC.json OUT.pt``: train per the spec, save the snapshot;
+    ``python -m tests.support.resume_trials --each SPECS.json OUT_DIR``: the same for each spec of a
     list, each in its own forked child."""
     if argv[0] == "--each":
         return _run_forked(json.loads(Path(argv[1]).read_text()), Path(argv[2]))

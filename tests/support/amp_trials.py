@@ -11,7 +11,7 @@ so batch ``b`` of the first epoch is rows ``b * batch_size ...``. hparams:
   ``(1e20)**2``), so its loss is inf or NaN and its gradients are not finite;
 * ``apex``: keyword arguments for ``configure_apex_amp`` (``ApexTrial``).
 
-``python -m tests.amp_trials SPEC.json`` fits the trial SPEC names (``trial``, ``hparams``,
+``python -m tests.support.amp_trials SPEC.json`` fits the trial SPEC names (``trial``, ``hparams``,
 ``config``, ``max_length``, ``run_dir``, optional ``latest_checkpoint``) and saves its final
 state to ``SPEC["out"]`` (see :func:`final_state`): the resume tests continue a run in a process
 that shares nothing with the one that wrote the checkpoint.
@@ -28,7 +28,7 @@ from torch import nn
 
 from hookdet import pytorch
 from hookdet.plugin import run_of
-from tests.trials import fit
+from tests.support.trials import fit
 
 OVERFLOW_VALUE = 1e20
 

@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import torch
 
-from tests.trials import OneWeightTrial
+from tests.support.trials import OneWeightTrial
 
 #: Training metrics beyond the loss, so a report's metrics do not fit one 120-column line.
 EXTRA_METRICS = [f"metric_{letter}" for letter in "abcdefghijklmnop"]

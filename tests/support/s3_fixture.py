@@ -1,6 +1,6 @@
 """A real S3-compatible server on loopback for tests: moto in server mode.
 
-Use it from any test module with ``from tests.s3_fixture import s3_server`` (pytest finds the
+Use it from any test module with ``from tests.support.s3_fixture import s3_server`` (pytest finds the
 fixture by the imported name), or re-export it from a ``conftest.py``. The module is plain
 Python so it imports the same way from either place.
 

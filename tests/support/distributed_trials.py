@@ -24,8 +24,8 @@ from torch import nn
 
 from hookdet import pytorch
 
-TESTS_DIR = Path(__file__).resolve().parent
-REPO_ROOT = TESTS_DIR.parent
+TESTS_DIR = Path(__file__).resolve().parent  # tests/support: the model directory of the trials here
+REPO_ROOT = TESTS_DIR.parents[1]
 
 
 def record_inputs(records: int) -> torch.Tensor:
