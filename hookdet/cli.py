@@ -21,31 +21,16 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from hookdet.errors import HookdetError
 from hookdet.importing import SpecImportError, import_object
-from hookdet.launcher import LAUNCHER_PID_ENV, RANK_ENTRY
+from hookdet.errors import UsageError
+from hookdet.launcher import LAUNCHER_PID_ENV, TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
 from hookdet.runs.files import CONFIG_FILE
 
 logger = logging.getLogger("hookdet")
 
-#: torchrun options ``hookdet run`` passes through, for several nodes.
-TORCHRUN_OPTIONS = (
-    "--nnodes",
-    "--node-rank",
-    "--rdzv-endpoint",
-    "--rdzv-backend",
-    "--rdzv-id",
-    "--master-addr",
-    "--master-port",
-    "--max-restarts",
-    "--monitor-interval",
-)
 
 
 #: Where ranks started by ``hookdet run``'s launcher write their exit status (set by the launcher).
 RANK_STATUS_DIR_ENV = "HOOKDET_RANK_STATUS_DIR"
-
-
-class UsageError(HookdetError):
-    """A command-line or entrypoint problem; printed as one line."""
 
 
 def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) -> type:
@@ -150,14 +135,6 @@ def working_directory(path: Path) -> Iterator[None]:
         os.chdir(previous)
 
 
-def resume_target(resume: Optional[str]) -> Optional[str]:
-    """``--resume``'s argument as the trial or script sees it from the model directory: a path
-    that exists here made absolute, anything else (a checkpoint id) as it is."""
-    if resume is None:
-        return None
-    return str(Path(resume).resolve()) if Path(resume).exists() else resume
-
-
 def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
     ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
@@ -243,43 +220,6 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)
     return combined_exit_status(launcher_status, statuses, local_ranks)
-
-
-def torchrun_command(
-    argv: Sequence[str], slots: int, torchrun_options: Sequence[str]
-) -> "tuple[List[str], int]":
-    """The torchrun command line that runs ``hookdet run`` with ``slots`` ranks in all, and how
-    many of them it starts on this machine.
-
-    One machine: ``--standalone`` (a private rendezvous on a free port). Several machines: the
-    torchrun options given (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``, ...) pass through
-    and ``slots_per_trial`` is split evenly across the ``--nnodes`` machines.
-    """
-    values = dict(option.split("=", 1) for option in torchrun_options)
-    per_node = slots
-    if "--nnodes" in values:
-        nnodes = values["--nnodes"]
-        if not nnodes.isdigit() or int(nnodes) < 1:
-            raise UsageError(f"--nnodes must be a positive number of machines, got {nnodes!r}")
-        if slots % int(nnodes):
-            raise UsageError(
-                f"slots_per_trial {slots} cannot be split evenly across --nnodes={nnodes} machines"
-            )
-        per_node = slots // int(nnodes)
-    command: List[str] = [sys.executable, "-m", "torch.distributed.run"]
-    rendezvous = ("--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--master-addr", "--master-port")
-    if not any(option in values for option in rendezvous):
-        command.append("--standalone")
-    command += [f"--nproc-per-node={per_node}", *torchrun_options, RANK_ENTRY, *argv]
-    return command, per_node
-
-
-def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
-    """The horovodrun command line (gloo, this machine) that runs ``hookdet run`` on ``slots`` ranks."""
-    return [
-        sys.executable, "-m", "horovod.runner.launch", "-np", str(slots), "-H", f"localhost:{slots}",
-        "--gloo", sys.executable, RANK_ENTRY, *argv,
-    ]
 
 
 def _run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str]) -> int:

@@ -29,6 +29,7 @@ from hookdet.metric_values import MetricError, check_metrics_serialisable
 from hookdet.trial import (
     Batch,
     Epoch,
+    PyTorchTrial,
     ShouldExit,
     TrainUnit,
     TrialError,
@@ -520,3 +521,6 @@ class TrainingLoop:
         if improved:
             self.state.best_validation = float(value)
         return improved
+
+
+PyTorchTrial.trial_controller_class = TrainingLoop  # Determined's attribute, set from above (see trial.py)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE
 
-__all__ = ["ArgumentTypeError", "HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP"]
+__all__ = ["ArgumentTypeError", "HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP", "UsageError"]
 
 
 class HookdetError(Exception):
     """A problem hookdet reports as one line naming the culprit, without a traceback: bad input
     (a config field, a plugin, a checkpoint, a run directory) or a fault outside user code. Every
     such error derives from it, and the command line catches this one class."""
+
+
+class UsageError(HookdetError):
+    """A command-line or entrypoint problem; printed as one line."""
 
 
 class ArgumentTypeError(TypeError, AssertionError):

@@ -5,7 +5,7 @@
   chain asks the kernel for a *parent-death signal* (Linux ``prctl(PR_SET_PDEATHSIG)``): torchrun
   gets SIGKILL when ``hookdet run`` dies, and each rank gets SIGKILL when torchrun dies. A
   ``kill -9`` of ``hookdet run`` therefore ends torchrun and every rank within moments. The
-  launcher starts each rank with this file as its program (:data:`RANK_ENTRY`), so the request is
+  launcher starts each rank with :mod:`hookdet.rank_entry` as its program (:data:`RANK_ENTRY`), so the request is
   the rank's first act, before torch is imported; a rank that then finds ``hookdet run`` is no
   longer among its ancestors (torchrun died first, and the rank was adopted by init or by a
   *subreaper*, as a desktop ``systemd --user`` session is) exits at once.
@@ -18,12 +18,6 @@
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # a rank's entry point (see the bottom): import hookdet, not its modules
-    import os as _os
-    import sys as _sys
-
-    _sys.path[0] = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-
 import contextlib
 import ctypes
 import logging
@@ -34,7 +28,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+from hookdet.errors import UsageError
 
 logger = logging.getLogger("hookdet")
 
@@ -75,7 +71,7 @@ def set_parent_death_signal(signum: int = signal.SIGKILL, expected_parent: Optio
 
 
 #: The program ``hookdet run`` gives torchrun (or horovodrun) for each rank: this file.
-RANK_ENTRY = os.path.abspath(__file__)
+RANK_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_entry.py")
 #: The pid of the ``hookdet run`` that launched the ranks, passed to them in the environment.
 LAUNCHER_PID_ENV = "HOOKDET_LAUNCHER_PID"
 #: How far up a rank looks for its launcher (torchrun; horovodrun's gloo runner and shell).
@@ -287,8 +283,64 @@ def stop_signals_passed_on(send: Callable[[int], None], to_whom: str) -> Iterato
             signal.signal(signum, handler)
 
 
-if __name__ == "__main__":
-    die_with_launcher()
-    from hookdet.cli import main
+# ---------------------------------------------------------------------------------------------
+# The launch commands
+# ---------------------------------------------------------------------------------------------
 
-    sys.exit(main(sys.argv[1:]))
+#: torchrun options ``hookdet run`` passes through, for several nodes.
+TORCHRUN_OPTIONS = (
+    "--nnodes",
+    "--node-rank",
+    "--rdzv-endpoint",
+    "--rdzv-backend",
+    "--rdzv-id",
+    "--master-addr",
+    "--master-port",
+    "--max-restarts",
+    "--monitor-interval",
+)
+
+
+def torchrun_command(
+    argv: Sequence[str], slots: int, torchrun_options: Sequence[str]
+) -> "tuple[List[str], int]":
+    """The torchrun command line that runs ``hookdet run`` with ``slots`` ranks in all, and how
+    many of them it starts on this machine.
+
+    One machine: ``--standalone`` (a private rendezvous on a free port). Several machines: the
+    torchrun options given (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``, ...) pass through
+    and ``slots_per_trial`` is split evenly across the ``--nnodes`` machines.
+    """
+    values = dict(option.split("=", 1) for option in torchrun_options)
+    per_node = slots
+    if "--nnodes" in values:
+        nnodes = values["--nnodes"]
+        if not nnodes.isdigit() or int(nnodes) < 1:
+            raise UsageError(f"--nnodes must be a positive number of machines, got {nnodes!r}")
+        if slots % int(nnodes):
+            raise UsageError(
+                f"slots_per_trial {slots} cannot be split evenly across --nnodes={nnodes} machines"
+            )
+        per_node = slots // int(nnodes)
+    command: List[str] = [sys.executable, "-m", "torch.distributed.run"]
+    rendezvous = ("--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--master-addr", "--master-port")
+    if not any(option in values for option in rendezvous):
+        command.append("--standalone")
+    command += [f"--nproc-per-node={per_node}", *torchrun_options, RANK_ENTRY, *argv]
+    return command, per_node
+
+
+def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
+    """The horovodrun command line (gloo, this machine) that runs ``hookdet run`` on ``slots`` ranks."""
+    return [
+        sys.executable, "-m", "horovod.runner.launch", "-np", str(slots), "-H", f"localhost:{slots}",
+        "--gloo", sys.executable, RANK_ENTRY, *argv,
+    ]
+
+
+def resume_target(resume: Optional[str]) -> Optional[str]:
+    """``--resume``'s argument as the trial or script sees it from the model directory: a path
+    that exists here made absolute, anything else (a checkpoint id) as it is."""
+    if resume is None:
+        return None
+    return str(Path(resume).resolve()) if Path(resume).exists() else resume

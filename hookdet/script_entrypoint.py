@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet import cluster_info
-from hookdet.cli import UsageError, resume_target, torchrun_command
+from hookdet.errors import UsageError
+from hookdet.launcher import resume_target, torchrun_command
 from hookdet.launcher import RANK_ENTRY, launcher_death_line, pump_filtered, signal_name, stop_signals_passed_on
 
 logger = logging.getLogger("hookdet")

@@ -75,16 +75,6 @@ class TrialError(HookdetError):
     """A trial broke the ``PyTorchTrial`` contract; the message names the method."""
 
 
-class _TrainingLoopClass:
-    """``PyTorchTrial.trial_controller_class``: the class that drives a trial, looked up on access
-    (``hookdet.core_loop`` imports this module)."""
-
-    def __get__(self, instance: Any, owner: Any) -> type:
-        from hookdet.core_loop import TrainingLoop
-
-        return TrainingLoop
-
-
 class PyTorchTrial(abc.ABC):
     """Determined's ``PyTorchTrial``: the model, optimizers and data of one training run.
 
@@ -94,8 +84,9 @@ class PyTorchTrial(abc.ABC):
 
     #: The context class a trial is constructed with (Determined's attribute).
     trial_context_class = PyTorchTrialContext
-    #: The loop that drives the trial (Determined's attribute; here :class:`TrainingLoop`).
-    trial_controller_class = _TrainingLoopClass()
+    #: The loop that drives the trial (Determined's attribute): :class:`hookdet.core_loop.TrainingLoop`,
+    #: which sets it when it is defined, the loop sitting above the trial API in the import layers.
+    trial_controller_class: Any = None
 
     @abc.abstractmethod
     def __init__(self, context: "PyTorchTrialContext") -> None:

@@ -34,7 +34,7 @@ def is_search(config: Any, args: argparse.Namespace) -> bool:
 
 
 def _usage_error(message: str) -> Exception:
-    from hookdet.cli import UsageError
+    from hookdet.errors import UsageError
 
     return UsageError(message)
 

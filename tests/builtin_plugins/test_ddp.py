@@ -20,6 +20,8 @@ import torch
 
 from hookdet import cli
 from hookdet.builtin_plugins.ddp import DDPPlugin, check_ddp_options, ddp_keyword_options
+from hookdet import launcher as hookdet_launcher
+from hookdet.errors import UsageError
 from hookdet.launcher import RANK_ENTRY
 from hookdet.runs.metrics import read_reports
 from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
@@ -356,22 +358,22 @@ def test_one_process_with_ddp_listed_trains_unwrapped(tmp_path: Path) -> None:
 
 def test_torchrun_command_one_machine_and_several() -> None:
     argv = ["run", "experiment.yaml"]
-    command, local = cli.torchrun_command(argv, 4, [])
+    command, local = hookdet_launcher.torchrun_command(argv, 4, [])
     assert local == 4
-    # Each rank runs hookdet's rank entry (hookdet/launcher.py), which asks for its parent-death
+    # Each rank runs hookdet's rank entry (hookdet/rank_entry.py), which asks for its parent-death
     # signal before it imports anything heavy.
     assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", RANK_ENTRY, *argv]
-    assert Path(RANK_ENTRY) == Path(cli.__file__).with_name("launcher.py")
+    assert Path(RANK_ENTRY) == Path(hookdet_launcher.__file__).with_name("rank_entry.py") and Path(RANK_ENTRY).is_file()
 
     options = ["--nnodes=2", "--node-rank=1", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-backend=c10d"]
-    command, local = cli.torchrun_command(argv, 4, options)
+    command, local = hookdet_launcher.torchrun_command(argv, 4, options)
     assert local == 2 and "--standalone" not in command
     assert command[3:] == ["--nproc-per-node=2", *options, RANK_ENTRY, *argv]
 
-    with pytest.raises(cli.UsageError, match="cannot be split evenly"):
-        cli.torchrun_command(argv, 3, ["--nnodes=2"])
-    with pytest.raises(cli.UsageError, match="positive number of machines"):
-        cli.torchrun_command(argv, 4, ["--nnodes=1:2"])
+    with pytest.raises(UsageError, match="cannot be split evenly"):
+        hookdet_launcher.torchrun_command(argv, 3, ["--nnodes=2"])
+    with pytest.raises(UsageError, match="positive number of machines"):
+        hookdet_launcher.torchrun_command(argv, 4, ["--nnodes=1:2"])
 
 
 def test_launcher_exit_status_reflects_the_ranks() -> None:
