@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -191,7 +190,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
-    from hookdet.launcher import failure_lines, launcher_death_line
+    from hookdet.launcher import combined_exit_status, failure_lines, launcher_death_line, read_rank_statuses, run_passing_signals
     from hookdet.plugin_list import Launch, select_plugins
     from hookdet.trainer import default_run_dir
 
@@ -213,62 +212,13 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         env[RANK_STATUS_DIR_ENV] = status_dir
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_said: List[str] = []
-        launcher_status = _run_passing_signals(command, env, launcher_said)
-        statuses = _read_rank_statuses(Path(status_dir))
+        launcher_status = run_passing_signals(command, env, launcher_said)
+        statuses = read_rank_statuses(Path(status_dir))
         lines = failure_lines(Path(status_dir), statuses, local_ranks)
         died = launcher_death_line(launcher, launcher_status, len(statuses))
         for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)
     return combined_exit_status(launcher_status, statuses, local_ranks)
-
-
-def _run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str]) -> int:
-    """Run ``command`` in its own session, passing this process's stop signals on; its status.
-    The launcher's own failures, each one line, are appended to ``said``."""
-    from hookdet.launcher import child_setup_for, pump_filtered, stop_signals_passed_on
-
-    process = subprocess.Popen(
-        list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
-        preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
-    )
-    pump = pump_filtered(process.stderr, sys.stderr, said)
-
-    def send(signum: int) -> None:
-        if process.poll() is None:
-            process.send_signal(signum)
-
-    try:
-        with stop_signals_passed_on(send, "the ranks"):
-            status = process.wait()
-        pump.join(timeout=5)
-        return status
-    finally:
-        if process.poll() is None:  # this process is dying of something else: take the ranks along
-            process.kill()
-            process.wait()
-
-
-def _read_rank_statuses(status_dir: Path) -> Dict[int, int]:
-    statuses = {}
-    for path in status_dir.glob("rank-*"):
-        if path.name[len("rank-"):].isdigit():
-            statuses[int(path.name[len("rank-"):])] = int(path.read_text())
-    return statuses
-
-
-def combined_exit_status(
-    launcher_status: int, rank_statuses: Dict[int, int], local_ranks: int
-) -> int:
-    """``hookdet run``'s exit status after a launch; see :func:`_launch`."""
-    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
-
-    if len(rank_statuses) < local_ranks:
-        return 128 - launcher_status if launcher_status < 0 else launcher_status or 1
-    in_rank_order = [status for _, status in sorted(rank_statuses.items())]
-    failed = [status for status in in_rank_order if status not in (0, PREEMPTED_EXIT_CODE)]
-    if failed:
-        return failed[0]
-    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in in_rank_order else 0
 
 
 def report_status_to_launcher(status: int) -> int:

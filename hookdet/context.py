@@ -3,6 +3,9 @@
 Every feature-specific call (``wrap_scaler``, ``configure_apex_amp``, ``set_profiler``,
 ``get_tensorboard_writer``, ``get_initial_batch``, ``experimental.use_amp``) is a provider hook in
 :mod:`hookdet.hookspecs`; its built-in answer is loaded when no running plugin implements it.
+
+Why one long module: Determined's ``PyTorchTrialContext`` is one class of some forty public
+methods a trial calls (each short), and its name and shape are Determined's to keep.
 """
 from __future__ import annotations
 

@@ -3,6 +3,10 @@
 :mod:`hookdet.hookspecs` has the map of where each hook fires. Everything optional — devices,
 distribution, mixed precision, checkpoints, metrics sinks, progress — lives in plugins; this
 module counts batches, decides workload boundaries, reduces metrics and asks the hooks.
+
+Why one long module: the loop is one class whose per-batch path (``_train``) stays in a single
+function on purpose, with no call or hook it does not need (the bytecode budget test guards it);
+its helpers sit beside it so the whole order of a run reads in one place.
 """
 from __future__ import annotations
 

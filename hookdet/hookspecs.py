@@ -77,6 +77,9 @@ plugins), :class:`ConflictingPlugin` (``conflicts_with``), :class:`ConfigurableP
 This module is longer than hookdet's others on purpose: it is the whole contract between the loop
 and its plugins, read top to bottom by a plugin author, in the loop's order (as pytest keeps its
 hooks in one ``hookspec.py``); splitting it would scatter the map above over several files.
+
+Why one long module: it is the whole contract between the loop and plugins, each hook with the
+docstring a plugin author needs, and it reads best in one piece, as pytest's ``hookspec.py`` does.
 """
 from __future__ import annotations
 

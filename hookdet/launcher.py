@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -344,3 +345,57 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
     if resume is None:
         return None
     return str(Path(resume).resolve()) if Path(resume).exists() else resume
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the launcher and reading what the ranks recorded
+# ---------------------------------------------------------------------------------------------
+
+
+def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str]) -> int:
+    """Run ``command`` in its own session, passing this process's stop signals on; its status.
+    The launcher's own failures, each one line, are appended to ``said``."""
+    process = subprocess.Popen(
+        list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
+        preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
+    )
+    pump = pump_filtered(process.stderr, sys.stderr, said)
+
+    def send(signum: int) -> None:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    try:
+        with stop_signals_passed_on(send, "the ranks"):
+            status = process.wait()
+        pump.join(timeout=5)
+        return status
+    finally:
+        if process.poll() is None:  # this process is dying of something else: take the ranks along
+            process.kill()
+            process.wait()
+
+
+def read_rank_statuses(status_dir: Path) -> Dict[int, int]:
+    """The exit status each rank recorded in ``status_dir``, by rank."""
+    statuses = {}
+    for path in status_dir.glob("rank-*"):
+        if path.name[len("rank-"):].isdigit():
+            statuses[int(path.name[len("rank-"):])] = int(path.read_text())
+    return statuses
+
+
+def combined_exit_status(
+    launcher_status: int, rank_statuses: Dict[int, int], local_ranks: int
+) -> int:
+    """``hookdet run``'s exit status after a launch: the first failing rank's status when one failed, 75 when
+    the ranks were preempted, 0 when all completed, the launcher's own when a rank died without a word."""
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+
+    if len(rank_statuses) < local_ranks:
+        return 128 - launcher_status if launcher_status < 0 else launcher_status or 1
+    in_rank_order = [status for _, status in sorted(rank_statuses.items())]
+    failed = [status for status in in_rank_order if status not in (0, PREEMPTED_EXIT_CODE)]
+    if failed:
+        return failed[0]
+    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in in_rank_order else 0

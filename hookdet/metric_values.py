@@ -57,7 +57,6 @@ def workload_metric_to_host(
     values (training's and validation's alike, as in Determined) must have the same shape in
     every batch.
     """
-
     fast = _scalar_tensors_to_host(values)
     if fast is not None:
         return fast, list(range(len(values)))
@@ -74,56 +73,59 @@ def workload_metric_to_host(
     for position, value in enumerate(values):
         if value is None and allow_none:
             continue
-        if isinstance(value, torch.Tensor):
-            if value.is_complex() or value.is_quantized:
-                raise fail(position, value, "metric tensors must hold real numbers")
-            shape = tuple(value.shape)
-            numel = value.numel()
-        else:
-            try:
-                array = np.asarray(value)
-            except (TypeError, ValueError):
-                array = np.asarray(None, dtype=object)
-            if array.dtype.kind not in "biuf":
-                raise fail(position, value, "metric values must be numbers or arrays of numbers")
-            shape = array.shape
-            numel = array.size
-        if numel == 0:
-            raise fail(position, value, "metric values must not be empty")
-        if numel == 1:
-            shape = ()
+        shape, array = _checked_shape(value, lambda rule: fail(position, value, rule))
         if value_shape is None:
             value_shape = shape
         elif shape != value_shape:
-            raise fail(
-                position,
-                value,
-                f"its shape {shape} differs from the shape {value_shape} of earlier batches",
-            )
+            raise fail(position, value, f"its shape {shape} differs from the shape {value_shape} of earlier batches")
         if isinstance(value, torch.Tensor):
             tensor_positions_by_device.setdefault(value.device, []).append(position)
         else:
             host_rows[position] = array.astype(np.float64).reshape(shape)
-
     for device_positions in tensor_positions_by_device.values():
-        tensors = [values[position] for position in device_positions]
-        common_dtype = functools.reduce(torch.promote_types, {t.dtype for t in tensors})
-        # Reshape or cast only the tensors that need it: each such call allocates a tensor
-        # (about 2.5 µs), most of this path's cost for a validation's per-batch scalars.
-        with torch.no_grad():
-            stacked = torch.stack([
-                t if t.dtype == common_dtype and t.shape == value_shape
-                else t.reshape(value_shape).to(common_dtype)
-                for t in tensors
-            ])
-        on_host = stacked.cpu().to(torch.float64).numpy()
-        for row, position in enumerate(device_positions):
-            host_rows[position] = on_host[row]
-
+        host_rows.update(_device_rows_to_host(values, device_positions, value_shape))
     positions = sorted(host_rows)
     if not positions:
         return np.empty((0,) + (value_shape or ()), dtype=np.float64), positions
     return np.stack([host_rows[position] for position in positions]), positions
+
+
+def _checked_shape(value: Any, fail: Any) -> tuple[tuple[int, ...], Any]:
+    """``value``'s shape (``()`` for one element) and, for a non-tensor, its numpy array;
+    ``fail(rule)`` builds the error for a value that is not a real, non-empty number array."""
+    array = None
+    if isinstance(value, torch.Tensor):
+        if value.is_complex() or value.is_quantized:
+            raise fail("metric tensors must hold real numbers")
+        shape, numel = tuple(value.shape), value.numel()
+    else:
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError):
+            array = np.asarray(None, dtype=object)
+        if array.dtype.kind not in "biuf":
+            raise fail("metric values must be numbers or arrays of numbers")
+        shape, numel = array.shape, array.size
+    if numel == 0:
+        raise fail("metric values must not be empty")
+    return (() if numel == 1 else shape), array
+
+
+def _device_rows_to_host(values: Sequence[Any], positions: list, value_shape: Any) -> dict:
+    """The tensors at ``positions`` (all on one device) stacked there and copied to the host in
+    one transfer, as float64 rows by position."""
+    tensors = [values[position] for position in positions]
+    common_dtype = functools.reduce(torch.promote_types, {t.dtype for t in tensors})
+    # Reshape or cast only the tensors that need it: each such call allocates a tensor
+    # (about 2.5 µs), most of this path's cost for a validation's per-batch scalars.
+    with torch.no_grad():
+        stacked = torch.stack([
+            t if t.dtype == common_dtype and t.shape == value_shape
+            else t.reshape(value_shape).to(common_dtype)
+            for t in tensors
+        ])
+    on_host = stacked.cpu().to(torch.float64).numpy()
+    return {position: on_host[row] for row, position in enumerate(positions)}
 
 
 def _scalar_tensors_to_host(values: Sequence[Any]) -> np.ndarray | None:

@@ -80,17 +80,10 @@ def init(
     file, trial seed and run directory come from the cluster info, as Determined's ``init``
     takes them from the cluster.
     """
-    from hookdet.config import ExperimentConfig, parse_experiment_config  # pydantic: on first use
-
     info = cluster_info.get_cluster_info()
-    if info is not None and info.task_type == "TRIAL" and not isinstance(exp_conf, ExperimentConfig):
-        exp_conf = parse_experiment_config(
-            info.trial.experiment_config, source="hookdet run's experiment file"
-        )
-        run_dir = run_dir if run_dir is not None else info.run_dir
-    config = exp_conf if isinstance(exp_conf, ExperimentConfig) else parse_experiment_config(
-        exp_conf or {}, source="exp_conf"
-    )
+    config = _experiment_config(exp_conf, info)
+    if config is not exp_conf and info is not None and info.task_type == "TRIAL" and run_dir is None:
+        run_dir = info.run_dir  # hookdet run's: the script gave no experiment of its own
     if aggregation_frequency != 1:
         config.optimizations.aggregation_frequency = aggregation_frequency
     selection = plugin_selection_for(config, enable_tensorboard_logging)
@@ -108,14 +101,34 @@ def init(
         removed_plugins=manager.removed,
         launch=selection.launch,
     )
+    with _opened(run, distributed, selection):
+        yield run.context
+
+
+def _experiment_config(exp_conf: Any, info: Any) -> ExperimentConfig:
+    """``exp_conf`` checked into an :class:`ExperimentConfig`; under ``hookdet run`` (a TRIAL
+    cluster info) the experiment file it ran, unless the script passed a loaded config."""
+    from hookdet.config import ExperimentConfig, parse_experiment_config  # pydantic: on first use
+
+    if isinstance(exp_conf, ExperimentConfig):
+        return exp_conf
+    if info is not None and info.task_type == "TRIAL":
+        return parse_experiment_config(info.trial.experiment_config, source="hookdet run's experiment file")
+    return parse_experiment_config(exp_conf or {}, source="exp_conf")
+
+
+@contextlib.contextmanager
+def _opened(run: Run, distributed: Optional[DistributedContext], selection: PluginSelection) -> Iterator[None]:
+    """The run configured, opened and given its context for the ``with`` block; recorded as
+    ended (or failed) and closed after it, whatever happened."""
     failed = False
     try:
         active_run.enter(run)
-        manager.start(run)
+        run.plugins.start(run)
         try:
             _open(run, distributed, selection)
             run.context = PyTorchTrialContext(run)
-            yield run.context
+            yield
         except BaseException as error:
             failed = True
             if run.prior_records is not None:  # the chief, once it recorded the start
@@ -232,12 +245,7 @@ class Trainer:
         ``hookdet run`` it checkpoints the best validations of ``searcher.metric``.
         """
         info = cluster_info.get_cluster_info()
-        if info is None and checkpoint_policy == "best":
-            logger.warning(
-                "checkpoint_policy='best' is not supported in local training mode. "
-                "Falling back to 'all'."
-            )
-            checkpoint_policy = "all"
+        checkpoint_policy = _checkpoint_policy_here(checkpoint_policy, info)
         if info is not None and latest_checkpoint is None and info.latest_checkpoint is not None:
             logger.warning(
                 "latest_checkpoint has not been configured. Pause/resume training will not be "
@@ -245,25 +253,14 @@ class Trainer:
                 "`fit(latest_checkpoint=info.latest_checkpoint)'?"
             )
         test_mode = test_mode or (info is not None and info.test_mode)  # hookdet run --test-mode
-        if max_length is None:
-            max_length = fit_arguments(self.run.config, self.context)["max_length"]
-            if max_length is None:
-                raise ValueError(
-                    "Trainer.fit: max_length must be defined: pass max_length=Batch(n) or "
-                    "Epoch(n), or set searcher.max_length in the experiment file"
-                )
+        max_length = max_length if max_length is not None else self._max_length_from_the_experiment()
         if profiling_enabled:
             self.run.plugins.ensure_provider("hookdet_set_profiler")
         if latest_checkpoint is not None:
             self.run.resume_from = str(latest_checkpoint)
         resuming = latest_checkpoint is not None or (info is not None and info.latest_checkpoint is not None)
         ownership.refuse_second_history(self.run, resuming)
-        # The trial's switches are known now; a launch-dependent plugin's options may sit in a file
-        # that also runs single-process.
-        loaded = [*self.run.plugins.named_plugins(), *DISTRIBUTED_PLUGINS]
-        problem = unused_plugin_config(self.run.config.plugin_config, loaded)
-        if problem:
-            raise PluginError(f"{self.run.config.source}: {problem} (nor did the trial switch it on)")
+        self._refuse_options_of_plugins_that_never_ran()
         TrainingLoop(self.run).fit(
             max_length=max_length,
             validation_period=validation_period,
@@ -274,6 +271,35 @@ class Trainer:
             test_mode=test_mode,
         )
         cluster_info.record_outcome(self.run)
+
+    def _max_length_from_the_experiment(self) -> TrainUnit:
+        max_length = fit_arguments(self.run.config, self.context)["max_length"]
+        if max_length is None:
+            raise ValueError(
+                "Trainer.fit: max_length must be defined: pass max_length=Batch(n) or "
+                "Epoch(n), or set searcher.max_length in the experiment file"
+            )
+        return max_length
+
+    def _refuse_options_of_plugins_that_never_ran(self) -> None:
+        """The trial's switches are known now: a ``plugin_config`` block for a plugin that is
+        still not loaded would be ignored (a launch-dependent plugin's options may sit in a file
+        that also runs single-process)."""
+        loaded = [*self.run.plugins.named_plugins(), *DISTRIBUTED_PLUGINS]
+        problem = unused_plugin_config(self.run.config.plugin_config, loaded)
+        if problem:
+            raise PluginError(f"{self.run.config.source}: {problem} (nor did the trial switch it on)")
+
+
+def _checkpoint_policy_here(checkpoint_policy: str, info: Any) -> str:
+    """Run bare, ``"best"`` falls back to ``"all"`` with Determined's own warning."""
+    if info is None and checkpoint_policy == "best":
+        logger.warning(
+            "checkpoint_policy='best' is not supported in local training mode. "
+            "Falling back to 'all'."
+        )
+        return "all"
+    return checkpoint_policy
 
 
 def fit_arguments(config: ExperimentConfig, context: PyTorchTrialContext) -> Dict[str, Any]:

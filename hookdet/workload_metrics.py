@@ -100,38 +100,15 @@ def reduce_validation_metrics(
     contributes nothing. Returns ``{}`` when no rank evaluated a batch.
     """
     _check_reducer_choice(reducer)
-
-    def local_summary() -> tuple[int, list[str] | None, dict]:
-        if num_batches_per_rank is not None and num_batches_per_rank != len(batch_metrics):
-            raise MetricError(
-                f"reduce_validation_metrics() was told this rank evaluated {num_batches_per_rank} "
-                f"batches but was given metrics for {len(batch_metrics)}"
-            )
-        if not batch_metrics:
-            return 0, None, {}
-        names = metric_names(batch_metrics, "evaluate_batch", first_batch_idx=0)
-        summaries = {}
-        for name in names:
-            values, _ = workload_metric_to_host(
-                [metrics[name] for metrics in batch_metrics],
-                name,
-                "evaluate_batch",
-                first_batch_idx=0,
-                allow_none=False,
-            )
-            summaries[name] = _ValidationStats(
-                float(values.mean()), float(values.sum()), float(values.max()), float(values.min())
-            )
-        return len(batch_metrics), names, summaries
-
-    gathered = gather_from_all_ranks(local_summary, allgather, what="validation metrics")
+    gathered = gather_from_all_ranks(
+        lambda: _validation_summary(batch_metrics, num_batches_per_rank), allgather, what="validation metrics"
+    )
     names = check_same_names_across_ranks([names for _, names, _ in gathered], "evaluate_batch")
     if not names:
         return {}
     reducer_by_metric = reducer_for_each_metric(reducer, names)
     contributing = [(count, summaries) for count, _, summaries in gathered if count > 0]
     counts = np.array([count for count, _ in contributing], dtype=np.float64)
-
     reduced = {}
     for name in names:
         stats = [summaries[name] for _, summaries in contributing]
@@ -146,6 +123,27 @@ def reduce_validation_metrics(
             value = np.min([s.minimum for s in stats])
         reduced[name] = float(value)
     return reduced
+
+
+def _validation_summary(
+    batch_metrics: Sequence[Mapping[str, Any]], num_batches_per_rank: int | None
+) -> tuple[int, list[str] | None, dict]:
+    """This rank's part of a validation: its batch count, metric names and per-metric stats."""
+    if num_batches_per_rank is not None and num_batches_per_rank != len(batch_metrics):
+        raise MetricError(
+            f"reduce_validation_metrics() was told this rank evaluated {num_batches_per_rank} "
+            f"batches but was given metrics for {len(batch_metrics)}"
+        )
+    if not batch_metrics:
+        return 0, None, {}
+    names = metric_names(batch_metrics, "evaluate_batch", first_batch_idx=0)
+    summaries = {}
+    for name in names:
+        values, _ = workload_metric_to_host(
+            [metrics[name] for metrics in batch_metrics], name, "evaluate_batch", first_batch_idx=0, allow_none=False,
+        )
+        summaries[name] = _ValidationStats(float(values.mean()), float(values.sum()), float(values.max()), float(values.min()))
+    return len(batch_metrics), names, summaries
 
 
 # ---------------------------------------------------------------------------------------------

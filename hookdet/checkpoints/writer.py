@@ -48,67 +48,74 @@ class HostSnapshot:
     def take(self, state: Any) -> Tuple[Any, Optional[Any]]:
         """``(copy of state, CUDA event or None)``; the copy is complete once the event is."""
         previous, self._buffers = self._buffers, []
-        reuse = iter(previous)
-        storages: Dict[Tuple[str, int], torch.UntypedStorage] = {}
-        tensors: Dict[int, torch.Tensor] = {}
-        cuda = False
-
-        def buffer(nbytes: int, pinned: bool) -> torch.UntypedStorage:
-            candidate = next(reuse, None)
-            if candidate is not None and candidate.nbytes() == nbytes and candidate.is_pinned() == pinned:
-                host = candidate
-            else:
-                host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
-            self._buffers.append(host)
-            return host
-
-        def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
-            nonlocal cuda
-            if id(tensor) in tensors:
-                return tensors[id(tensor)]
-            if tensor.layout != torch.strided or tensor.is_conj() or tensor.is_neg() or tensor.is_quantized:
-                copied = tensor.detach().to("cpu", copy=True)  # rare layouts: a plain copy
-            else:
-                source = tensor.untyped_storage()
-                on_cuda = source.device.type == "cuda"
-                key = (str(source.device), source.data_ptr())
-                host = storages.get(key)
-                if host is None:
-                    host = buffer(source.nbytes(), pinned=on_cuda)
-                    host.copy_(source, non_blocking=on_cuda)
-                    storages[key] = host
-                    cuda = cuda or on_cuda
-                copied = torch.empty(0, dtype=tensor.dtype).set_(
-                    host, tensor.storage_offset(), tensor.size(), tensor.stride()
-                )
-            if type(tensor) is torch.nn.Parameter:
-                copied = torch.nn.Parameter(copied, requires_grad=tensor.requires_grad)
-            tensors[id(tensor)] = copied
-            return copied
-
-        def copy(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return copy_tensor(value)
-            kind = type(value)
-            if kind is dict:
-                return {key: copy(item) for key, item in value.items()}
-            if kind is collections.OrderedDict:
-                copied = collections.OrderedDict((key, copy(item)) for key, item in value.items())
-                for name, attribute in vars(value).items():  # e.g. a state dict's _metadata
-                    setattr(copied, name, copy(attribute))
-                return copied
-            if kind in (list, tuple, set):
-                return kind(copy(item) for item in value)
-            if kind is bytearray:
-                return bytearray(value)
-            return value  # immutable: numbers, strings, bytes, None, dtypes, devices, sizes
-
-        copied = copy(state)
+        copying = _SnapshotPass(iter(previous), self._buffers)
+        copied = copying.copy(state)
         event = None
-        if cuda:
+        if copying.cuda:
             event = torch.cuda.Event()
             event.record()
         return copied, event
+
+
+class _SnapshotPass:
+    """One :meth:`HostSnapshot.take`: the storages copied so far (so that tensors sharing one
+    share its copy), the previous snapshot's buffers to reuse in order, and whether any copy
+    came from the GPU."""
+
+    def __init__(self, reuse: Any, buffers: List[torch.UntypedStorage]) -> None:
+        self.reuse = reuse
+        self.buffers = buffers
+        self.storages: Dict[Tuple[str, int], torch.UntypedStorage] = {}
+        self.tensors: Dict[int, torch.Tensor] = {}
+        self.cuda = False
+
+    def copy(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self.copy_tensor(value)
+        kind = type(value)
+        if kind is dict:
+            return {key: self.copy(item) for key, item in value.items()}
+        if kind is collections.OrderedDict:
+            copied = collections.OrderedDict((key, self.copy(item)) for key, item in value.items())
+            for name, attribute in vars(value).items():  # e.g. a state dict's _metadata
+                setattr(copied, name, self.copy(attribute))
+            return copied
+        if kind in (list, tuple, set):
+            return kind(self.copy(item) for item in value)
+        if kind is bytearray:
+            return bytearray(value)
+        return value  # immutable: numbers, strings, bytes, None, dtypes, devices, sizes
+
+    def copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) in self.tensors:
+            return self.tensors[id(tensor)]
+        if tensor.layout != torch.strided or tensor.is_conj() or tensor.is_neg() or tensor.is_quantized:
+            copied = tensor.detach().to("cpu", copy=True)  # rare layouts: a plain copy
+        else:
+            source = tensor.untyped_storage()
+            on_cuda = source.device.type == "cuda"
+            key = (str(source.device), source.data_ptr())
+            host = self.storages.get(key)
+            if host is None:
+                host = self.buffer(source.nbytes(), pinned=on_cuda)
+                host.copy_(source, non_blocking=on_cuda)
+                self.storages[key] = host
+                self.cuda = self.cuda or on_cuda
+            copied = torch.empty(0, dtype=tensor.dtype).set_(host, tensor.storage_offset(), tensor.size(), tensor.stride())
+        if type(tensor) is torch.nn.Parameter:
+            copied = torch.nn.Parameter(copied, requires_grad=tensor.requires_grad)
+        self.tensors[id(tensor)] = copied
+        return copied
+
+    def buffer(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        """A host buffer of ``nbytes``: the previous snapshot's next one when it fits."""
+        candidate = next(self.reuse, None)
+        if candidate is not None and candidate.nbytes() == nbytes and candidate.is_pinned() == pinned:
+            host = candidate
+        else:
+            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+        self.buffers.append(host)
+        return host
 
 
 class BackgroundWriter:

@@ -377,12 +377,12 @@ def test_torchrun_command_one_machine_and_several() -> None:
 
 
 def test_launcher_exit_status_reflects_the_ranks() -> None:
-    assert cli.combined_exit_status(0, {0: 0, 1: 0}, 2) == 0
-    assert cli.combined_exit_status(1, {0: PREEMPTED_EXIT_CODE, 1: PREEMPTED_EXIT_CODE}, 2) == PREEMPTED_EXIT_CODE
-    assert cli.combined_exit_status(0, {0: PREEMPTED_EXIT_CODE, 1: 0}, 2) == PREEMPTED_EXIT_CODE
-    assert cli.combined_exit_status(1, {0: 0, 1: 2}, 2) == 2
-    assert cli.combined_exit_status(1, {0: 0}, 2) == 1  # rank 1 died without a word
-    assert cli.combined_exit_status(0, {}, 2) == 1
+    assert hookdet_launcher.combined_exit_status(0, {0: 0, 1: 0}, 2) == 0
+    assert hookdet_launcher.combined_exit_status(1, {0: PREEMPTED_EXIT_CODE, 1: PREEMPTED_EXIT_CODE}, 2) == PREEMPTED_EXIT_CODE
+    assert hookdet_launcher.combined_exit_status(0, {0: PREEMPTED_EXIT_CODE, 1: 0}, 2) == PREEMPTED_EXIT_CODE
+    assert hookdet_launcher.combined_exit_status(1, {0: 0, 1: 2}, 2) == 2
+    assert hookdet_launcher.combined_exit_status(1, {0: 0}, 2) == 1  # rank 1 died without a word
+    assert hookdet_launcher.combined_exit_status(0, {}, 2) == 1
 
 
 def test_torchrun_options_are_refused_for_horovod(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

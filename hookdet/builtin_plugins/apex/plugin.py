@@ -111,37 +111,48 @@ class ApexPlugin:
             master_weights=master_weights,
             loss_scale=loss_scale,
         )
-        props = resolve_properties(opt_level, overrides)
-        verbosity = int(verbosity or 0)
+        arguments = dict(
+            overrides, enabled=True, opt_level=opt_level, cast_model_outputs=cast_model_outputs, num_losses=num_losses,
+            verbosity=int(verbosity or 0), min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+        )
+        backend, models_out, optimizers_out = self._start_backend(
+            context, model_list, model_indices, optimizer_list, arguments, resolve_properties(opt_level, overrides),
+            aggregation_frequency,
+        )
+        if backend.needs_step_hooks:
+            self._run.plugins.register(STEPS_NAME, ApexSteps(backend))
+        self.backend = backend
+        return same_shape(models, models_out), same_shape(optimizers, optimizers_out)
 
+    def _start_backend(
+        self, context: Any, model_list: List[Any], model_indices: Any, optimizer_list: List[Any],
+        arguments: Dict[str, Any], props: Any, aggregation_frequency: int,
+    ) -> Tuple[Any, List[Any], List[Any]]:
+        """NVIDIA apex.amp when it is installed (and the backend option allows it), else the same
+        opt level on torch.amp; the backend and the models and optimizers to use from now on."""
+        opt_level, verbosity, num_losses = arguments["opt_level"], arguments["verbosity"], arguments["num_losses"]
         apex_amp, reason = (None, "plugin_config.apex.backend is 'torch'")
         if self.settings.backend != "torch":
             apex_amp, reason = import_nvidia_apex()
         if apex_amp is None and self.settings.backend == "apex":
             raise PluginError(f"plugin_config.apex.backend is 'apex' but {reason}")
         log = logger.info if verbosity >= 1 and context.distributed.is_chief else logger.debug
-
         if apex_amp is not None:
             backend: Any = ApexBackend(apex_amp, num_losses)
             models_out, optimizers_out = backend.initialize(
                 context, model_list, model_indices, optimizer_list,
-                dict(overrides, enabled=True, opt_level=opt_level, cast_model_outputs=cast_model_outputs,
-                     num_losses=num_losses, verbosity=verbosity if context.distributed.is_chief else 0,
-                     min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale),
+                dict(arguments, verbosity=verbosity if context.distributed.is_chief else 0),
             )
             log("apex: opt_level %s on NVIDIA apex.amp", opt_level)
-        else:
-            half = resolve_half_dtype(NAME, self.settings.dtype, context.device)
-            backend = TorchBackend(
-                props, half, context, num_losses, min_loss_scale, max_loss_scale, verbosity, aggregation_frequency
-            )
-            backend.setup(context, model_indices, optimizer_list, cast_model_outputs)
-            models_out, optimizers_out = model_list, optimizer_list
-            log("apex: %s; running opt_level %s on torch.amp: %s", reason, opt_level, backend.describe())
-        if backend.needs_step_hooks:
-            self._run.plugins.register(STEPS_NAME, ApexSteps(backend))
-        self.backend = backend
-        return same_shape(models, models_out), same_shape(optimizers, optimizers_out)
+            return backend, models_out, optimizers_out
+        half = resolve_half_dtype(NAME, self.settings.dtype, context.device)
+        backend = TorchBackend(
+            props, half, context, num_losses, arguments["min_loss_scale"], arguments["max_loss_scale"], verbosity,
+            aggregation_frequency,
+        )
+        backend.setup(context, model_indices, optimizer_list, arguments["cast_model_outputs"])
+        log("apex: %s; running opt_level %s on torch.amp: %s", reason, opt_level, backend.describe())
+        return backend, model_list, optimizer_list
 
     # ------------------------------------------------------------------ state
 

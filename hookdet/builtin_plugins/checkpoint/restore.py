@@ -85,6 +85,21 @@ def located(found: Tuple[Any, Any]) -> Iterator[Tuple[Path, Optional[Path]]]:
         raise fmt.CheckpointError(f"cannot resume from checkpoint {storage_id!r}: {error}") from error
 
 
+def _restore_counters(run: Any, state: Dict[str, Any], metadata: Dict[str, Any], directory: Path) -> None:
+    """The loop's counters as the checkpoint saved them; the epoch length stays the data's."""
+    epoch_length = run.state.epoch_length
+    run.state.load_state_dict(state["trial_state"])
+    if epoch_length and run.state.epoch_length != epoch_length:
+        logger.warning(
+            "checkpoint %s was written with %d batches per epoch, the training data now has %d: "
+            "epochs are counted with the new length",
+            directory, run.state.epoch_length, epoch_length,
+        )
+        run.state.epoch_length = epoch_length
+    run.state.latest_checkpoint = metadata.get("uuid", directory.name)
+    run.state.last_checkpoint_batch = run.state.batches_trained
+
+
 def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, Any]:
     """Verify ``directory``, check it fits the trial, then apply every piece of state; return
     its metadata."""
@@ -124,19 +139,7 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
             "out of the next training report", directory, len(workloads), size,
         )
     _restore_plugins_and_callbacks(run, state, directory)
-
-    epoch_length = run.state.epoch_length
-    run.state.load_state_dict(state["trial_state"])
-    if epoch_length and run.state.epoch_length != epoch_length:
-        logger.warning(
-            "checkpoint %s was written with %d batches per epoch, the training data now has %d: "
-            "epochs are counted with the new length",
-            directory, run.state.epoch_length, epoch_length,
-        )
-        run.state.epoch_length = epoch_length
-    run.state.latest_checkpoint = metadata.get("uuid", directory.name)
-    run.state.last_checkpoint_batch = run.state.batches_trained
-
+    _restore_counters(run, state, metadata, directory)
     rng_states = state["rng_state"]
     if len(rng_states) != size:
         logger.warning(

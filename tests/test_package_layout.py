@@ -1,8 +1,9 @@
-"""hookdet's modules import each other in layers, never in a circle: the trial API and context,
-then the loop, then plugins, then the command line, each readable and testable on its own.
+"""The package reads in one sitting per piece: modules import each other in layers, never in a
+circle (the trial API and context, then the loop, then plugins, then the command line); no
+function is over 60 lines but the loop's per-batch path; no module over 500 without its reason.
 
-The walk reads every module's source, imports inside functions included (a lazy import is still
-a dependency); only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
+The import walk reads every module's source, imports inside functions included (a lazy import is
+still a dependency); only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
 """
 from __future__ import annotations
 
@@ -88,3 +89,36 @@ def test_the_walk_sees_lazy_imports_and_skips_type_only_ones() -> None:
 
 def test_no_module_of_hookdet_imports_itself_through_others() -> None:
     assert circles(import_graph()) == []
+
+
+#: Functions allowed past :data:`MAX_FUNCTION_LINES`, each with its reason.
+LONG_FUNCTIONS = {
+    "TrainingLoop._train": "the per-batch path, kept in one function so it makes no call it does not need",
+}
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 500
+#: What a module over :data:`MAX_MODULE_LINES` says in its docstring, followed by its reason.
+LONG_MODULE_REASON = "Why one long module:"
+
+
+def test_no_function_is_over_60_lines_but_the_per_batch_path() -> None:
+    long = []
+    for path in sorted(HOOKDET.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for parent in ast.walk(tree):
+            for node in ast.iter_child_nodes(parent):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    name = f"{parent.name}.{node.name}" if isinstance(parent, ast.ClassDef) else node.name
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS:
+                        long.append(f"{path.relative_to(HOOKDET.parent)}: {name} ({lines} lines)")
+    assert long == []
+
+
+def test_no_module_is_over_500_lines_without_its_reason() -> None:
+    unexplained = []
+    for path in sorted(HOOKDET.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES and LONG_MODULE_REASON not in (ast.get_docstring(ast.parse(text)) or ""):
+            unexplained.append(f"{path.relative_to(HOOKDET.parent)} ({len(text.splitlines())} lines)")
+    assert unexplained == []
