@@ -3,12 +3,11 @@
 ``import hookdet as det`` gives ``det.pytorch`` (the Determined-compatible face), the names a
 Trainer-API script touches on ``determined`` (``det.LOG_FORMAT``, ``det.get_cluster_info()``,
 ``det.core.DistributedContext``, ``det.InvalidHP``) and ``det.hookimpl``, the marker plugin
-authors decorate hook implementations with. For plugin
-authors it also gives everything a plugin needs: ``det.Run`` and ``det.TrainState`` (what hooks
-receive), ``det.PluginError`` (the error a plugin raises to refuse a run) and the
-``plugin_config`` readers ``check_known_options``, ``option_error`` and ``read_seconds_option``.
-The hooks themselves are in :mod:`hookdet.hookspecs`; docs/writing-plugins.md walks through
-writing one.
+authors decorate hook implementations with. Plugin authors import :mod:`hookdet.plugin`, their
+face; ``det.Run``, ``det.TrainState``, ``det.PluginError`` and the ``plugin_config`` readers
+``check_known_options``, ``option_error`` and ``read_seconds_option`` stay here too.
+The hooks themselves are in :mod:`hookdet.plugins.hookspecs`; docs/writing-plugins.md walks through
+writing one, and docs/package-map.md maps the package layer by layer.
 """
 from hookdet.markers import HOOK_NAMESPACE, hookimpl, hookspec
 
@@ -22,16 +21,16 @@ LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 _LAZY_NAMES = {
     "core": "hookdet.core",
     "pytorch": "hookdet.pytorch",
-    "ClusterInfo": "hookdet.cluster_info",
-    "TrialInfo": "hookdet.cluster_info",
-    "get_cluster_info": "hookdet.cluster_info",
+    "ClusterInfo": "hookdet.trial_api.cluster_info",
+    "TrialInfo": "hookdet.trial_api.cluster_info",
+    "get_cluster_info": "hookdet.trial_api.cluster_info",
     "InvalidHP": "hookdet.errors",
-    "PluginError": "hookdet.plugin_manager",
-    "check_known_options": "hookdet.plugin_manager",
-    "option_error": "hookdet.plugin_manager",
-    "read_seconds_option": "hookdet.plugin_manager",
-    "Run": "hookdet.run",
-    "TrainState": "hookdet.run",
+    "PluginError": "hookdet.plugins.manager",
+    "check_known_options": "hookdet.plugins.manager",
+    "option_error": "hookdet.plugins.manager",
+    "read_seconds_option": "hookdet.plugins.manager",
+    "Run": "hookdet.loop.run",
+    "TrainState": "hookdet.loop.run",
 }
 
 

@@ -1,6 +1,6 @@
 """``python -m hookdet``: the ``hookdet`` command."""
 import sys
 
-from hookdet.cli import main
+from hookdet.cli.commands import main
 
 sys.exit(main())

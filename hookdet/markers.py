@@ -1,7 +1,7 @@
 """The project's pluggy markers, as pytest and kedro define theirs.
 
 Plugins decorate their hook implementations with :data:`hookimpl`; the catalogue in
-:mod:`hookdet.hookspecs` uses :data:`hookspec`.
+:mod:`hookdet.plugins.hookspecs` uses :data:`hookspec`.
 """
 import pluggy
 

@@ -1,7 +1,7 @@
 """The face for plugin authors, as :mod:`hookdet.pytorch` is for trials: ``import hookdet.plugin``.
 
 Everything a plugin may use lives here; the rest of the package is hookdet's own and may change.
-The hooks themselves are specified in :mod:`hookdet.hookspecs` (and described in docs/hooks.md);
+The hooks themselves are specified in :mod:`hookdet.plugins.hookspecs` (and described in docs/hooks.md);
 docs/writing-plugins.md walks through writing a plugin.
 
 * ``hookimpl`` marks hook implementations (``hookspec`` and ``HOOK_NAMESPACE`` are for plugins
@@ -11,7 +11,7 @@ docs/writing-plugins.md walks through writing a plugin.
   trial context. ``run.stash`` keeps a plugin's per-run state under a ``StashKey`` of its own;
   the host shares ``TRIAL_CALLBACKS``, ``WORKLOAD_METRICS`` and ``TENSORBOARD_METRICS`` there.
 * ``PluginError`` refuses a run with one line naming your plugin. A plugin class declares its
-  options as ``Options``, a pydantic model or dataclass (:mod:`hookdet.plugin_options`): the
+  options as ``Options``, a pydantic model or dataclass (:mod:`hookdet.plugins.options`): the
   experiment file's ``plugin_config.<name>`` is then checked with the file, with file and line,
   and ``__init__`` gets an ``Options`` instance; ``options_for(cls, options, name)`` turns a dict
   given by hand (a test's) into one, and ``option_fields`` lists them. Plugins that check a dict
@@ -33,14 +33,14 @@ from hookdet.checkpoints.storage import (
     StorageError,
     check_storage_id,
 )
-from hookdet.context import PyTorchTrialContext, run_of
-from hookdet.distributed import DistributedContext
+from hookdet.trial_api.context import PyTorchTrialContext, run_of
+from hookdet.distributed.context import DistributedContext
 from hookdet.markers import HOOK_NAMESPACE, hookimpl, hookspec
-from hookdet.mixed_precision import autocast_forward, patch_forward
-from hookdet.plugin_manager import PluginError, check_known_options, option_error, read_seconds_option
-from hookdet.plugin_options import option_fields, options_for
-from hookdet.run import TENSORBOARD_METRICS, TRIAL_CALLBACKS, WORKLOAD_METRICS, Run, TrainState
-from hookdet.stash import Stash, StashKey
+from hookdet.trial_api.mixed_precision import autocast_forward, patch_forward
+from hookdet.plugins.manager import PluginError, check_known_options, option_error, read_seconds_option
+from hookdet.plugins.options import option_fields, options_for
+from hookdet.loop.run import TENSORBOARD_METRICS, TRIAL_CALLBACKS, WORKLOAD_METRICS, Run, TrainState
+from hookdet.loop.stash import Stash, StashKey
 
 __all__ = [
     "HOOK_NAMESPACE",

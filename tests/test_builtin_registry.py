@@ -18,7 +18,7 @@ from typing import Dict
 
 import pytest
 
-from hookdet.plugin_manager import installed_plugins
+from hookdet.plugins.manager import installed_plugins
 
 REPO = Path(__file__).resolve().parents[1]
 REPLACEMENTS = REPO / "tests" / "fixtures" / "hookdet-replacements"
@@ -26,7 +26,7 @@ STAND_INS = ("flat_storage", "csv_writer", "bf16_autocast", "line_progress")
 
 
 def builtin_names():
-    return sorted(name for name, target in installed_plugins().items() if target.startswith("hookdet.builtin_plugins."))
+    return sorted(name for name, target in installed_plugins().items() if target.startswith("hookdet.plugins.builtin."))
 
 
 def format_table(table: Dict[str, Dict[str, str]]) -> str:

@@ -13,7 +13,8 @@ from torch import nn
 
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
-from hookdet import cli, pytorch
+from hookdet import pytorch
+from hookdet.cli import commands as cli
 from hookdet.checkpoints.api import CheckpointLoadContext, load_trial_from_checkpoint_path
 from hookdet.plugin import run_of
 from tests.support.resume_trials import GANTrial, RegressionTrial, run_spec

@@ -22,7 +22,7 @@ import xxhash
 
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
-from hookdet import rng
+from hookdet.trial_api import rng
 
 
 def make_checkpoint(directory: Path, steps: int, state: Any = None, extra: Dict[str, bytes] = None) -> Path:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hookdet.runs.metrics import read_reports
-from hookdet.cli import main
+from hookdet.cli.commands import main
 
 REPO = Path(__file__).resolve().parent.parent
 DETERMINED_STYLE = Path(__file__).parent / "fixtures" / "determined_style"
@@ -62,7 +62,7 @@ def test_determined_trial_runs_through_trainer_fit(tmp_path: Path) -> None:
 def test_plugins_command_lists_plugins_and_hooks(capsys: pytest.CaptureFixture) -> None:
     assert main(["plugins"]) == 0
     output = capsys.readouterr().out
-    assert "checkpoint (default)\n  from: hookdet.builtin_plugins.checkpoint:CheckpointPlugin" in output
+    assert "checkpoint (default)\n  from: hookdet.plugins.builtin.checkpoint:CheckpointPlugin" in output
     assert "hookdet_save_checkpoint" in output and "metrics_log (default)" in output
 
 
@@ -231,7 +231,7 @@ def test_only_the_users_own_files_count_as_user_frames() -> None:
 
     import pluggy
 
-    from hookdet import failure_report
+    from hookdet.cli import failure_report
 
     assert failure_report.is_user_frame(__file__)
     for internal in (failure_report.__file__, pluggy.__file__, stdlib_module.__file__, torch.__file__,

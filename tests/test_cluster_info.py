@@ -10,13 +10,14 @@ from typing import Any, Dict, List
 import pytest
 
 import hookdet as det
-from hookdet import InvalidHP, cluster_info, pytorch
+from hookdet import InvalidHP, pytorch
+from hookdet.trial_api import cluster_info
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet.runs.metrics import read_reports
-from hookdet.cli import main
+from hookdet.cli.commands import main
 from hookdet.config import parse_experiment_config
-from hookdet.script_entrypoint import EntrypointError, exit_status, script_command, split_launch_layer
+from hookdet.cli.script_entrypoint import EntrypointError, exit_status, script_command, split_launch_layer
 from tests.fixtures.trainer_script.train import DigitsTrial
 
 HPARAMS = {"learning_rate": 1.0, "global_batch_size": 32, "n_hidden": 8, "dropout": 0.0}

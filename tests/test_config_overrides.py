@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hookdet.cli import main
+from hookdet.cli.commands import main
 from hookdet.config import ConfigError
-from hookdet.config_overrides import load_with_overrides, parse_override
+from hookdet.config.overrides import load_with_overrides, parse_override
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.reducers import MetricError
+from hookdet.metrics.reducers import MetricError
 from hookdet.plugin import run_of
 from tests.support.trials import OneWeightTrial, fit
 

@@ -178,7 +178,7 @@ def test_autocast_forward_pass_runs_the_forward_under_autocast(tmp_path: Path) -
 
 
 def test_cluster_only_names_say_what_they_do(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from hookdet.core_loop import TrainingLoop
+    from hookdet.loop.core_loop import TrainingLoop
 
     assert pytorch.PyTorchTrial.trial_context_class is pytorch.PyTorchTrialContext
     assert pytorch.PyTorchTrial.trial_controller_class is TrainingLoop

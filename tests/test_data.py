@@ -1,4 +1,4 @@
-"""Tests for hookdet.data: the DataLoader chain, the loop's adapters, to_device and data_length."""
+"""Tests for hookdet.data.loader: the DataLoader chain, the loop's adapters, to_device and data_length."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
-from hookdet.batch_moving import batch_mover, data_length, to_device
-from hookdet.data import DataLoader, DatasetReproducibilityError
-from hookdet.loader_adapters import PlainLoaderAdapter, adapt_training_loader, adapt_validation_loader
-from hookdet.samplers import ReproducibleShuffleSampler, shard_length
+from hookdet.data.batch_moving import batch_mover, data_length, to_device
+from hookdet.data.loader import DataLoader, DatasetReproducibilityError
+from hookdet.data.loader_adapters import PlainLoaderAdapter, adapt_training_loader, adapt_validation_loader
+from hookdet.data.samplers import ReproducibleShuffleSampler, shard_length
 
 
 def global_rng_states() -> tuple:
@@ -375,7 +375,7 @@ class TestToDevice:
             pass
 
         warned: set = set()
-        with caplog.at_level(logging.WARNING, logger="hookdet.data"):
+        with caplog.at_level(logging.WARNING, logger="hookdet.data.loader"):
             to_device([Opaque(), Opaque()], "cpu", warned)
             to_device({"o": Opaque()}, "cpu", warned)
             to_device(["plain strings are expected", 3], "cpu", warned)

@@ -1,6 +1,6 @@
 """The documentation in ``docs/`` says what the code does.
 
-- ``docs/hooks.md`` documents exactly the hooks of ``hookdet/hookspecs.py``: one ``### `name(args)```
+- ``docs/hooks.md`` documents exactly the hooks of ``hookdet/plugins/hookspecs.py``: one ``### `name(args)```
   heading per spec, with the spec's arguments, its kind (firstresult or broadcast, per batch or
   not) and its ranks (chief only or every rank).
 - Every ``hookdet ...`` command in a code block (of ``docs/`` and the examples' READMEs) names a
@@ -24,11 +24,13 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Set, Tuple
 import pytest
 import yaml
 
-from hookdet import hookspecs, pytorch
+from hookdet import pytorch
+
+from hookdet.plugins import hookspecs
 from hookdet.checkpoints.format import load_state, read_metadata
 from hookdet.checkpoints.lookup import resolve_checkpoint_dir
-from hookdet.cli import build_parser
-from hookdet.plugin_manager import ENTRY_POINT_GROUP, installed_plugins
+from hookdet.cli.commands import build_parser
+from hookdet.plugins.manager import ENTRY_POINT_GROUP, installed_plugins
 from tests.support.trials import OneWeightTrial
 
 REPO = Path(__file__).resolve().parent.parent
@@ -342,7 +344,7 @@ def test_writing_plugins_example_package_and_its_tests_run(tmp_path: Path) -> No
     with pytest.raises(Exception, match="fliename"):
         plugin_module.CsvMetricsPlugin(options={"fliename": "x.csv"})
     # what hookdet says of the misspelt option when it reads an experiment file naming it
-    from hookdet.plugin_options import option_problems
+    from hookdet.plugins.options import option_problems
 
     installed = {"csv_metrics": plugin_module.CsvMetricsPlugin}
     assert option_problems({"csv_metrics": {"fliename": "x.csv", "group": "test"}}, installed.get) == [

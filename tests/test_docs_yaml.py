@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from hookdet.config import parse_experiment_config
-from hookdet.plugin_list import unused_plugin_config
-from hookdet.trainer import plugin_selection_for
+from hookdet.plugins.selection import unused_plugin_config
+from hookdet.loop.trainer import plugin_selection_for
 from tests.test_docs import CodeBlock, code_blocks
 
 REPO = Path(__file__).resolve().parent.parent

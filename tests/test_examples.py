@@ -1,7 +1,7 @@
 """Every example under ``examples/`` trains, offline, and shows what it claims to show.
 
 Each example is run the way its README says, shortened: ``hookdet run const.yaml`` (in process,
-through the real ``hookdet.cli.main``, with the experiment file rewritten into ``tmp_path`` with a
+through the real ``hookdet.cli.commands.main``, with the experiment file rewritten into ``tmp_path`` with a
 short ``searcher.max_length``) or its Python API. The assertions are about the example's point:
 the LR schedule stepped per epoch, both GAN optimizers stepped in the trial's order, the custom
 reducers equal scikit-learn's metrics over the whole validation set, the checkpoint holds the
@@ -29,7 +29,7 @@ from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
 from hookdet.checkpoints.format import load_state, read_metadata
 from hookdet.checkpoints.lookup import resolve_checkpoint_dir
-from hookdet.cli import load_trial_class, main
+from hookdet.cli.commands import load_trial_class, main
 from hookdet.config import ExperimentConfig, load_experiment_config
 from hookdet.markers import hookimpl
 from hookdet.plugin import run_of
@@ -456,7 +456,7 @@ def fit_recording_dtypes(name: str, trial_attr: str, run_dir: Path, batches: int
 
 
 def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
-    pytest.importorskip("hookdet.builtin_plugins.amp")
+    pytest.importorskip("hookdet.plugins.builtin.amp")
     trial, dtypes = fit_recording_dtypes("amp_pytorch", "MNistAutoAMPTrial", tmp_path / "run", batches=20)
     reduced = torch.float16 if torch.cuda.is_available() else torch.bfloat16
     assert dtypes == {reduced}, "every convolution ran in reduced precision"
@@ -469,7 +469,7 @@ def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
 
 
 def test_apex_example_runs_opt_level_o1(tmp_path: Path) -> None:
-    pytest.importorskip("hookdet.builtin_plugins.apex")
+    pytest.importorskip("hookdet.plugins.builtin.apex")
     trial, dtypes = fit_recording_dtypes("apex_pytorch", "MNistApexAMPTrial", tmp_path / "run", batches=20)
     reduced = torch.float16 if torch.cuda.is_available() else torch.bfloat16
     assert dtypes == {reduced}, "O1 casts convolutions to reduced precision"

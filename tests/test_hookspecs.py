@@ -10,11 +10,12 @@ import torch
 import pytest
 
 import hookdet.plugin
-from hookdet import hookspecs, pytorch
+from hookdet import pytorch
+from hookdet.plugins import hookspecs
 from hookdet.markers import hookimpl
-from hookdet.plugin_list import DEFAULT_PROVIDERS
-from hookdet.plugin_manager import PluginError, installed_plugins
-from hookdet.builtin_plugins.callbacks import LIFECYCLE_METHODS
+from hookdet.plugins.selection import DEFAULT_PROVIDERS
+from hookdet.plugins.manager import PluginError, installed_plugins
+from hookdet.plugins.builtin.callbacks import LIFECYCLE_METHODS
 from hookdet.plugin import run_of
 from tests.support.hook_recorder import SPEC_NAMES, HookRecorder
 from tests.support.trials import OneWeightTrial

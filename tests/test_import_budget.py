@@ -42,7 +42,7 @@ def test_import_hookdet_pytorch_loads_nothing_heavy_beyond_torch():
     loaded = modules_loaded("import hookdet.pytorch", before="import torch")
     assert loaded["third_party"] <= ALLOWED_BEYOND_TORCH, loaded["third_party"] - ALLOWED_BEYOND_TORCH
     own = set(loaded["hookdet"])
-    for feature in ("hookdet.config", "hookdet.search", "hookdet.cli", "hookdet.builtin_plugins", "hookdet.tensorboard"):
+    for feature in ("hookdet.config", "hookdet.search", "hookdet.cli.commands", "hookdet.plugins.builtin", "hookdet.tensorboard"):
         assert not {m for m in own if m == feature or m.startswith(feature + ".")}, feature
 
 
@@ -57,7 +57,7 @@ def test_import_hookdet_alone_loads_no_torch():
 
 
 def test_hookdet_help_loads_no_torch_and_no_pydantic():
-    loaded = modules_loaded("from hookdet.cli import build_parser; build_parser().format_help()")
+    loaded = modules_loaded("from hookdet.cli.commands import build_parser; build_parser().format_help()")
     assert not loaded["third_party"] & {"torch", "pydantic", "yaml", "optuna", "numpy"}, loaded["third_party"]
 
 

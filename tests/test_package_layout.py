@@ -82,8 +82,8 @@ def circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 def test_the_walk_sees_lazy_imports_and_skips_type_only_ones() -> None:
     graph = import_graph()
-    assert "hookdet.plugin_options" in graph["hookdet.config.reading"]  # imported inside a function
-    assert "hookdet.context" not in graph["hookdet.hookspecs"]  # under TYPE_CHECKING only
+    assert "hookdet.plugins.options" in graph["hookdet.config.reading"]  # imported inside a function
+    assert "hookdet.trial_api.context" not in graph["hookdet.plugins.hookspecs"]  # under TYPE_CHECKING only
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

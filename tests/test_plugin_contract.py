@@ -1,7 +1,7 @@
 """The plugin contract, checked on the source: plugins reach the core only through public names,
 no built-in plugin imports another, and no host module calls a plugin by name.
 
-* Plugins (``hookdet/builtin_plugins/``, every package under ``plugins-contrib/``, its tests
+* Plugins (``hookdet/plugins/builtin/``, every package under ``plugins-contrib/``, its tests
   aside, and the replacement package in ``tests/fixtures/hookdet-replacements``) touch no underscore attribute of an object that is not their own (``self``/``cls``),
   import no underscore name from hookdet, and import no built-in plugin (a built-in may not
   import another; a contrib plugin none). The few reaches left are listed in
@@ -10,7 +10,7 @@ no built-in plugin imports another, and no host module calls a plugin by name.
 * Host modules (everything else in ``hookdet/``) import no built-in plugin, never ask the plugin
   manager for a built-in by name, compare nothing with a built-in's name, and call no method
   that only a particular plugin has. The names of built-ins live in one place by design:
-  :mod:`hookdet.plugin_list` (the defaults, the join rules and ``DEFAULT_PROVIDERS``).
+  :mod:`hookdet.plugins.selection` (the defaults, the join rules and ``DEFAULT_PROVIDERS``).
 """
 from __future__ import annotations
 
@@ -18,21 +18,21 @@ import ast
 from pathlib import Path
 from typing import Dict, Iterator, List, Set, Tuple
 
-from hookdet.plugin_manager import installed_plugins
+from hookdet.plugins.manager import installed_plugins
 
 REPO = Path(__file__).resolve().parent.parent
 HOOKDET = REPO / "hookdet"
-BUILTINS = HOOKDET / "builtin_plugins"
+BUILTINS = HOOKDET / "plugins" / "builtin"
 
 #: ``(file relative to the repo, expression)`` -> why the underscore reach stays.
 ALLOWED_REACHES: Dict[Tuple[str, str], str] = {
-    ("hookdet/builtin_plugins/apex/backends.py", "torch._amp_update_scale_"):
+    ("hookdet/plugins/builtin/apex/backends.py", "torch._amp_update_scale_"):
         "GradScaler's own scale update; torch has no public per-scaler function for apex's N losses",
-    ("hookdet/builtin_plugins/apex/backends.py", "torch._amp_foreach_non_finite_check_and_unscale_"):
+    ("hookdet/plugins/builtin/apex/backends.py", "torch._amp_foreach_non_finite_check_and_unscale_"):
         "GradScaler's own fused unscale-and-check; no public equivalent",
-    ("hookdet/builtin_plugins/apex/backends.py", "torch._foreach_copy_"):
+    ("hookdet/plugins/builtin/apex/backends.py", "torch._foreach_copy_"):
         "one fused copy of every master weight back into the model; the public way is a Python loop per parameter",
-    ("hookdet/builtin_plugins/tensorboard.py", "self.get_writer()._get_file_writer"):
+    ("hookdet/plugins/builtin/tensorboard.py", "self.get_writer()._get_file_writer"):
         "SummaryWriter's file writer, reopened if the trial closed it; what add_scalar itself calls",
 }
 
@@ -41,11 +41,11 @@ PLUGIN_METHODS = {"use_amp", "wrap_scaler", "configure_apex_amp", "get_writer", 
                   "add_callbacks", "resume_point", "callbacks"}
 
 #: Host modules that name built-ins by design (see the module docstring).
-NAMING_MODULES = {"hookdet/plugin_list.py"}
+NAMING_MODULES = {"hookdet/plugins/selection.py"}
 
 
 def builtin_names() -> Set[str]:
-    return {name for name, target in installed_plugins().items() if target.startswith("hookdet.builtin_plugins.")}
+    return {name for name, target in installed_plugins().items() if target.startswith("hookdet.plugins.builtin.")}
 
 
 def plugin_sources() -> List[Path]:
@@ -76,9 +76,9 @@ def imported_modules(tree: ast.AST) -> Iterator[Tuple[int, str, List[str]]]:
 
 def test_the_walk_sees_the_plugins_and_the_host() -> None:
     names = {relative(path) for path in plugin_sources()}
-    assert {"hookdet/builtin_plugins/checkpoint/__init__.py", "hookdet/builtin_plugins/amp.py"} <= names
+    assert {"hookdet/plugins/builtin/checkpoint/__init__.py", "hookdet/plugins/builtin/amp.py"} <= names
     assert any(name.startswith("plugins-contrib/hookdet-mlflow/") for name in names)
-    assert "hookdet/core_loop.py" in {relative(path) for path in host_sources()}
+    assert "hookdet/loop/core_loop.py" in {relative(path) for path in host_sources()}
 
 
 def test_plugins_touch_no_underscore_attribute_of_a_hookdet_object() -> None:
@@ -106,10 +106,10 @@ def test_plugins_import_no_other_plugin_and_no_private_name() -> None:
         own = None
         if BUILTINS in path.parents:
             top = path.relative_to(BUILTINS).parts[0]
-            own = f"hookdet.builtin_plugins.{top[:-3] if top.endswith('.py') else top}"
+            own = f"hookdet.plugins.builtin.{top[:-3] if top.endswith('.py') else top}"
         for line, module, names in imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
             where = f"{relative(path)}:{line}"
-            if module.startswith("hookdet.builtin_plugins") and not (own and (module == own or module.startswith(own + "."))):
+            if module.startswith("hookdet.plugins.builtin") and not (own and (module == own or module.startswith(own + "."))):
                 problems.append(f"{where}: imports {module}")
             if module.startswith("hookdet") and any(part.startswith("_") for part in module.split(".")):
                 problems.append(f"{where}: imports the private module {module}")
@@ -150,7 +150,7 @@ def test_host_modules_import_no_builtin_plugin() -> None:
         f"{relative(path)}:{line}: imports {module}"
         for path in host_sources()
         for line, module, _ in imported_modules(ast.parse(path.read_text(encoding="utf-8")))
-        if module.startswith("hookdet.builtin_plugins")
+        if module.startswith("hookdet.plugins.builtin")
     ]
     assert problems == [], "\n".join(problems)
 
@@ -186,8 +186,8 @@ def test_host_modules_call_no_plugin_by_name() -> None:
 
 
 def test_the_loop_uses_only_the_named_context_interface() -> None:
-    """core_loop.py reaches into the context only through :mod:`hookdet.loop_interface`."""
-    from hookdet import loop_interface
+    """core_loop.py reaches into the context only through :mod:`hookdet.loop.loop_interface`."""
+    from hookdet.loop import loop_interface
 
     declared = {
         name
@@ -197,7 +197,7 @@ def test_the_loop_uses_only_the_named_context_interface() -> None:
     }
     assert declared == loop_interface.LOOP_MEMBERS
     used = set()
-    for node in ast.walk(ast.parse((HOOKDET / "core_loop.py").read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse((HOOKDET / "loop" / "core_loop.py").read_text(encoding="utf-8"))):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             base = ast.unparse(node.value)
             if base.endswith("context") or base.endswith("context.experimental"):
@@ -206,11 +206,11 @@ def test_the_loop_uses_only_the_named_context_interface() -> None:
 
 
 def test_one_hook_monitor_times_and_wraps_implementations() -> None:
-    """Only :mod:`hookdet.hook_monitor` installs pluggy's call monitoring or swaps a hook
+    """Only :mod:`hookdet.plugins.monitor` installs pluggy's call monitoring or swaps a hook
     implementation's function; ``hook_timing`` (and ``HOOKDET_TRACE``) only listen to it."""
     problems = []
     for path in [*host_sources(), *plugin_sources()]:
-        if relative(path) == "hookdet/hook_monitor.py":
+        if relative(path) == "hookdet/plugins/monitor.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr == "add_hookcall_monitoring":

@@ -14,7 +14,7 @@ from typing import List
 
 import pytest
 
-from hookdet.cli import main
+from hookdet.cli.commands import main
 from hookdet.plugin import run_of
 from tests.test_cli import CONFIG_TEMPLATE, run_cli
 

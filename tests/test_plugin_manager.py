@@ -10,13 +10,13 @@ import pytest
 
 from hookdet import pytorch
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import (
+from hookdet.plugins.manager import (
     DEFAULT_PLUGINS,
     PluginError,
     PluginManager,
     installed_plugins,
 )
-from hookdet.plugin_list import Launch, select_plugins
+from hookdet.plugins.selection import Launch, select_plugins
 from hookdet.plugin import run_of
 from tests.support.trials import OneWeightTrial
 
@@ -26,7 +26,7 @@ HP = {"lr": 0.1, "records": 4, "global_batch_size": 1}
 def test_every_builtin_is_an_installed_entry_point() -> None:
     installed = installed_plugins()
     for name in (*DEFAULT_PLUGINS, "amp", "apex", "ddp", "horovod", "profiler"):
-        assert installed[name].startswith("hookdet.builtin_plugins."), name
+        assert installed[name].startswith("hookdet.plugins.builtin."), name
 
 
 DEFAULTS = ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress"]
@@ -71,14 +71,14 @@ def test_unknown_plugin_lists_installed_ones() -> None:
 def test_only_listed_plugins_are_imported() -> None:
     code = (
         "import sys\n"
-        "from hookdet.plugin_manager import PluginManager\n"
+        "from hookdet.plugins.manager import PluginManager\n"
         "PluginManager().load_all(['metrics_log'])\n"
-        "print(sorted(m for m in sys.modules if m.startswith('hookdet.builtin_plugins.')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('hookdet.plugins.builtin.')))\n"
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     imported = eval(output)
-    assert "hookdet.builtin_plugins.metrics_log" in imported
-    assert "hookdet.builtin_plugins.amp" not in imported and "hookdet.builtin_plugins.ddp" not in imported
+    assert "hookdet.plugins.builtin.metrics_log" in imported
+    assert "hookdet.plugins.builtin.amp" not in imported and "hookdet.plugins.builtin.ddp" not in imported
 
 
 def test_plugin_config_reaches_options_and_is_refused_by_plugins_without_options() -> None:

@@ -1,4 +1,4 @@
-"""Tests for hookdet.reducers: Determined's reducer semantics, single rank and simulated ranks.
+"""Tests for hookdet.metrics.reducers: Determined's reducer semantics, single rank and simulated ranks.
 
 Several ranks are simulated by threads in one process that meet in a real allgather (a barrier;
 objects cross it pickled, as they would cross a process boundary). Each rank computes only its own
@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hookdet.metric_values import check_metrics_serialisable
-from hookdet.reducers import (
+from hookdet.metrics.metric_values import check_metrics_serialisable
+from hookdet.metrics.reducers import (
     FunctionReducer,
     MetricError,
     MetricReducer,
@@ -27,8 +27,8 @@ from hookdet.reducers import (
     ReducerRegistry,
     single_process_allgather,
 )
-from hookdet import callback_metrics
-from hookdet.workload_metrics import average_training_metrics, reduce_validation_metrics
+from hookdet.metrics import callback_metrics
+from hookdet.metrics.workload_metrics import average_training_metrics, reduce_validation_metrics
 
 
 class ThreadAllgather:

@@ -15,7 +15,7 @@ from typing import Dict, List
 import pytest
 
 from hookdet.runs.metrics import read_reports
-from hookdet.cli import main
+from hookdet.cli.commands import main
 from hookdet.runs.index import _number
 from hookdet.runs.plot import image_size
 
@@ -158,7 +158,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
     (run_dir / "metrics.jsonl").write_text('{"group": "training", "steps_completed": 1, "metrics": {"loss": 1.0}}\n')
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"  # what an installation without it sees
-        "from hookdet.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from hookdet.cli.commands import main; sys.exit(main(sys.argv[1:]))"
     )
     result = subprocess.run([sys.executable, "-c", code, "plot", str(run_dir), "-o", str(tmp_path / "x.png")],
                             capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Tests for hookdet.samplers: shuffle, repeat, shard and skip, alone and chained."""
+"""Tests for hookdet.data.samplers: shuffle, repeat, shard and skip, alone and chained."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, SequentialSampler
 
-from hookdet.samplers import (
+from hookdet.data.samplers import (
     DistributedBatchSampler,
     DistributedSampler,
     RepeatBatchSampler,

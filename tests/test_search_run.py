@@ -442,7 +442,7 @@ def test_the_digits_search_examples_preview(tmp_path: Path, name: str, expected:
 
 
 def test_a_search_without_the_extra_names_it(tmp_path: Path) -> None:
-    code = ("import sys; sys.modules['optuna'] = None; from hookdet.cli import main; "
+    code = ("import sys; sys.modules['optuna'] = None; from hookdet.cli.commands import main; "
             f"sys.exit(main(['run', {str(FIXTURES / 'grid.yaml')!r}, '--run-dir', 'x']))")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(tmp_path),
                             capture_output=True, text=True, timeout=60)

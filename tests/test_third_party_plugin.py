@@ -18,7 +18,7 @@ from typing import Dict
 import pytest
 
 from hookdet.runs.metrics import read_reports
-from hookdet.plugin_manager import installed_plugins
+from hookdet.plugins.manager import installed_plugins
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKDET = Path(sys.executable).with_name("hookdet")

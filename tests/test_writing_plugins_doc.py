@@ -8,7 +8,7 @@ from pathlib import Path
 
 import hookdet
 import hookdet.plugin
-from hookdet import hookspecs
+from hookdet.plugins import hookspecs
 
 PAGE = (Path(__file__).resolve().parents[1] / "docs" / "writing-plugins.md").read_text(encoding="utf-8")
 

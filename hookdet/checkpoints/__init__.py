@@ -12,6 +12,6 @@
 - :mod:`.api` — checkpoints outside training: ``load_trial_from_checkpoint_path``, export.
 
 When and how often to write, retention and the callbacks' order are the ``checkpoint``
-plugin's (:mod:`hookdet.builtin_plugins.checkpoint`); the run that writes them is
+plugin's (:mod:`hookdet.plugins.builtin.checkpoint`); the run that writes them is
 :mod:`hookdet.runs`'s.
 """

@@ -19,11 +19,11 @@ import torch
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet.checkpoints.storage import StorageError
-from hookdet.context import PyTorchTrialContext
-from hookdet.distributed import DistributedContext
-from hookdet.importing import SpecImportError, import_object
-from hookdet.plugin_manager import PluginManager
-from hookdet.run import Run
+from hookdet.trial_api.context import PyTorchTrialContext
+from hookdet.distributed.context import DistributedContext
+from hookdet.trial_api.importing import SpecImportError, import_object
+from hookdet.plugins.manager import PluginManager
+from hookdet.loop.run import Run
 
 
 class CheckpointLoadContext(PyTorchTrialContext):

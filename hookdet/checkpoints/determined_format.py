@@ -158,7 +158,7 @@ def _without_ddp_prefix(model_state: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _rng_state(saved: Dict[str, Any], directory: Path) -> Dict[str, Any]:
-    """Determined's RNG state as hookdet's :mod:`hookdet.rng` keeps it."""
+    """Determined's RNG state as hookdet's :mod:`hookdet.trial_api.rng` keeps it."""
     try:
         version, python_state, gauss = saved["random_rng_state"]
         kind, keys, position, has_gauss, cached = saved["np_rng_state"]

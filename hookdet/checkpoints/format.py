@@ -47,7 +47,7 @@ import xxhash
 
 from hookdet.checkpoints import determined_format
 from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, MalformedMetadataError, parse_metadata
-from hookdet.plugin_manager import PluginError
+from hookdet.plugins.manager import PluginError
 
 logger = logging.getLogger("hookdet")
 
@@ -68,7 +68,7 @@ class CheckpointError(PluginError):
     """A checkpoint is missing, corrupt, incomplete or belongs to another trial.
 
     The message is the whole diagnosis (which checkpoint, what is wrong, what to use instead).
-    It is a :class:`~hookdet.plugin_manager.PluginError` so that, raised from the checkpoint
+    It is a :class:`~hookdet.plugins.manager.PluginError` so that, raised from the checkpoint
     plugin's hooks, it reaches the user as it is rather than wrapped in "plugin failed in hook".
     """
 

@@ -112,7 +112,7 @@ def trial_spec_from_entrypoint(raw: Any) -> str:
     ``python3 -m determined.launch.<launcher> ... --trial model_def:Trial`` gives its ``--trial``
     (hookdet launches distributed runs itself, from ``resources.slots_per_trial``). Any other
     command (``python3 train.py --epochs 1``, a launch-layer wrapper around a script) is kept as
-    one string (a list is joined with shell quoting) and run by :mod:`hookdet.script_entrypoint`.
+    one string (a list is joined with shell quoting) and run by :mod:`hookdet.cli.script_entrypoint`.
     """
     if isinstance(raw, list) and raw and all(isinstance(part, str) for part in raw):
         tokens = list(raw)

@@ -56,7 +56,7 @@ class ExperimentConfig(Section):
     reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
     data: Dict[str, Any] = Field(default_factory=dict)
     #: A list (names add to the defaults, ``no:<name>`` removes one) or ``{only: [...]}``;
-    #: resolved by :mod:`hookdet.plugin_list`, read through ``run.plugin_names``.
+    #: resolved by :mod:`hookdet.plugins.selection`, read through ``run.plugin_names``.
     plugins: Optional[Union[List[str], Dict[str, List[str]]]] = None
     plugin_config: Dict[str, Dict[str, Any]] = Field(default_factory=dict)
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from hookdet.config.experiment import ExperimentConfig
 from hookdet.config.problems import ConfigError, FieldPath, LineIndex, Reporter, all_at_once, as_written, dotted
 from hookdet.config.screening import config_errors_from, screen
-from hookdet.yaml_limits import MAX_BYTES, BoundedNesting, check_expanded_size, check_text, too_large
+from hookdet.config.yaml_limits import MAX_BYTES, BoundedNesting, check_expanded_size, check_text, too_large
 
 _LENGTH_FIELDS = frozenset(
     {("searcher", "max_length"), ("min_validation_period",), ("min_checkpoint_period",)}
@@ -125,7 +125,7 @@ def load_experiment_config(
 def read_experiment_text(path: Union[str, Path]) -> str:
     """The experiment file's text, or a :class:`ConfigError` naming the file.
 
-    Only a regular file of at most :data:`~hookdet.yaml_limits.MAX_BYTES` is read, and never
+    Only a regular file of at most :data:`~hookdet.config.yaml_limits.MAX_BYTES` is read, and never
     more than that: a FIFO (whose open would wait for a writer forever), a device such as
     ``/dev/zero`` (which never ends) or a directory is refused from its ``fstat``, before a
     byte is read.
@@ -213,10 +213,10 @@ def _build(
 
 def _plugin_option_problems(config: ExperimentConfig, reporter: Reporter) -> List[ConfigError]:
     """The ``plugin_config`` blocks checked against the options their plugins declare
-    (:mod:`hookdet.plugin_options`); only the plugins with a block are imported."""
+    (:mod:`hookdet.plugins.options`); only the plugins with a block are imported."""
     if not config.plugin_config:
         return []
-    from hookdet.plugin_options import installed_plugin_class, option_problems
+    from hookdet.plugins.options import installed_plugin_class, option_problems
 
     return [
         reporter.error(("plugin_config", *path), f"{dotted(('plugin_config', *path))}: {message}")

@@ -6,8 +6,8 @@ Determined's local-distributed recipe builds the context itself and hands it to
     dist.init_process_group("gloo")
     distributed = det.core.DistributedContext.from_torch_distributed()
 
-Re-exports only; the class lives in :mod:`hookdet.distributed`.
+Re-exports only; the class lives in :mod:`hookdet.distributed.context`.
 """
-from hookdet.distributed import DistributedContext
+from hookdet.distributed.context import DistributedContext
 
 __all__ = ["DistributedContext"]

@@ -1,5 +1,5 @@
 """``hookdet.pytorch.samplers``: Determined's reproducible samplers (re-exported)."""
-from hookdet.samplers import (  # noqa: F401
+from hookdet.data.samplers import (  # noqa: F401
     DistributedBatchSampler,
     DistributedSampler,
     RepeatBatchSampler,

@@ -1,6 +1,6 @@
 """A run takes its run directory: the lock, its run id, the record of its storage, the sweep.
 
-:func:`hookdet.trainer.init` calls :func:`take` on the chief, shares its answer with every rank
+:func:`hookdet.loop.trainer.init` calls :func:`take` on the chief, shares its answer with every rank
 (:func:`accept` raises the same error on all of them, so no rank waits on a collective the
 chief never joins), then :func:`record` once the storage exists, and :func:`give_up` at the end
 (which removes a directory it made for a run that failed before training a batch).

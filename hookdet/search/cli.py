@@ -43,7 +43,7 @@ def load_search(config_path: Path, options: Sequence[str] = ()) -> tuple:
     """(validated config, the file's raw content, search settings, hyperparameter space), with
     ``--config`` ``options`` applied to both the config and the raw content."""
     from hookdet.config import read_experiment_file, with_overrides
-    from hookdet.config_overrides import load_with_overrides, loader_overrides
+    from hookdet.config.overrides import load_with_overrides, loader_overrides
     from hookdet.search.settings import SearchConfigError, read_settings
 
     config = load_with_overrides(config_path, options)

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.builtin_plugins.amp import AmpPlugin
+from hookdet.plugins.builtin.amp import AmpPlugin
 from hookdet.checkpoints.format import load_state
 from hookdet.checkpoints.lookup import resolve_checkpoint_dir
-from hookdet.plugin_manager import PluginError
-from hookdet.trial import TrialError
+from hookdet.plugins.manager import PluginError
+from hookdet.trial_api.trial import TrialError
 from hookdet.plugin import run_of
 from tests.support.amp_trials import ManualScalerTrial, RegressionTrial, UseAmpAfterWrapTrial, UseAmpTrial
 from tests.support.trials import fit

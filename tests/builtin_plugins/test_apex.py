@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.plugin_manager import PluginError
-from hookdet.trial import TrialError
+from hookdet.plugins.manager import PluginError
+from hookdet.trial_api.trial import TrialError
 from hookdet.plugin import run_of
 from tests.support.amp_trials import ApexTrial, RegressionTrial, TwoLossApexTrial
 from tests.support.trials import fit

@@ -18,14 +18,14 @@ from typing import Any, Dict
 import pytest
 import torch
 
-from hookdet import cli
-from hookdet.builtin_plugins.ddp import DDPPlugin, check_ddp_options, ddp_keyword_options
-from hookdet import launcher as hookdet_launcher
+from hookdet.cli import commands as cli
+from hookdet.plugins.builtin.ddp import DDPPlugin, check_ddp_options, ddp_keyword_options
+from hookdet.distributed import launcher as hookdet_launcher
 from hookdet.errors import UsageError
-from hookdet.launcher import RANK_ENTRY
+from hookdet.distributed.launcher import RANK_ENTRY
 from hookdet.runs.metrics import read_reports
-from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
-from hookdet.plugin_manager import PluginError, PluginManager
+from hookdet.plugins.builtin.preemption import PREEMPTED_EXIT_CODE
+from hookdet.plugins.manager import PluginError, PluginManager
 from tests.support.distributed_trials import (
     REPO_ROOT,
     TESTS_DIR,
@@ -360,7 +360,7 @@ def test_torchrun_command_one_machine_and_several() -> None:
     argv = ["run", "experiment.yaml"]
     command, local = hookdet_launcher.torchrun_command(argv, 4, [])
     assert local == 4
-    # Each rank runs hookdet's rank entry (hookdet/rank_entry.py), which asks for its parent-death
+    # Each rank runs hookdet's rank entry (hookdet/distributed/rank_entry.py), which asks for its parent-death
     # signal before it imports anything heavy.
     assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", RANK_ENTRY, *argv]
     assert Path(RANK_ENTRY) == Path(hookdet_launcher.__file__).with_name("rank_entry.py") and Path(RANK_ENTRY).is_file()

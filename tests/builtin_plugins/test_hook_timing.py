@@ -13,7 +13,7 @@ import pytest
 from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
 from hookdet.markers import hookimpl
-from hookdet.plugin_manager import PluginError
+from hookdet.plugins.manager import PluginError
 from hookdet.plugin import run_of
 from tests.support.trials import OneWeightTrial, fit
 

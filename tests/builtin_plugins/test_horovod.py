@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookdet import cli
-from hookdet.builtin_plugins.horovod import _named_parameters
+from hookdet.cli import commands as cli
+from hookdet.plugins.builtin.horovod import _named_parameters
 from tests.support.distributed_trials import (
     TESTS_DIR,
     expected_weights,

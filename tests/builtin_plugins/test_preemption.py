@@ -31,7 +31,7 @@ from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
-from hookdet.builtin_plugins.preemption import PREEMPTED_EXIT_CODE
+from hookdet.plugins.builtin.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugin import run_of
 from tests.support.resume_trials import RegressionTrial
 

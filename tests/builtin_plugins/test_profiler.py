@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.plugin_manager import PluginError
+from hookdet.plugins.manager import PluginError
 from hookdet.plugin import run_of
 from tests.support.trials import OneWeightTrial, fit
 

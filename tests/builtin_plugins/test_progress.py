@@ -24,10 +24,10 @@ import torch
 
 from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
-from hookdet.builtin_plugins.progress import ProgressPlugin, format_metrics
-from hookdet.live_view import format_number
-from hookdet.plugin_manager import PluginError
-from hookdet.distributed import DistributedContext
+from hookdet.plugins.builtin.progress import ProgressPlugin, format_metrics
+from hookdet.metrics.live_view import format_number
+from hookdet.plugins.manager import PluginError
+from hookdet.distributed.context import DistributedContext
 from hookdet.plugin import run_of
 from tests.support.trials import OneWeightTrial, fit
 
@@ -314,7 +314,7 @@ def test_the_bytecode_budget_holds_with_the_live_view_on(tmp_path: Path) -> None
 
 
 def test_latest_batch_value_reads_the_newest_batch_without_waiting() -> None:
-    from hookdet.live_view import LatestBatchValue
+    from hookdet.metrics.live_view import LatestBatchValue
 
     workload: List[Dict[str, Any]] = []
     latest = LatestBatchValue(lambda: workload)
@@ -331,7 +331,7 @@ def test_latest_batch_value_reads_the_newest_batch_without_waiting() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_latest_batch_value_copies_a_cuda_value_asynchronously() -> None:
-    from hookdet.live_view import LatestBatchValue
+    from hookdet.metrics.live_view import LatestBatchValue
 
     workload = [{"loss": torch.tensor(0.75, device="cuda")}]
     latest = LatestBatchValue(lambda: workload)

@@ -16,8 +16,8 @@ import torch
 from hookdet import pytorch
 from hookdet.config import ConfigError
 from hookdet.runs.metrics import read_reports
-from hookdet.builtin_plugins.tensorboard import DiscardingWriter, TorchWriter
-from hookdet.distributed import DistributedContext
+from hookdet.plugins.builtin.tensorboard import DiscardingWriter, TorchWriter
+from hookdet.distributed.context import DistributedContext
 from hookdet.plugin import run_of
 from tests.support.trials import OneWeightTrial, fit
 
@@ -181,7 +181,7 @@ def test_missing_tensorboard_package_refuses_the_run_with_one_message(tmp_path: 
     child = (
         "import sys\n"
         "sys.modules['tensorboard'] = None  # as if the package were not installed\n"
-        "from hookdet.cli import main\n"
+        "from hookdet.cli.commands import main\n"
         f"sys.exit(main(['run', {str(config)!r}, '--model-dir', {str(REPO)!r}, "
         f"'--run-dir', {str(tmp_path / 'run')!r}]))\n"
     )
@@ -267,7 +267,7 @@ def test_only_the_chief_writes(tmp_path: Path) -> None:
 
 
 def test_torch_writer_is_importable_from_determineds_path() -> None:
-    from hookdet.builtin_plugins import tensorboard
+    from hookdet.plugins.builtin import tensorboard
     from hookdet.tensorboard.metric_writers.pytorch import TorchWriter
 
     assert TorchWriter is tensorboard.TorchWriter

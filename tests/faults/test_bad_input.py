@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hookdet.checkpoints import format as fmt
-from hookdet.cli import main
+from hookdet.cli.commands import main
 from tests.faults.harness import EXIT_TIMES, TESTS, checkpoint_metadata, write_config
 
 #: Bound on each in-process case, in seconds.
@@ -208,7 +208,7 @@ class FlakyStatePlugin:
 def test_a_plugin_whose_state_fails_is_named_not_the_checkpoint_plugin(tmp_path: Path, fail: str) -> None:
     """Issue 19 case 9: the error names the plugin whose state_dict/load_state_dict raised."""
     from hookdet import pytorch
-    from hookdet.plugin_manager import PluginError
+    from hookdet.plugins.manager import PluginError
     from tests.support.resume_trials import RegressionTrial
 
     hparams = {"records": 32, "global_batch_size": 8, "lr": 0.01}

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import hookdet
-from hookdet.launcher import RANK_ENTRY
+from hookdet.distributed.launcher import RANK_ENTRY
 from tests.faults.harness import REPO, TESTS, assert_one_line, child_env, error_lines, finish, start, wait_until
 
 #: hookdet's own package directory, whose frames a user's traceback leaves out.

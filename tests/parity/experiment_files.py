@@ -83,7 +83,7 @@ def hookdet_run(trial: str, experiment: Dict[str, Any], latest_checkpoint: Optio
     ``SystemExit`` with its status if it fails."""
     import yaml  # hookdet's dependency; Determined's environment has no PyYAML
 
-    from hookdet import cli
+    from hookdet.cli import commands as cli
 
     module, _, class_name = trial.rpartition(".")
     config = dict(experiment, entrypoint=f"tests.parity.{module or 'trials'}:{class_name}")

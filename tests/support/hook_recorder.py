@@ -5,7 +5,7 @@ import functools
 import inspect
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from hookdet import hookspecs
+from hookdet.plugins import hookspecs
 from hookdet.markers import hookimpl
 
 SPEC_NAMES = tuple(

@@ -22,7 +22,7 @@ from hookdet import pytorch
 from hookdet.config import load_experiment_config
 from hookdet.errors import HookdetError
 from hookdet.plugin import run_of
-from hookdet.plugin_manager import PluginManager, installed_plugins
+from hookdet.plugins.manager import PluginManager, installed_plugins
 
 ROWS = ("loads alone", "no:X trains", "unknown option at file:line", "state_dict round-trips", "unconfigure twice")
 HP = {"lr": 0.1, "global_batch_size": 2}

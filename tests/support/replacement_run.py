@@ -95,7 +95,7 @@ def main(root: Path) -> None:
         "exact": all(torch.equal(a, b) for a, b in zip(whole["weights"], resumed["weights"])),
         "stopped_differs": not all(torch.equal(a, b) for a, b in zip(whole["weights"], stopped["weights"])),
         "builtins_imported": sorted(
-            name for name in ("amp", "tensorboard", "progress", "storage") if f"hookdet.builtin_plugins.{name}" in sys.modules
+            name for name in ("amp", "tensorboard", "progress", "storage") if f"hookdet.plugins.builtin.{name}" in sys.modules
         ),
         "storage_ids": sorted(p.name for p in storage.iterdir()),
     }

@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-from hookdet.launcher import child_setup_for
+from hookdet.distributed.launcher import child_setup_for
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE = REPO / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hookdet.active_run import active_run
+from hookdet.loop.active_run import active_run
 
 __all__ = ["TorchWriter"]
 

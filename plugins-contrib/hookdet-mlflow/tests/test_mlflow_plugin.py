@@ -218,7 +218,7 @@ def test_checkpoints_as_artifacts_on_a_server(mlflow_server: str, tmp_path: Path
 
 def test_other_ranks_log_nothing(sqlite_store: str, tmp_path: Path, monkeypatch: Any) -> None:
     """A rank-1 process (its collectives are the identity: only its rank matters here)."""
-    from hookdet.distributed import DistributedContext
+    from hookdet.distributed.context import DistributedContext
 
     monkeypatch.chdir(tmp_path)
     options = {"tracking_uri": sqlite_store, "experiment_name": "not-on-rank-1"}
@@ -270,7 +270,7 @@ def test_missing_mlflow_refuses_the_run_with_one_message(tmp_path: Path) -> None
     child = (
         "import sys\n"
         "sys.modules['mlflow'] = None  # as if the package were not installed\n"
-        "from hookdet.cli import main\n"
+        "from hookdet.cli.commands import main\n"
         f"sys.exit(main(['run', {str(experiment)!r}, '--model-dir', {str(TESTS)!r}, "
         f"'--run-dir', {str(tmp_path / 'run')!r}]))\n"
     )

@@ -1,0 +1,459 @@
+"""The ``hookdet`` command: ``run`` an experiment file, list ``plugins``, ``export`` a model.
+
+``hookdet run CONFIG`` with ``resources.slots_per_trial: N`` (or ``--slots N``) re-launches itself
+under ``torch.distributed.run`` (torchrun) with N processes (under horovodrun when the experiment
+lists the ``horovod`` plugin); torchrun's own options pass through for several nodes. An
+entrypoint that is a command (a script, or a Determined launch layer wrapping one) runs as
+Determined runs it: see :mod:`hookdet.cli.script_entrypoint`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from hookdet.errors import HookdetError
+from hookdet.trial_api.importing import SpecImportError, import_object
+from hookdet.errors import UsageError
+from hookdet.distributed.launcher import LAUNCHER_PID_ENV, TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
+from hookdet.runs.files import CONFIG_FILE
+
+logger = logging.getLogger("hookdet")
+
+
+
+#: Where ranks started by ``hookdet run``'s launcher write their exit status (set by the launcher).
+RANK_STATUS_DIR_ENV = "HOOKDET_RANK_STATUS_DIR"
+
+
+def load_trial_class(entrypoint: Optional[str], model_dir: Path, source: str) -> type:
+    """Import the ``module:Class`` entrypoint from ``model_dir``; errors name the config file."""
+    from hookdet.trial_api.trial import PyTorchTrial
+
+    if not entrypoint or ":" not in entrypoint:
+        raise UsageError(f"{source}: entrypoint must be 'module:TrialClass', got {entrypoint!r}")
+    if str(model_dir) not in sys.path:
+        sys.path.insert(0, str(model_dir))
+    try:
+        target = import_object(entrypoint)
+    except SpecImportError as error:
+        raise UsageError(f"{source}: entrypoint {entrypoint!r}: {error} (from {model_dir})") from error
+    if not (isinstance(target, type) and issubclass(target, PyTorchTrial)):
+        raise UsageError(
+            f"{source}: entrypoint {entrypoint!r} is not a PyTorchTrial subclass "
+            "(did the trial import PyTorchTrial from hookdet.pytorch?)"
+        )
+    return target
+
+
+def command_run(args: argparse.Namespace) -> int:
+    """Train the experiment in ``args.config``; return the exit status."""
+    from hookdet.config import names_trial_class
+    from hookdet.config.overrides import load_with_overrides
+
+    config_path = Path(args.config)
+    config = load_with_overrides(config_path, args.config_overrides or [])
+    from hookdet.search import cli as search_cli
+
+    if search_cli.is_search(config, args) and launched_rank() is None:
+        return search_cli.run_search(args)
+    if args.slots is not None:
+        if args.slots < 1:
+            raise UsageError(f"--slots must be a positive number of processes, got {args.slots}")
+        config.resources.slots_per_trial = args.slots
+    if config.ignored_fields:
+        logger.info(
+            "%s: cluster-only fields ignored when running locally: %s",
+            config_path, ", ".join(config.ignored_fields),
+        )
+    fork_parent = resume_run_dir(args)
+    if config.entrypoint is not None and not names_trial_class(config.entrypoint):
+        from hookdet.cli.script_entrypoint import run_script  # a script or launch-layer command
+
+        return run_script(args, config, config_path)
+    slots = config.resources.slots_per_trial
+    if slots > 1 and launched_rank() is None:
+        return _launch(args, config, slots)
+    return _train_trial_class(args, config, config_path, fork_parent)
+
+
+def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path, fork_parent: Any) -> int:
+    """Build the ``module:Class`` trial and train it with the model directory as the working
+    directory, where Determined's harness runs it (so a trial's relative data paths mean what
+    they mean there); the paths given on the command line are made absolute first."""
+    from hookdet.trial_api.cluster_info import activated, local_cluster_info
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason
+    from hookdet.runs.identity import write_identity
+    from hookdet.trial_api.context import run_of
+    from hookdet.loop.trainer import Trainer, default_run_dir, fit_arguments, init
+
+    model_dir = (Path(args.model_dir) if args.model_dir else config_path.resolve().parent).resolve()
+    trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
+    if "global_batch_size" not in config.hyperparameters:
+        raise UsageError(
+            f"{config_path}: hyperparameters.global_batch_size is required: a PyTorchTrial's "
+            "batches are sized from it (as under Determined)"
+        )
+    run_dir = Path(args.run_dir or default_run_dir(config)).absolute()
+    resume = resume_target(args.resume)
+    slots = config.resources.slots_per_trial
+    info = local_cluster_info(config, slots=slots, latest_checkpoint=resume, run_dir=run_dir)
+    with working_directory(model_dir), activated(info), \
+            init(exp_conf=config, run_dir=run_dir, model_dir=model_dir) as context:
+        run = run_of(context)
+        run.resume_from = resume  # so get_initial_batch() is right in the trial's __init__
+        if fork_parent is not None and run.is_chief:
+            write_identity(run, parent=fork_parent)
+        trial = trial_class(context)
+        fit = fit_arguments(config, context)
+        if fit["max_length"] is None:
+            raise UsageError(f"{config_path}: searcher.max_length is required to train")
+        Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
+        if run.is_chief:
+            _print_summary(run)
+        status = PREEMPTED_EXIT_CODE if run.exit_reason == ExitReason.PREEMPTED else 0
+        # Told before the teardown (process group, plugins): a rank that aborts there has finished.
+        report_status_to_launcher(status)
+    return status
+
+
+@contextlib.contextmanager
+def working_directory(path: Path) -> Iterator[None]:
+    """Run the block in ``path``, then return to where the process was."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
+    ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
+    returns the parent to record in it."""
+    from hookdet.runs.identity import read_identity, refuse_mixed_store
+    from hookdet.runs.index import is_run_dir
+
+    if not args.resume and args.run_dir and launched_rank() is None and is_run_dir(Path(args.run_dir)):
+        raise UsageError(
+            f"run directory {args.run_dir} already holds a run{_state_of(Path(args.run_dir))}; continue it "
+            f"with --resume {args.run_dir}, or give another --run-dir (one run directory, one history)"
+        )
+    if args.resume and Path(args.resume).is_dir() and read_identity(args.resume) is None:
+        refuse_mixed_store(Path(args.resume))  # before anything is created
+    if not args.resume or not (Path(args.resume) / CONFIG_FILE).is_file():
+        if args.fork:
+            raise UsageError(f"--fork needs --resume RUN_DIR (a run directory), got {args.resume!r}")
+        return None
+    if args.fork:
+        identity = read_identity(args.resume) or {}
+        return {"run_dir": str(Path(args.resume).resolve()), "run_id": identity.get("run_id")}
+    if args.run_dir is None:
+        args.run_dir = args.resume
+    return None
+
+
+def _state_of(run_dir: Path) -> str:
+    """`` (running: pid 12 on host h)``, `` (completed)``...: what the run directory's record says."""
+    from hookdet.runs.record import read_record
+
+    record = read_record(run_dir) or {}
+    state = record.get("state")
+    if state == "running":
+        return f" (running: pid {record.get('pid')} on host {record.get('host')})"
+    return f" ({state})" if state else ""
+
+
+def launched_rank() -> Optional[int]:
+    """This process's global rank when a launcher (torchrun, horovodrun) started it, else None."""
+    for name in ("RANK", "HOROVOD_RANK", "LOCAL_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
+    """Start ``slots`` ranks of this very command and return their combined exit status.
+
+    torchrun starts them, or horovodrun when the experiment lists the ``horovod`` plugin. The
+    launcher runs in its own session and this process passes SIGTERM and SIGINT (SIGHUP as
+    SIGTERM) on to it, so a Ctrl-C reaches every rank once and they checkpoint and stop. Each rank
+    writes its exit status into a directory made here (``HOOKDET_RANK_STATUS_DIR``), because
+    torchrun and horovodrun report only "failed", and kill the other ranks when one exits
+    non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
+    preempted, 0 when all completed, the launcher's own status when a rank died without a word.
+    """
+    from hookdet.distributed.launcher import combined_exit_status, failure_lines, launcher_death_line, read_rank_statuses, run_passing_signals
+    from hookdet.plugins.selection import Launch, select_plugins
+    from hookdet.loop.trainer import default_run_dir
+
+    launcher = select_plugins(config.plugins, Launch(world_size=slots)).launcher
+    if launcher == "horovodrun":
+        if args.torchrun:
+            raise UsageError(
+                f"{' '.join(args.torchrun)}: torchrun options do not apply to the horovod plugin; "
+                "to train on several machines with horovod, start horovodrun yourself"
+            )
+        command = horovodrun_command(args.argv, slots)
+        local_ranks = slots
+    else:
+        command, local_ranks = torchrun_command(args.argv, slots, args.torchrun)
+    env = dict(os.environ, **{LAUNCHER_PID_ENV: str(os.getpid())})
+    if not args.run_dir and "HOOKDET_RUN_DIR" not in env:
+        env["HOOKDET_RUN_DIR"] = str(default_run_dir(config))
+    with tempfile.TemporaryDirectory(prefix="hookdet-ranks-") as status_dir:
+        env[RANK_STATUS_DIR_ENV] = status_dir
+        logger.info("launching %d processes: %s", local_ranks, " ".join(command))
+        launcher_said: List[str] = []
+        launcher_status = run_passing_signals(command, env, launcher_said)
+        statuses = read_rank_statuses(Path(status_dir))
+        lines = failure_lines(Path(status_dir), statuses, local_ranks)
+        died = launcher_death_line(launcher, launcher_status, len(statuses))
+        for line in lines + ([died] if died and not lines and not launcher_said else []):
+            print(line, file=sys.stderr, flush=True)
+    return combined_exit_status(launcher_status, statuses, local_ranks)
+
+
+def report_status_to_launcher(status: int) -> int:
+    """Under ``hookdet run``'s launcher, record this rank's exit ``status`` for it; return the
+    status to exit with: 0 for a preempted rank (torchrun would count 75 as a failure and kill
+    the other ranks while they exit), ``status`` otherwise. A rank refusing bad input waits (a
+    bounded while) for the other ranks of its machine to record theirs. Elsewhere returns
+    ``status``."""
+    from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, PREEMPTED_EXIT_CODE
+
+    status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
+    if not status_dir or rank is None:
+        return status
+    path = Path(status_dir) / f"rank-{rank}"
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(str(status))
+    partial.replace(path)
+    if status == BAD_INPUT_EXIT_CODE:
+        # The other ranks read the same input and are refusing it too: give them the moment to
+        # say so before this rank's exit makes torchrun stop them.
+        from hookdet.distributed.launcher import wait_for_local_ranks
+
+        wait_for_local_ranks(Path(status_dir))
+    return 0 if status == PREEMPTED_EXIT_CODE else status
+
+
+def _print_summary(run: Any) -> None:
+    state = run.state
+    metric = run.config.searcher.metric
+    best = "none" if state.best_validation is None else f"{state.best_validation:.6g}"
+    lines = [
+        f"hookdet: {run.exit_reason or 'finished'} after {state.batches_trained} batches",
+        f"  best {metric}: {best}",
+        f"  run directory: {run.run_dir.resolve()}",
+    ]
+    if state.latest_checkpoint and run.storage is not None:
+        lines.append(f"  latest checkpoint: {run.storage.location(state.latest_checkpoint)}")
+    print("\n".join(lines), flush=True)
+
+
+def command_plugins(args: argparse.Namespace) -> int:
+    """List installed plugins, where each comes from, and the hooks each implements."""
+    from hookdet.plugins.manager import DEFAULT_PLUGINS, PluginManager, installed_plugins
+
+    for name, target in sorted(installed_plugins().items()):
+        conflicts = ""
+        try:  # each plugin alone: a conflict is only real between plugins enabled together
+            manager = PluginManager()
+            plugin = manager.register(name, import_object(target))
+            hooks = ", ".join(manager.hooks_of(plugin)) or "(none)"
+            if getattr(plugin, "conflicts_with", ()):
+                conflicts = f"\n  cannot run with: {', '.join(plugin.conflicts_with)}"
+        except Exception as error:  # an unloadable plugin is listed, not fatal
+            hooks = f"cannot load: {error}"
+        default = " (default)" if name in DEFAULT_PLUGINS else ""
+        print(f"{name}{default}\n  from: {target}\n  hooks: {hooks}{conflicts}{_options_listing(target)}")
+    return 0
+
+
+def _options_listing(target: str) -> str:
+    """The ``plugin_config`` options a plugin declares, one line each with its default."""
+    from hookdet.plugins.options import declared_options, option_fields
+
+    try:
+        options_type = declared_options(import_object(target))
+    except Exception:  # noqa: BLE001 - the hooks line already says why it cannot load
+        return ""
+    if options_type is None:
+        return ""
+    lines = [
+        f"\n    {field.name}: {field.type} = {field.default}" + (f"  # {field.description}" if field.description else "")
+        for field in option_fields(options_type)
+    ]
+    return "\n  options:" + "".join(lines)
+
+
+def command_export(args: argparse.Namespace) -> int:
+    """Write a bare ``model.state_dict()`` from a checkpoint."""
+    from hookdet.checkpoints.api import export_model_state
+
+    path = export_model_state(args.checkpoint, args.output, args.model_index)
+    print(f"wrote model {args.model_index}'s state_dict to {path}")
+    return 0
+
+
+def command_runs(args: argparse.Namespace) -> int:
+    """``runs``, ``show``, ``compare`` and ``plot``: see :mod:`hookdet.runs.index`."""
+    from hookdet.runs import index as run_index
+
+    try:
+        if args.command == "runs":
+            print(run_index.list_runs(Path(args.directory)))
+        elif args.command == "show":
+            print(run_index.show_run(run_index.resolve_run(args.run)))
+        elif args.command == "compare":
+            print(run_index.compare_runs([run_index.resolve_run(run) for run in args.runs]))
+        else:
+            from hookdet.runs.plot import PlotUnavailableError, plot_runs
+
+            try:
+                plot_runs([run_index.resolve_run(run) for run in args.runs], Path(args.output))
+            except PlotUnavailableError as error:
+                raise UsageError(str(error)) from None
+            print(f"wrote {args.output}")
+    except run_index.RunNotFoundError as error:
+        raise UsageError(str(error)) from None
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hookdet`` argument parser."""
+    parser = argparse.ArgumentParser(prog="hookdet", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hookdet {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="train the trial an experiment file describes")
+    run.add_argument("config", help="the experiment file (Determined's YAML)")
+    run.add_argument("--resume", metavar="CHECKPOINT", help="a checkpoint or run directory to continue from")
+    run.add_argument("--fork", action="store_true", help="with --resume RUN_DIR: continue in a new run directory that records its parent")
+    run.add_argument("--model-dir", help="where the entrypoint module lives (default: the config's folder)")
+    run.add_argument("--run-dir", help="where metrics, checkpoints and TensorBoard files go")
+    run.add_argument("--slots", type=int, help="processes to train with (overrides resources.slots_per_trial)")
+    run.add_argument("--test-mode", action="store_true", help="train one batch, validate one, checkpoint")
+    run.add_argument(
+        "--config", dest="config_overrides", action="append", metavar="KEY=VALUE",
+        help="set one field of the experiment file (dotted path, YAML value; repeatable), "
+        "e.g. --config hyperparameters.lr=0.01",
+    )
+    for option in TORCHRUN_OPTIONS:
+        run.add_argument(option, dest=f"torchrun_{option[2:].replace('-', '_')}", help=argparse.SUPPRESS)
+    run.set_defaults(handler=command_run)
+    from hookdet.search.cli import add_run_options, add_search_command
+
+    add_run_options(run)
+    add_search_command(commands)
+
+    plugins = commands.add_parser("plugins", help="list installed plugins and their hooks")
+    plugins.set_defaults(handler=command_plugins)
+
+    export = commands.add_parser("export", help="write a checkpoint's model weights for plain PyTorch")
+    export.add_argument("checkpoint", help="a checkpoint or run directory")
+    export.add_argument("output", help="the .pt file to write")
+    export.add_argument("--model-index", type=int, default=0, help="which wrapped model (default 0)")
+    export.set_defaults(handler=command_export)
+
+    runs = commands.add_parser("runs", help="list the runs in a folder: state, batches, best metric")
+    runs.add_argument("directory", nargs="?", default="runs", help="where to look (default: ./runs)")
+    show = commands.add_parser("show", help="one run: state, config changes, metrics, checkpoints")
+    show.add_argument("run", help="a run directory (or its name under ./runs)")
+    compare = commands.add_parser("compare", help="two or more runs' metrics side by side")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    plot = commands.add_parser("plot", help="a PNG of the metrics of one or more runs (hookdet[plot])")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    plot.add_argument("-o", "--output", required=True, help="the PNG file to write")
+    for command in (runs, show, compare, plot):
+        command.set_defaults(handler=command_runs)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hookdet")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``hookdet`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    args.torchrun = [
+        f"{option}={getattr(args, 'torchrun_' + option[2:].replace('-', '_'))}"
+        for option in TORCHRUN_OPTIONS
+        if getattr(args, "torchrun_" + option[2:].replace("-", "_"), None) is not None
+    ] if args.command == "run" else []
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
+    from hookdet.errors import InvalidHP
+    from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE
+
+    try:
+        status = args.handler(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+    except InvalidHP as error:
+        print(f"hookdet: the trial raised InvalidHP: {error}", file=sys.stderr)
+        status = INVALID_HP_EXIT_CODE
+    except HookdetError as error:
+        status = _say_error(str(error), BAD_INPUT_EXIT_CODE)
+    except BrokenPipeError:  # the reader went away (``hookdet plugins | head``): stop quietly
+        return _stop_writing_to_a_closed_pipe()
+    except KeyboardInterrupt:  # Ctrl-C where no plugin turns it into a checkpoint and a stop
+        status = _say_error("interrupted (Ctrl-C); nothing since the last checkpoint was saved", 128 + signal.SIGINT)
+    except Exception as error:
+        status = _report_failure(error)
+    return report_status_to_launcher(status)
+
+
+def _stop_writing_to_a_closed_pipe() -> int:
+    """Point stdout at /dev/null (so the interpreter's final flush cannot fail again) and return
+    128 + SIGPIPE, the status a Unix tool killed by the broken pipe has."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
+
+
+def _report_failure(error: Exception) -> int:
+    """Report an error that is not hookdet's one-line kind and return the exit status (see
+    :mod:`hookdet.cli.failure_report`); a hookdet bug is raised again, whole."""
+    from hookdet.cli import failure_report
+    from hookdet.checkpoints.os_errors import environment_fault
+
+    fault = environment_fault(error) if isinstance(error, OSError) else None
+    if fault is not None:  # the machine's fault (disk full, no permission): one line
+        return _say_error(fault, 2)
+    lost = failure_report.peer_loss(error)
+    if lost is not None:
+        return _say_error(f"lost contact with the other ranks ({type(error).__name__}: {lost})", 1)
+    trimmed = failure_report.user_traceback(error)
+    if trimmed is None:
+        _say_error(f"hookdet failed: {failure_report.one_line(error)} (a bug: please report the traceback below)", 1)
+        raise error
+    sys.stderr.write(trimmed)
+    return _say_error(f"the trial raised {failure_report.one_line(error)} (traceback above)", 1)
+
+
+def _say_error(message: str, status: int) -> int:
+    """Print ``hookdet: error: message`` (under the launcher, leave it for the launcher to print
+    once for all ranks) and return ``status``."""
+    status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
+    if status_dir and rank is not None:
+        from hookdet.distributed.launcher import record_rank_message
+
+        record_rank_message(status_dir, rank, message)
+    else:
+        print(f"hookdet: error: {message}", file=sys.stderr)
+    return status

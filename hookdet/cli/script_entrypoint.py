@@ -1,0 +1,258 @@
+"""``hookdet run`` on an experiment file whose entrypoint is a command, not a trial class.
+
+Determined runs every entrypoint that is not ``module:Class`` as a command in the model
+directory: a script (``python3 train.py --epochs 1``) or a launch layer wrapping one
+(``python3 -m determined.launch.torch_distributed python3 train.py``, ``...launch.horovod``). The
+script finds out that it runs "on the cluster" through ``det.get_cluster_info()`` and takes its
+hyperparameters, seed and checkpoint to continue from there. hookdet does the same locally:
+
+- the run directory is made first and the run's :class:`~hookdet.trial_api.cluster_info.ClusterInfo`
+  (hyperparameters, trial id and seed, ``--resume``'s checkpoint as ``latest_checkpoint``) is
+  written into it; ``$HOOKDET_CLUSTER_INFO`` points the script's ``hookdet.get_cluster_info()``
+  at it, and ``pytorch.init()`` there takes the experiment file, seed and run directory from it;
+- a plain command runs as it is (through ``sh -c`` when it uses the shell), with this Python's
+  ``bin`` first on ``PATH`` so ``python3`` is the interpreter hookdet runs in;
+- Determined's launch layers are replaced by the launchers they wrap: ``torch_distributed`` by
+  torchrun (``--no-python``, ``resources.slots_per_trial`` processes, its ``TORCH_OVERRIDES``
+  and ``hookdet run``'s torchrun options passed on), ``horovod`` by horovodrun;
+- SIGTERM/SIGINT (SIGHUP as SIGTERM) are passed on: to every process of a plain command's group,
+  to the launcher (which passes them to the ranks) otherwise. A script whose training stopped for
+  the signal with a checkpoint makes ``hookdet run`` exit 75, as a trial class does; the ranks'
+  ``Trainer.fit`` records how it ended (:func:`hookdet.trial_api.cluster_info.record_outcome`).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hookdet.trial_api import cluster_info
+from hookdet.errors import UsageError
+from hookdet.distributed.launcher import resume_target, torchrun_command
+from hookdet.distributed.launcher import RANK_ENTRY, launcher_death_line, pump_filtered, signal_name, stop_signals_passed_on
+
+logger = logging.getLogger("hookdet")
+
+#: Determined's launch layers (``python3 -m determined.launch.<name>``) and what replaces each.
+LAUNCH_LAYERS = ("torch_distributed", "horovod", "deepspeed")
+#: Each launch layer by its role (a launch layer's module name, not a plugin's).
+TORCH_LAYER, HOROVOD_LAYER, DEEPSPEED_LAYER = LAUNCH_LAYERS
+
+#: How long a plain command's leftover processes (a script under a shell that died of the
+#: signal) are waited for after the command itself exited.
+GROUP_EXIT_WAIT_SECONDS = 120
+
+#: Characters that make a command need a shell (``&&``, pipes, redirections, variables, globs).
+_SHELL_SYNTAX = re.compile(r"[|&;<>()$`*?\[\]{}~\n\\]")
+
+
+class EntrypointError(UsageError):
+    """An entrypoint hookdet cannot run; the message names the experiment file."""
+
+
+def split_launch_layer(tokens: Sequence[str]) -> Tuple[Optional[str], List[str], List[str]]:
+    """``(layer, overrides, script)`` of a ``python3 -m determined.launch.<layer> ...`` command,
+    or ``(None, [], tokens)`` when the command is not wrapped in a launch layer.
+
+    As Determined's launchers read their arguments: options before a ``--`` are overrides for
+    the launcher underneath (torchrun, horovodrun); the rest is the script.
+    """
+    tokens = list(tokens)
+    is_python = bool(tokens) and re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(tokens[0]))
+    if not (is_python and len(tokens) >= 3 and tokens[1] == "-m"):
+        return None, [], tokens
+    module = tokens[2]
+    if not module.startswith("determined.launch."):
+        return None, [], tokens
+    layer = module[len("determined.launch."):]
+    rest = tokens[3:]
+    overrides: List[str] = []
+    if "--" in rest:
+        split = rest.index("--")
+        overrides, rest = rest[:split], rest[split + 1:]
+    rest = [token for token in rest if token != "--autohorovod"]
+    return layer, overrides, rest
+
+
+def script_command(
+    entrypoint: str, slots: int, torchrun_options: Sequence[str], source: str
+) -> Tuple[List[str], bool, Dict[str, str]]:
+    """The command that runs ``entrypoint`` with ``slots`` processes, whether it is a launcher
+    (signals go to it alone, not its process group), and the environment it adds."""
+    tokens = shlex.split(entrypoint)
+    layer, overrides, script = split_launch_layer(tokens)
+    if layer is None:
+        if slots > 1:
+            raise EntrypointError(
+                f"{source}: resources.slots_per_trial is {slots}, but the entrypoint "
+                f"{entrypoint!r} starts one process; wrap it in a launch layer, e.g. "
+                f"'python3 -m determined.launch.torch_distributed {entrypoint}'"
+            )
+        command = ["sh", "-c", entrypoint] if _SHELL_SYNTAX.search(entrypoint) else tokens
+        return command, False, {}
+    if layer not in LAUNCH_LAYERS:
+        raise EntrypointError(
+            f"{source}: entrypoint {entrypoint!r}: unknown launch layer 'determined.launch.{layer}' "
+            f"(hookdet runs {', '.join('determined.launch.' + name for name in LAUNCH_LAYERS[:2])})"
+        )
+    if layer == DEEPSPEED_LAYER:
+        raise EntrypointError(
+            f"{source}: entrypoint {entrypoint!r}: DeepSpeed trials are not supported by hookdet "
+            "(it runs PyTorchTrial); use determined.launch.torch_distributed"
+        )
+    if not script:
+        raise EntrypointError(f"{source}: entrypoint {entrypoint!r}: the launch layer wraps no script")
+    if layer == HOROVOD_LAYER:
+        return horovod_command(script, overrides, slots, source), True, {"USE_HOROVOD": "1"}
+    command, _ = torchrun_command([], slots, torchrun_options)
+    command = command[: command.index(RANK_ENTRY)]  # torchrun and its options, without hookdet's rank
+    return [*command, *overrides, "--no-python", *script], True, {"USE_TORCH_DISTRIBUTED": "True"}
+
+
+def horovod_command(script: Sequence[str], overrides: Sequence[str], slots: int, source: str) -> List[str]:
+    """horovodrun (gloo, this machine) running ``script`` on ``slots`` ranks."""
+    try:
+        import horovod.runner  # noqa: F401
+    except ImportError as error:
+        raise EntrypointError(
+            f"{source}: the entrypoint uses determined.launch.horovod, which needs Horovod "
+            f"(scripts/build_horovod.sh builds it against the installed torch): {error}"
+        ) from None
+    return [
+        sys.executable, "-m", "horovod.runner.launch", "-np", str(slots), "-H", f"localhost:{slots}",
+        "--gloo", *overrides, *script,
+    ]
+
+
+def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
+    """``hookdet run`` for a command entrypoint; returns the exit status (75 after preemption)."""
+    from hookdet.loop.trainer import default_run_dir
+
+    source = str(config_path)
+    slots = config.resources.slots_per_trial
+    command, is_launcher, extra_env = script_command(config.entrypoint, slots, args.torchrun, source)
+    model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
+    check_script_exists(config.entrypoint, model_dir, source)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
+    info_dir = run_dir.resolve() / "cluster-info"
+    info_dir.mkdir(parents=True, exist_ok=True)
+    for stale in info_dir.glob("outcome-rank-*.json"):
+        stale.unlink()
+    info = cluster_info.local_cluster_info(
+        config, slots=slots, latest_checkpoint=resume_target(args.resume), run_dir=run_dir,
+        test_mode=args.test_mode,
+    )
+    info_path = cluster_info.write_cluster_info(info, info_dir / "cluster.json")
+    env = dict(os.environ, **extra_env)
+    env[cluster_info.CLUSTER_INFO_ENV] = str(info_path)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    logger.info("running %s in %s (run directory %s)", shlex.join(command), model_dir, run_dir)
+    status = run_passing_signals(command, env, model_dir, to_group=not is_launcher)
+    outcomes = cluster_info.read_outcomes(info_dir)
+    final = exit_status(status, outcomes, slots if is_launcher else 1, is_launcher)
+    print(f"hookdet: entrypoint {how_it_ended(status, final)}", flush=True)
+    print(f"  run directory: {run_dir.resolve()}", flush=True)
+    return final
+
+
+def how_it_ended(status: int, final: int) -> str:
+    """``exited with status 1``, ``stopped with a checkpoint (preempted): exit status 75``...:
+    what the command's ``status`` was, ending with the ``final`` status ``hookdet run`` returns."""
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+
+    if final == PREEMPTED_EXIT_CODE and status != PREEMPTED_EXIT_CODE:
+        return f"stopped with a checkpoint (preempted): exit status {final}"
+    if status < 0:
+        return f"killed by {signal_name(-status)}: exit status {final}"
+    return f"exited with status {final}"
+
+
+def check_script_exists(entrypoint: str, model_dir: Path, source: str) -> None:
+    """Refuse ``python3 SCRIPT ...`` (launch layer or not) when SCRIPT is not in the model
+    directory: one line, before a launcher starts ranks that would each fail on it."""
+    if _SHELL_SYNTAX.search(entrypoint):
+        return  # the shell decides what runs
+    _, _, script = split_launch_layer(shlex.split(entrypoint))
+    is_python = bool(script) and re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(script[0]))
+    if not is_python or len(script) < 2 or script[1].startswith("-"):
+        return
+    if not (model_dir / script[1]).is_file():
+        raise EntrypointError(
+            f"{source}: entrypoint {entrypoint!r}: no script {script[1]} in the model directory {model_dir}"
+        )
+
+
+def exit_status(status: int, outcomes: Dict[int, Optional[str]], ranks: int, is_launcher: bool) -> int:
+    """``hookdet run``'s status: 75 when training stopped for a signal with a checkpoint on every
+    rank (torchrun itself reports a failure after passing a signal on, so a launcher's status
+    does not count then), else the command's status (128 + N for a death by signal N)."""
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+
+    preempted = len(outcomes) >= ranks and "preempted" in outcomes.values()
+    if preempted and (status == 0 or is_launcher):
+        return PREEMPTED_EXIT_CODE
+    return 128 - status if status < 0 else status
+
+
+def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, to_group: bool) -> int:
+    """Run ``command`` in its own session, passing stop signals on; its exit status.
+
+    ``to_group``: signals go to the whole process group (a ``sh -c`` command's children too), and
+    the call returns only when every process of the group is gone, so a script still writing its
+    checkpoint is waited for even when the shell above it has died. Otherwise ``command`` is a
+    launcher: its stderr goes through :func:`hookdet.distributed.launcher.filter_launcher_stderr`, and its
+    death by a signal is said in one line.
+    """
+    launcher = not to_group
+    process = subprocess.Popen(list(command), env=env, cwd=str(cwd), start_new_session=True,
+                               stderr=subprocess.PIPE if launcher else None)
+    said: List[str] = []
+    pump = pump_filtered(process.stderr, sys.stderr, said) if launcher else None
+
+    def send(signum: int) -> None:
+        try:
+            if to_group:
+                os.killpg(process.pid, signum)
+            elif process.poll() is None:
+                process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    try:
+        with stop_signals_passed_on(send, "the entrypoint"):
+            status = process.wait()
+            deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
+            while to_group and _group_alive(process.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if pump is not None:
+            pump.join(timeout=5)
+            died = launcher_death_line(_launcher_name(command), status)
+            if died is not None and not said:
+                print(died, file=sys.stderr, flush=True)
+        return status
+    finally:
+        if process.poll() is None:  # this process is dying of something else: take the script along
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _launcher_name(command: Sequence[str]) -> str:
+    return "horovodrun" if "horovod.runner.launch" in command else "torchrun"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

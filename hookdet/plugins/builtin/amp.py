@@ -1,0 +1,281 @@
+"""Native mixed precision: forward passes under ``torch.autocast``, losses through a ``GradScaler``.
+
+Three ways in, the first two exactly as in Determined:
+
+* ``context.experimental.use_amp()`` — automatic. Every model wrapped afterwards runs its forward
+  pass under autocast (its reduced-precision outputs come back as float32, so the loss is computed
+  in float32); ``context.backward`` scales the loss; ``context.step_optimizer`` unscales the
+  gradients before they are averaged and clipped, then steps through the scaler; after
+  ``train_batch`` on a batch that stepped, the scaler is updated once.
+* ``context.wrap_scaler(scaler)`` — manual. The trial autocasts, scales its loss, passes
+  ``scaler=`` to ``step_optimizer`` and calls ``scaler.update()`` itself, as with plain PyTorch;
+  hookdet only keeps the scaler's state in checkpoints (Determined's harness likewise updates
+  the scaler only under ``use_amp``).
+* ``plugins: [amp]`` in the experiment file — automatic for every model, with no change to the
+  trial (as if it had called ``use_amp()`` first). A trial that calls ``wrap_scaler`` before
+  wrapping a model takes over manually instead.
+
+Determined's ordering rules hold: ``use_amp``/``wrap_scaler`` come before any ``wrap_model`` and
+are called once; ``amp`` and ``apex`` never run together (``conflicts_with``).
+
+``plugin_config.amp`` (all optional): ``enabled`` (false: ``use_amp`` trains in float32),
+``dtype`` (``auto``: float16 on CUDA, bfloat16 elsewhere; or ``float16``/``bfloat16``), and the
+``GradScaler``'s ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``.
+Loss scaling runs for float16 only: bfloat16 has float32's exponent range and needs none, so with
+bfloat16 the per-batch hooks are not even registered.
+
+``GradScaler.step`` reads one flag from the device per optimizer step to decide whether to skip
+it (PyTorch's own design); nothing else here waits on the device per batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Dict, Optional
+
+import torch
+
+from hookdet.markers import hookimpl
+from hookdet.trial_api.mixed_precision import (
+    autocast_forward,
+    dtype_name,
+    patch_forward,
+    read_dtype_option,
+    resolve_half_dtype,
+)
+from hookdet.plugins.manager import check_known_options, option_error
+from hookdet.trial_api.trial import TrialError
+
+logger = logging.getLogger("hookdet")
+
+NAME = "amp"
+STEPS_NAME = "amp:steps"
+BY_FILE = "the experiment file"
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AmpSettings:
+    """``plugin_config.amp``, validated; the scaler fields are ``torch.amp.GradScaler``'s."""
+
+    enabled: bool = True
+    dtype: str = "auto"
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    @classmethod
+    def from_options(cls, options: Dict[str, Any]) -> "AmpSettings":
+        """Read ``options``; one :class:`PluginError` naming ``plugin_config.amp.<field>``."""
+        known = tuple(field.name for field in dataclasses.fields(cls))
+        check_known_options(NAME, options, known)
+        values = dict(options)
+        if "enabled" in values and not isinstance(values["enabled"], bool):
+            raise option_error(NAME, "enabled", "true or false", values["enabled"])
+        if "dtype" in values:
+            values["dtype"] = read_dtype_option(NAME, values["dtype"])
+        for field, expected, ok in (
+            ("init_scale", "a positive number", lambda v: v > 0),
+            ("growth_factor", "a number greater than 1", lambda v: v > 1),
+            ("backoff_factor", "a number between 0 and 1 (exclusive)", lambda v: 0 < v < 1),
+        ):
+            if field in values:
+                value = values[field]
+                is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if not (is_number and math.isfinite(value) and ok(value)):
+                    raise option_error(NAME, field, expected, value)
+                values[field] = float(value)
+        if "growth_interval" in values:
+            value = values["growth_interval"]
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise option_error(NAME, "growth_interval", "a positive integer", value)
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plugin
+# ---------------------------------------------------------------------------------------------
+
+
+class AmpPlugin:
+    """``use_amp``, ``wrap_scaler`` and ``plugins: [amp]``; the scaler's state in checkpoints."""
+
+    conflicts_with = ("apex",)
+
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        self.settings = AmpSettings.from_options(dict(options or {}))
+        #: The registered ``GradScaler`` (``use_amp``'s own, or the trial's from ``wrap_scaler``).
+        self.scaler: Any = None
+        #: ``None`` until switched on, then ``"auto"`` or ``"manual"``.
+        self.mode: Optional[str] = None
+        #: The autocast dtype in automatic mode (None when disabled or manual).
+        self.dtype: Optional[torch.dtype] = None
+        self._switched_on_by: Optional[str] = None
+        self._listed_in_config = False
+        self._device_type = "cpu"
+        self._run: Any = None
+
+    @hookimpl
+    def hookdet_configure(self, run: Any) -> None:
+        """Note whether the experiment file lists ``amp`` (automatic mode for every model)."""
+        self._run = run
+        self._listed_in_config = NAME in run.plugin_names
+
+    # ------------------------------------------------------------------ the trial's calls
+
+    @hookimpl
+    def hookdet_use_amp(self, context: Any) -> bool:
+        """``context.experimental.use_amp()``: automatic mixed precision with a fresh scaler."""
+        if self._switched_on_by == BY_FILE and self.mode == "auto":
+            return True
+        self._check_can_register(context, "use_amp")
+        self._switch_on_auto(context, "use_amp()")
+        return True
+
+    @hookimpl
+    def hookdet_wrap_scaler(self, context: Any, scaler: Any) -> Any:
+        """``context.wrap_scaler(scaler)``: the trial drives ``scaler``; hookdet checkpoints it."""
+        missing = [m for m in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict")
+                   if not callable(getattr(scaler, m, None))]
+        if missing:
+            raise TypeError(
+                f"wrap_scaler takes a torch.amp.GradScaler, got a {type(scaler).__name__} "
+                f"(it has no {', '.join(missing)})"
+            )
+        self._check_can_register(context, "wrap_scaler")
+        self.scaler = scaler
+        self.mode = "manual"
+        self._switched_on_by = "wrap_scaler()"
+        logger.info("amp: the trial's %s is registered (manual mixed precision)", type(scaler).__name__)
+        return scaler
+
+    @hookimpl
+    def hookdet_autocast_forward_pass(self, context: Any, module: torch.nn.Module) -> torch.nn.Module:
+        """``context.autocast_forward_pass(model)``: ``model``'s forward under autocast, its
+        half-precision outputs cast back to float32; no scaler is registered. The dtype is the
+        one automatic mode uses (``plugin_config.amp.dtype``); disabled amp leaves it as is."""
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(
+                f"autocast_forward_pass takes a torch.nn.Module, got {type(module).__name__}"
+            )
+        if not self.settings.enabled:
+            return module
+        dtype = resolve_half_dtype(NAME, self.settings.dtype, context.device)
+        patch_forward(module, autocast_forward(context.device.type, dtype))
+        return module
+
+    # ------------------------------------------------------------------ hooks
+
+    @hookimpl(wrapper=True)
+    def hookdet_wrap_model(self, model: torch.nn.Module, context: Any, options: Dict[str, Any]) -> Any:
+        """In automatic mode, run the wrapped model's forward under autocast."""
+        wrapped = yield
+        if self.mode is None and self._listed_in_config:
+            self._switch_on_auto(context, BY_FILE)
+        if self.mode == "auto" and self.dtype is not None:
+            patch_forward(wrapped, autocast_forward(self._device_type, self.dtype))
+        return wrapped
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The scaler's state (scale and growth tracker), empty when no scaler is active."""
+        return {"scaler": self.scaler.state_dict()} if self._scaler_active() else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the scaler saved by :meth:`state_dict`."""
+        saved = state.get("scaler")
+        active = self._scaler_active()
+        if saved and active:
+            self.scaler.load_state_dict(saved)
+        elif saved:
+            logger.warning("amp: the checkpoint holds a loss scaler's state but this trial uses none")
+        elif active:
+            logger.warning("amp: the checkpoint holds no loss scaler state; the scaler starts afresh")
+
+    # ------------------------------------------------------------------ internals
+
+    def _scaler_active(self) -> bool:
+        if self.scaler is None:
+            return False
+        is_enabled = getattr(self.scaler, "is_enabled", None)
+        return bool(is_enabled()) if callable(is_enabled) else True
+
+    def _check_can_register(self, context: Any, caller: str) -> None:
+        """Determined's rules for ``wrap_scaler``/``use_amp``: once, and before ``wrap_model``."""
+        if self.mode is not None and self._switched_on_by != BY_FILE:
+            raise TrialError(
+                f"context.{caller}: a scaler is already registered by {self._switched_on_by}; "
+                "please only call wrap_scaler or use_amp once"
+            )
+        if context.models:
+            raise TrialError(
+                f"context.{caller}: please call {caller} before wrap_model; "
+                f"{len(context.models)} model(s) are already wrapped"
+            )
+
+    def _switch_on_auto(self, context: Any, by: str) -> None:
+        settings = self.settings
+        self.mode = "auto"
+        self._switched_on_by = by
+        self._device_type = context.device.type
+        if not settings.enabled:
+            self.dtype = None
+            self.scaler = torch.amp.GradScaler(self._device_type, enabled=False)
+            logger.info("amp: disabled by plugin_config.amp.enabled; training in float32")
+            return
+        self.dtype = resolve_half_dtype(NAME, settings.dtype, context.device)
+        self.scaler = torch.amp.GradScaler(
+            self._device_type,
+            init_scale=settings.init_scale,
+            growth_factor=settings.growth_factor,
+            backoff_factor=settings.backoff_factor,
+            growth_interval=settings.growth_interval,
+            enabled=self.dtype == torch.float16,
+        )
+        scaling = "dynamic loss scaling" if self.scaler.is_enabled() else "no loss scaling"
+        logger.info(
+            "amp: automatic mixed precision (%s): autocast %s on %s, %s",
+            by, dtype_name(self.dtype), self._device_type, scaling,
+        )
+        if self.scaler.is_enabled():
+            self._run.plugins.register(STEPS_NAME, _AutoScalerSteps(self.scaler))
+
+
+class _AutoScalerSteps:
+    """The per-batch half of automatic mode, registered only when the scaler is active."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self._touched = False
+
+    @hookimpl
+    def hookdet_backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
+        """Backward through the scaled loss."""
+        self.scaler.scale(loss).backward(**backward_kwargs)
+        return True
+
+    @hookimpl
+    def hookdet_prepare_gradients(self, optimizer: Any, context: Any) -> None:
+        """Unscale ``optimizer``'s gradients (before averaging, clipping and the step)."""
+        self.scaler.unscale_(optimizer)
+        self._touched = True
+
+    @hookimpl
+    def hookdet_step_optimizer(self, optimizer: Any, context: Any, scaler: Any) -> bool:
+        """Step through the trial's scaler if it passed one, else this one (skips on inf/NaN)."""
+        (scaler if scaler is not None else self.scaler).step(optimizer)
+        return True
+
+    @hookimpl
+    def hookdet_train_batch_end(self, context: Any, batch_idx: int, metrics: Dict[str, Any]) -> None:
+        """Update the scale once per batch that stepped (with gradient aggregation, the last
+        batch of each window; the others never reach the step)."""
+        if self._touched:
+            self._touched = False
+            self.scaler.update()

@@ -1,0 +1,62 @@
+"""hookdet's own answers to the provider and step hooks, tried after every plugin's.
+
+Registered by the plugin manager itself (not an entry point, cannot be removed): this is what
+happens when no plugin has a better idea — one process, the model
+on the run's device, ``loss.backward()``, ``optimizer.step()``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+
+from hookdet.distributed.context import DistributedContext
+from hookdet.markers import hookimpl
+
+
+@hookimpl(trylast=True)
+def hookdet_make_distributed(run: Any) -> DistributedContext:
+    """A single process."""
+    return DistributedContext()
+
+
+@hookimpl(trylast=True)
+def hookdet_wrap_model(model: torch.nn.Module, context: Any, options: Dict[str, Any]) -> torch.nn.Module:
+    """The model moved to the run's device."""
+    if options:
+        raise TypeError(
+            f"wrap_model got options {sorted(options)} but no plugin takes them "
+            "(they are for a distributed plugin such as ddp)"
+        )
+    return model.to(context.device)
+
+
+@hookimpl(trylast=True)
+def hookdet_wrap_optimizer(
+    optimizer: torch.optim.Optimizer, context: Any, backward_passes_per_step: int, options: Dict[str, Any]
+) -> torch.optim.Optimizer:
+    """The optimizer itself."""
+    return optimizer
+
+
+@hookimpl(trylast=True)
+def hookdet_train_batch(trial: Any, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+    """The trial's own ``train_batch``."""
+    return trial.train_batch(batch, epoch_idx, batch_idx)
+
+
+@hookimpl(trylast=True)
+def hookdet_backward(loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
+    """``loss.backward()``."""
+    loss.backward(**backward_kwargs)
+    return True
+
+
+@hookimpl(trylast=True)
+def hookdet_step_optimizer(optimizer: torch.optim.Optimizer, context: Any, scaler: Any) -> bool:
+    """A step through the trial's scaler when it passed one, else ``optimizer.step()``."""
+    if scaler is not None:
+        scaler.step(optimizer)
+    else:
+        optimizer.step()
+    return True

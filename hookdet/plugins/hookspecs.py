@@ -1,0 +1,540 @@
+"""Every hook hookdet emits, in the order the loop emits them.
+
+The loop in :mod:`hookdet.loop.core_loop` knows no feature. It calls these hooks, and plugins — built
+in or third party, each found by name through the ``hookdet.plugins`` entry-point group — answer
+them. The map below is the whole run; ``(h)`` marks a hook, ``[chief]`` one that fires on the
+chief rank only, ``{wrap}`` a hook whose implementations may be ``wrapper=True`` generators around
+the default behaviour, ``<first>`` a provider whose first non-None answer wins::
+
+    hookdet_configure(run)                                  (h)  plugins read their options
+    run.distributed = hookdet_make_distributed(run)        <first> single process unless ddp/horovod
+    run.storage     = hookdet_make_checkpoint_storage(run) <first> local dir unless s3
+    trial = TrialClass(context)
+        context.experimental.use_amp()  -> hookdet_use_amp(context)               <first>
+        context.wrap_scaler(s)          -> hookdet_wrap_scaler(context, s)         <first>
+        context.configure_apex_amp(...) -> hookdet_configure_apex_amp(...)         <first>
+        context.set_profiler(...)       -> hookdet_set_profiler(context, ...)      <first>
+        context.get_tensorboard_writer() -> hookdet_make_tensorboard_writer(run)  <first>
+        context.get_initial_batch()     -> hookdet_resume_point(run, checkpoint)  <first>
+        context.autocast_forward_pass(m) -> hookdet_autocast_forward_pass(...)    <first>
+        context.wrap_model(m)      -> hookdet_wrap_model(...)      <first>{wrap} DDP; autocast
+        context.wrap_optimizer(o)  -> hookdet_wrap_optimizer(...)  <first> Horovod
+    hookdet_add_callbacks(run, trial.build_callbacks()) <first> each adapted into lifecycle hooks
+    if resuming: hookdet_resume_uuid(run, checkpoint) <first>  the id on_trial_startup gets
+    on_trial_startup(first_batch_idx, checkpoint_uuid)
+    trial.build_training_data_loader(), trial.build_validation_data_loader()  (run.max_batches set)
+    if resuming: hookdet_load_checkpoint(run, ...) <first>
+                   on_checkpoint_load_start(checkpoint)
+    on_training_start()
+    [step-zero validation]
+    for each batch:
+        if first batch of an epoch: on_training_epoch_start(epoch_idx)
+        hookdet_train_batch(...)                   {wrap} calls trial.train_batch
+            context.backward(loss)         -> hookdet_backward(...)        <first>{wrap}
+            context.step_optimizer(opt)    -> hookdet_prepare_gradients(optimizer, context)
+                                              clip_grads(parameters)
+                                              on_before_optimizer_step(parameters)
+                                              hookdet_step_optimizer(...)  <first>
+        hookdet_train_batch_end(context, batch_idx, metrics)
+        if last batch of an epoch: on_training_epoch_end(epoch_idx)
+        at a reporting / validation / checkpoint boundary, or a stop:
+            on_training_workload_end(avg_metrics, batch_metrics)
+            metrics.jsonl; hookdet_report_metrics(run, "training", ...) [chief]
+        at a validation boundary:
+            on_validation_start(); on_validation_epoch_start()
+            per batch: trial.evaluate_batch(...); hookdet_validation_batch_end(...)
+            on_validation_epoch_end(outputs); on_validation_end(metrics)
+            metrics.jsonl; hookdet_report_metrics(run, "validation", ...) [chief]
+        at a checkpoint boundary or a stop:
+            hookdet_save_checkpoint(run) <first>
+                on_checkpoint_save_start(checkpoint)                 [chief]
+                on_checkpoint_write_end(checkpoint_dir)              [chief]
+                on_checkpoint_upload_end(uuid)
+                on_checkpoint_end(checkpoint_dir)
+    [final validation and checkpoint unless current]
+    on_trial_shutdown()
+    hookdet_unconfigure(run)
+
+Two families live here. **Lifecycle hooks** carry exactly the names and arguments of Determined's
+``PyTorchCallback``, so a callback and a plugin are written the same way (the ``callbacks`` plugin
+adapts each callback one to one). **Mechanism hooks** are named ``hookdet_*`` by a grammar:
+``hookdet_make_<thing>`` provides a component, ``hookdet_wrap_<thing>`` wraps a user object,
+``hookdet_<phase>`` performs a step that plugins may replace or wrap, and ``*_end`` notifies.
+
+A per-batch hook nobody implements costs nothing: the loop checks, before training, which
+per-batch hooks have implementations and never calls the others. It does the same for the
+training epoch hooks and ``on_training_workload_end``. The plugin manager counts registrations;
+when a plugin registers (or unregisters) from any hook, the loop checks again before the next
+batch, so a late implementation is called from the next batch on.
+
+**Protocols.** Besides hooks, hookdet reads a plugin object through the typed protocols at the
+end of this module: :class:`StatefulPlugin` (``state_dict``/``load_state_dict``, saved in every
+checkpoint under the plugin's registered name: the checkpoint plugin walks the registered
+plugins), :class:`ConflictingPlugin` (``conflicts_with``), :class:`ConfigurablePlugin` (an
+``__init__`` taking ``options``) and :class:`TensorBoardWriter` (what
+``hookdet_make_tensorboard_writer`` returns). Nothing else of a plugin is called by name.
+
+This module is longer than hookdet's others on purpose: it is the whole contract between the loop
+and its plugins, read top to bottom by a plugin author, in the loop's order (as pytest keeps its
+hooks in one ``hookspec.py``); splitting it would scatter the map above over several files.
+
+Why one long module: it is the whole contract between the loop and plugins, each hook with the
+docstring a plugin author needs, and it reads best in one piece, as pytest's ``hookspec.py`` does.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple, runtime_checkable
+
+from hookdet.markers import hookspec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hookdet.trial_api.context import PyTorchTrialContext
+    from hookdet.loop.run import Run
+
+
+# ---------------------------------------------------------------------------------------------
+# Setup and teardown
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def hookdet_configure(run: "Run") -> None:
+    """The run is about to start: read ``run.config`` and your options, check preconditions.
+
+    Fires once per process, after every plugin named in the experiment file is registered and
+    before the distributed backend, storage or trial exist. Raise here to refuse a run before any
+    work is done (a missing optional dependency, an invalid option).
+    """
+
+
+@hookspec
+def hookdet_unconfigure(run: "Run") -> None:
+    """The run is over (successfully or not): release files, writers, servers and handlers.
+
+    Fires once per process, last, even when training raised.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers: one plugin answers (firstresult)
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_make_distributed(run: "Run") -> Any:
+    """Return the run's :class:`hookdet.distributed.context.DistributedContext`.
+
+    The answer decides rank, size, the collectives the loop uses to average metrics, and the
+    device. hookdet's own answer (tried last) is a single process. ``ddp`` answers with
+    ``torch.distributed``, ``horovod`` with Horovod. When the script passed its own context to
+    ``pytorch.init(distributed=...)`` it is already ``run.distributed``, and it stays the run's
+    context whatever the answer; a plugin may adopt it (``ddp`` adopts a torch one to wrap models).
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_make_checkpoint_storage(run: "Run") -> Any:
+    """Return where checkpoints are stored: a :class:`hookdet.checkpoints.storage.CheckpointStorage`.
+
+    Chosen by the experiment file's ``checkpoint_storage.type``; the local directory answers when
+    nobody else does.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# What the trial API asks of plugins (firstresult; the context calls these, nothing else)
+#
+# Each has a built-in answer, loaded by name from plugin_list.DEFAULT_PROVIDERS when no registered plugin
+# implements the hook, so the trial can switch a feature on that the experiment file did not list.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_use_amp(context: "PyTorchTrialContext") -> Optional[bool]:
+    """``context.experimental.use_amp()``: switch on automatic mixed precision; return True.
+
+    Built-in answer: ``amp`` (autocast every model wrapped afterwards, scale the loss, step
+    through a ``GradScaler``).
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_wrap_scaler(context: "PyTorchTrialContext", scaler: Any) -> Any:
+    """``context.wrap_scaler(scaler)``: register the trial's ``GradScaler``; return what the
+    trial should use (normally ``scaler`` itself). Built-in answer: ``amp``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_configure_apex_amp(
+    context: "PyTorchTrialContext",
+    models: Any,
+    optimizers: Any,
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+) -> Any:
+    """``context.configure_apex_amp(models, optimizers, *args, **kwargs)``: return
+    ``(models, optimizers)`` to use from now on. Built-in answer: ``apex``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_set_profiler(
+    context: "PyTorchTrialContext", args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Any:
+    """``context.set_profiler(*args, **kwargs)`` (and ``Trainer.fit(profiling_enabled=True)``
+    with ``args=None``): profile training; return the profiler (``context.profiler``).
+    Built-in answer: ``profiler``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_autocast_forward_pass(context: "PyTorchTrialContext", module: Any) -> Any:
+    """``context.autocast_forward_pass(module)``: make ``module``'s forward run under autocast
+    (half-precision outputs cast back to float32); return the module to use. Built-in answer:
+    ``amp``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_make_tensorboard_writer(run: "Run") -> Any:
+    """Return the run's shared TensorBoard writer (a ``torch.utils.tensorboard.SummaryWriter``
+    or anything with its ``add_scalar``/``flush``/``close``), for
+    ``context.get_tensorboard_writer()``. Whether any plugin implements this is what
+    ``context.get_enable_tensorboard_logging()`` reports. Built-in answer: ``tensorboard``."""
+
+
+@hookspec(firstresult=True)
+def hookdet_resume_point(run: "Run", checkpoint: str) -> Optional[int]:
+    """Return the number of batches trained in ``checkpoint`` (where a resumed run starts), for
+    ``context.get_initial_batch()``; may be asked before the checkpoint is restored. The plugin
+    that answers ``hookdet_load_checkpoint`` answers this too (built-in: ``checkpoint``)."""
+
+
+@hookspec(firstresult=True)
+def hookdet_resume_uuid(run: "Run", checkpoint: str) -> Optional[str]:
+    """Return the storage id of ``checkpoint`` (a run directory, checkpoint directory or storage
+    id), read before its state is loaded: the ``checkpoint_uuid`` that ``on_trial_startup``
+    gets, which Determined fires before the checkpoint loads. The checkpoint plugin answers."""
+
+
+@hookspec(firstresult=True)
+def hookdet_add_callbacks(run: "Run", callbacks: Dict[str, Any]) -> Optional[bool]:
+    """Run the trial's ``build_callbacks()`` result (name -> ``PyTorchCallback``) from now on;
+    return True. Fires once, before checkpoint loading, when the trial built any. With the
+    built-in answer removed (``no:callbacks``) they do not run and a warning says so.
+    Built-in answer: ``callbacks``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrapping the user's objects
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_wrap_model(
+    model: "torch.nn.Module", context: "PyTorchTrialContext", options: Dict[str, Any]
+) -> "torch.nn.Module":
+    """Return the model the trial trains, given the one it passed to ``context.wrap_model``.
+
+    ``options`` are the keyword arguments the trial passed to ``wrap_model`` (DDP options, for
+    example). The default answer moves the model to the run's device. A ``wrapper=True``
+    implementation may post-process the answer (run its forward under autocast, say). The
+    checkpoint stores the unwrapped model's state, so a wrapper never changes the saved keys.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_wrap_optimizer(
+    optimizer: "torch.optim.Optimizer",
+    context: "PyTorchTrialContext",
+    backward_passes_per_step: int,
+    options: Dict[str, Any],
+) -> "torch.optim.Optimizer":
+    """Return the optimizer the trial steps, given the one passed to ``context.wrap_optimizer``.
+
+    The default answer is the optimizer itself; Horovod answers with its ``DistributedOptimizer``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-batch steps (called only when some plugin implements or wraps them)
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_train_batch(
+    trial: Any, batch: Any, epoch_idx: int, batch_idx: int
+) -> Dict[str, Any]:
+    """Run one training batch and return the trial's metrics dict.
+
+    The default answer calls ``trial.train_batch``. Plugins wrap it (``wrapper=True``) to put a
+    span around the whole step: a profiler range, a timer. Per batch; with no wrapper the loop
+    calls the trial directly.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_backward(
+    loss: "torch.Tensor", context: "PyTorchTrialContext", backward_kwargs: Dict[str, Any]
+) -> Optional[bool]:
+    """Run the backward pass for ``context.backward(loss, ...)``; return True when done.
+
+    The default answer is ``loss.backward(**backward_kwargs)``. Mixed precision answers by scaling
+    the loss first; DDP wraps it in ``no_sync()`` on batches that only accumulate gradients.
+    """
+
+
+@hookspec
+def hookdet_prepare_gradients(
+    optimizer: "torch.optim.Optimizer", context: "PyTorchTrialContext"
+) -> None:
+    """Make ``optimizer``'s gradients final and true-scale before they are averaged and clipped.
+
+    Fires inside ``context.step_optimizer`` on optimizer-step batches only, before gradient
+    averaging, ``clip_grads`` and ``on_before_optimizer_step``. A loss scaler unscales here;
+    Horovod synchronizes its pending allreduces here.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_step_optimizer(
+    optimizer: "torch.optim.Optimizer", context: "PyTorchTrialContext", scaler: Any
+) -> Optional[bool]:
+    """Apply one optimizer step; return True when done.
+
+    ``scaler`` is the ``GradScaler`` the trial passed to ``step_optimizer`` (or None). The default
+    answer steps through that scaler when given, else calls ``optimizer.step()``.
+    """
+
+
+@hookspec
+def hookdet_train_batch_end(
+    context: "PyTorchTrialContext", batch_idx: int, metrics: Dict[str, Any]
+) -> None:
+    """A training batch finished; ``metrics`` are the trial's values, still on the device.
+
+    Per batch: never convert the metrics to Python numbers here (that forces a device→host
+    sync). Progress bars advance, profilers step, loss scalers update.
+    """
+
+
+@hookspec
+def hookdet_validation_batch_end(context: "PyTorchTrialContext", batch_idx: int) -> None:
+    """A validation batch finished. Per batch, during validation only."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def hookdet_report_metrics(
+    run: "Run", group: str, steps_completed: int, metrics: Dict[str, Any]
+) -> None:
+    """Record reduced metrics: ``group`` is ``"training"`` or ``"validation"``.
+
+    Fires on the chief only, at reporting boundaries, with plain JSON-serialisable values already
+    averaged across ranks. ``steps_completed`` counts batches trained so far. The host has
+    already recorded the report in the run's ``metrics.jsonl`` (:mod:`hookdet.runs.metrics`);
+    TensorBoard, progress bars, MLflow and the non-finite watch (``metrics_log``) listen here.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def hookdet_save_checkpoint(run: "Run") -> Optional[str]:
+    """Write a checkpoint of everything needed to resume exactly; return its storage id.
+
+    Called on every rank (collecting every rank's RNG state is collective). The ``checkpoint``
+    plugin answers; with it disabled no checkpoints are written and this returns None.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_load_checkpoint(run: "Run", checkpoint: str) -> Optional[bool]:
+    """Restore all state from ``checkpoint`` (a storage id or a directory) before training.
+
+    Called on every rank before the first batch is drawn; returns True when it restored.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle hooks: Determined's PyTorchCallback, name for name, each with the run
+#
+# Every lifecycle hook also gets ``run``; pluggy passes an implementation only the arguments it
+# names, so a Determined-shaped implementation without ``run`` works unchanged.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def on_trial_startup(run: "Run", first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
+    """The trial is built; ``first_batch_idx`` is where training resumes (0 for a fresh run) and
+    ``checkpoint_uuid`` the checkpoint it resumes from. As in Determined, the data loaders are
+    built and the checkpoint is loaded after this hook (``run.max_batches`` is still None)."""
+
+
+@hookspec
+def on_training_start(run: "Run") -> None:
+    """Training is about to draw its first batch (after any step-zero validation)."""
+
+
+@hookspec
+def on_training_epoch_start(run: "Run", epoch_idx: int) -> None:
+    """The first batch of epoch ``epoch_idx`` is about to be trained."""
+
+
+@hookspec
+def on_training_epoch_end(run: "Run", epoch_idx: int) -> None:
+    """The last batch of epoch ``epoch_idx`` has been trained."""
+
+
+@hookspec
+def on_training_workload_end(
+    run: "Run", avg_metrics: Dict[str, Any], batch_metrics: List[Dict[str, Any]]
+) -> None:
+    """A training workload ended: ``batch_metrics`` its per-batch values (across ranks, their
+    means), ``avg_metrics`` the means over its batches, in Determined's types (numpy arrays,
+    Python floats; see :mod:`hookdet.metrics.callback_metrics`)."""
+
+
+@hookspec
+def on_validation_start(run: "Run") -> None:
+    """Validation is about to start."""
+
+
+@hookspec
+def on_validation_epoch_start(run: "Run") -> None:
+    """The first validation batch is about to be evaluated."""
+
+
+@hookspec
+def on_validation_epoch_end(run: "Run", outputs: List[Any]) -> None:
+    """All validation batches were evaluated; ``outputs`` are this rank's per-batch results
+    (tensors as numpy arrays, as in Determined).
+
+    As in Determined, neither this nor ``on_validation_epoch_start`` fires for a trial that
+    validates with ``evaluate_full_dataset``."""
+
+
+@hookspec
+def on_validation_end(run: "Run", metrics: Dict[str, Any]) -> None:
+    """Validation finished with the reduced ``metrics`` (numpy values, as in Determined)."""
+
+
+@hookspec
+def on_checkpoint_load_start(run: "Run", checkpoint: Dict[str, Any]) -> None:
+    """A checkpoint's state dict was loaded and is about to be applied; it may be changed."""
+
+
+@hookspec
+def on_checkpoint_save_start(run: "Run", checkpoint: Dict[str, Any]) -> None:
+    """A checkpoint's state dict is about to be written; keys may be added. Chief only."""
+
+
+@hookspec
+def on_checkpoint_write_end(run: "Run", checkpoint_dir: str) -> None:
+    """The checkpoint is written: ``checkpoint_dir`` is the published checkpoint directory (it
+    exists during the hook and after it); files added here are sealed into its manifest. With a
+    background write this fires when the write has finished. Chief only."""
+
+
+@hookspec
+def on_checkpoint_upload_end(run: "Run", uuid: str) -> None:
+    """The checkpoint is committed to storage as ``uuid``."""
+
+
+@hookspec
+def on_checkpoint_end(run: "Run", checkpoint_dir: str) -> None:
+    """Checkpointing finished; ``checkpoint_dir`` is where its files were written."""
+
+
+@hookspec
+def on_before_optimizer_step(run: "Run", parameters: List["torch.nn.Parameter"]) -> None:
+    """The optimizer is about to step ``parameters``; their gradients are final (averaged,
+    unscaled, clipped)."""
+
+
+@hookspec
+def on_trial_shutdown(run: "Run") -> None:
+    """The trial is shutting down, whether training finished, stopped or raised."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocols: what hookdet reads of a plugin object besides its hook implementations
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class StatefulPlugin(Protocol):
+    """A plugin with state to resume: saved in every checkpoint under the plugin's registered
+    name (``plugins.<name>`` in ``state_dict.pth``) and restored before ``on_trial_startup``.
+    Values must load with ``torch.load(weights_only=True)`` (tensors, numbers, strings, lists,
+    dicts)."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The plugin's state, plain values and tensors only (it loads with ``weights_only``)."""
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, before training resumes."""
+
+
+@runtime_checkable
+class ConflictingPlugin(Protocol):
+    """A plugin that cannot run beside others: registering both is refused, naming the two."""
+
+    conflicts_with: Tuple[str, ...]
+
+
+class ConfigurablePlugin(Protocol):
+    """A plugin class whose ``__init__`` takes ``options``: it receives ``plugin_config.<name>``
+    (an empty dict when absent) and raises :class:`hookdet.PluginError` for a bad one."""
+
+    def __init__(self, options: Dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class TensorBoardWriter(Protocol):
+    """What ``hookdet_make_tensorboard_writer`` returns and the trial may call
+    (``torch.utils.tensorboard.SummaryWriter`` is one)."""
+
+    def add_scalar(self, tag: str, scalar_value: Any, global_step: Optional[int] = None) -> Any:
+        """Record one scalar under ``tag`` at ``global_step``."""
+
+    def flush(self) -> None:
+        """Write what is pending to storage."""
+
+    def close(self) -> None:
+        """Flush and release the writer."""
+
+
+#: Hooks the loop may call on every batch; it calls one only when some plugin implements it.
+PER_BATCH_HOOKS = (
+    "hookdet_train_batch",
+    "hookdet_backward",
+    "hookdet_prepare_gradients",
+    "hookdet_step_optimizer",
+    "hookdet_train_batch_end",
+    "hookdet_validation_batch_end",
+    "on_before_optimizer_step",
+)
+
+#: Lifecycle hooks that fire on the chief rank only, as in Determined.
+CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end")
+
+#: Hooks that answer a call of the trial's own (``context.wrap_scaler(...)``, ...): an exception
+#: raised in them reaches the trial as raised (it is the answer to the trial's call, as a method's
+#: would be), not re-raised as a ``PluginError``.
+TRIAL_API_HOOKS = (
+    "hookdet_add_callbacks",
+    "hookdet_use_amp",
+    "hookdet_wrap_scaler",
+    "hookdet_configure_apex_amp",
+    "hookdet_set_profiler",
+    "hookdet_autocast_forward_pass",
+    "hookdet_make_tensorboard_writer",
+    "hookdet_resume_point",
+)
