@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Dict
 import pytest
 
 from hookdet.plugins.manager import installed_plugins
+from tests.support.packages import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
 REPLACEMENTS = REPO / "tests" / "fixtures" / "hookdet-replacements"
@@ -41,14 +41,7 @@ def format_table(table: Dict[str, Dict[str, str]]) -> str:
 
 @pytest.mark.slow
 def test_every_builtin_and_a_pip_installed_stand_in_pass_the_same_rows(tmp_path: Path) -> None:
-    source = tmp_path / "source"
-    shutil.copytree(REPLACEMENTS, source)  # pip's build writes into the source tree
-    site = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(site), str(source)],
-        check=True, capture_output=True, text=True,
-    )
+    site = pip_install(REPLACEMENTS, tmp_path)
     work = tmp_path / "work"
     work.mkdir()
     (work / "required.json").write_text(json.dumps({"flat_storage": {"root": str(tmp_path / "flat")}}))

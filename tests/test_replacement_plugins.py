@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.support.packages import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "tests" / "fixtures" / "hookdet-replacements"
@@ -23,14 +23,7 @@ PACKAGE = REPO / "tests" / "fixtures" / "hookdet-replacements"
 
 @pytest.mark.slow
 def test_replacements_pass_the_builtins_checks(tmp_path: Path) -> None:
-    source = tmp_path / "source"
-    shutil.copytree(PACKAGE, source)  # pip's build writes into the source tree
-    site = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(site), str(source)],
-        check=True, capture_output=True, text=True,
-    )
+    site = pip_install(PACKAGE, tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), XDG_CACHE_HOME=str(tmp_path / "cache"))
     result = subprocess.run(
         [sys.executable, str(REPO / "tests" / "support" / "replacement_run.py"), str(tmp_path / "runs")],

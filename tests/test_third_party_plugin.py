@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import pytest
 
 from hookdet.runs.metrics import read_reports
 from hookdet.plugins.manager import installed_plugins
+from tests.support.packages import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKDET = Path(sys.executable).with_name("hookdet")
@@ -29,14 +29,7 @@ SAMPLE_PACKAGE = REPO / "tests" / "fixtures" / "hookdet-sample-plugin"
 def sample_environment(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
     """Environment variables under which the sample plugin is installed (and hookdet is not touched)."""
     root = tmp_path_factory.mktemp("third_party")
-    source = root / "source"
-    shutil.copytree(SAMPLE_PACKAGE, source)  # pip's build writes into the source tree
-    site = root / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(site), str(source)],
-        check=True, capture_output=True, text=True,
-    )
+    site = pip_install(SAMPLE_PACKAGE, root)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
     env["XDG_CACHE_HOME"] = str(root / "cache")  # stevedore caches entry-point scans there

@@ -194,15 +194,24 @@ def _problem_from_pydantic(error: Mapping[str, Any]) -> Tuple[FieldPath, str]:
         return path, f"{dotted(path)} is required"
     if kind == "extra_forbidden":
         return path, f"unknown field '{dotted(path)}'"
+    return path, f"{dotted(path)}: {worded(error)}"
+
+
+def worded(error: Mapping[str, Any]) -> str:
+    """One pydantic error's complaint, worded for someone editing YAML, without the field:
+    ``must be at least 0; got -1``. Plugin options are worded the same way."""
+    kind, context = error["type"], error.get("ctx") or {}
     if kind == "literal_error":
         message = f"expected one of {context.get('expected')}"
     elif kind == "greater_than_equal":
         message = f"must be at least {context.get('ge')}"
+    elif kind == "greater_than":
+        message = f"must be more than {context.get('gt')}"
     elif kind == "less_than_equal":
         message = f"must be at most {context.get('le')}"
     else:
         message = _FRIENDLY_MESSAGES.get(kind, error["msg"])
-    return path, f"{dotted(path)}: {message}; got {as_written(error.get('input'))}"
+    return f"{message}; got {as_written(error.get('input'))}"
 
 
 def config_errors_from(exc: ValidationError, reporter: Reporter) -> List[ConfigError]:

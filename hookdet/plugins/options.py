@@ -131,31 +131,14 @@ def options_for(plugin_class: type, raw: Any, name: str) -> Any:
 
 
 def _problem(detail: Mapping[str, Any], prefix: Tuple[str, ...]) -> OptionProblem:
+    """One pydantic error as (path below the block, message), worded as the experiment file's
+    own fields are (:func:`hookdet.config.screening.worded`)."""
+    from hookdet.config.screening import worded
+
     path = (*prefix, *(str(part) for part in detail["loc"]))
-    kind, context = detail["type"], detail.get("ctx") or {}
-    if kind == "greater_than_equal":
-        message = f"must be at least {context.get('ge')}"
-    elif kind == "greater_than":
-        message = f"must be more than {context.get('gt')}"
-    elif kind == "less_than_equal":
-        message = f"must be at most {context.get('le')}"
-    elif kind == "literal_error":
-        message = f"expected one of {context.get('expected')}"
-    elif kind == "value_error":
-        message = str(context.get("error"))
-    else:
-        message = _FRIENDLY.get(kind, detail["msg"])
-    return path, f"{message}; got {detail.get('input')!r}"
-
-
-_FRIENDLY = {
-    "bool_type": "expected true or false",
-    "int_type": "expected a whole number",
-    "float_type": "expected a number",
-    "string_type": "expected a string",
-    "list_type": "expected a list",
-    "dict_type": "expected a mapping",
-}
+    if detail["type"] == "value_error":
+        return path, str((detail.get("ctx") or {}).get("error"))
+    return path, worded(detail)
 
 
 def _is_pydantic_model(cls: type) -> bool:

@@ -129,7 +129,7 @@ def test_training_reports_are_kept_until_due_and_on_disk_by_the_next_validation(
 
 
 @pytest.mark.parametrize("value, expected", [
-    (-1, "must be at least 0.0; got -1"), ("soon", "expected a number; got 'soon'"), (True, "expected a number; got True"),
+    (-1, "must be at least 0.0; got -1"), ("soon", "expected a number; got 'soon'"), (True, "expected a number; got true"),
 ])
 def test_a_bad_write_every_s_is_refused_naming_the_field(tmp_path: Path, value: Any, expected: str) -> None:
     config = {"plugins": PLUGINS, "plugin_config": {"tensorboard": {"write_every_s": value}}}

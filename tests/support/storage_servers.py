@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator
 import pytest
 
 from hookdet.distributed.launcher import child_setup_for
+from tests.support.packages import pip_install
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE = REPO / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
@@ -139,15 +140,7 @@ def azure_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Dict[str, str]]:
 def flatfs_installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``hookdet-flatfs`` installed by pip into a folder put on ``sys.path`` and ``PYTHONPATH``
     (so child processes find its entry point too); the folder."""
-    work = tmp_path_factory.mktemp("flatfs")
-    source = work / "source"
-    shutil.copytree(REPO / "tests" / "fixtures" / "hookdet-flatfs", source)  # pip builds in the tree
-    site = work / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(site), str(source)],
-        check=True, capture_output=True, text=True,
-    )
+    site = pip_install(REPO / "tests" / "fixtures" / "hookdet-flatfs", tmp_path_factory.mktemp("flatfs"))
     sys.path.insert(0, str(site))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     from stevedore import ExtensionManager
