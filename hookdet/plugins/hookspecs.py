@@ -146,7 +146,7 @@ def hookdet_make_checkpoint_storage(run: "Run") -> Any:
 # ---------------------------------------------------------------------------------------------
 # What the trial API asks of plugins (firstresult; the context calls these, nothing else)
 #
-# Each has a built-in answer, loaded by name from plugin_list.DEFAULT_PROVIDERS when no registered plugin
+# Each has a built-in answer, loaded by name from selection.DEFAULT_PROVIDERS when no registered plugin
 # implements the hook, so the trial can switch a feature on that the experiment file did not list.
 # ---------------------------------------------------------------------------------------------
 

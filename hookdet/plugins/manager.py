@@ -22,13 +22,13 @@ from hookdet.plugins import default_hooks
 from hookdet.errors import HookdetError
 from hookdet.plugins.monitor import HookMonitor, TraceLog
 from hookdet.markers import HOOK_NAMESPACE
-from hookdet.plugins import selection as plugin_list
+from hookdet.plugins import selection
 from hookdet.plugins.selection import DEFAULT_PLUGINS  # noqa: F401 (re-exported)
 from hookdet.plugins.options import options_for
 
 logger = logging.getLogger("hookdet")
 
-ENTRY_POINT_GROUP = plugin_list.ENTRY_POINT_GROUP
+ENTRY_POINT_GROUP = selection.ENTRY_POINT_GROUP
 
 DEFAULTS_NAME = "hookdet.defaults"
 
@@ -170,7 +170,7 @@ class PluginManager:
         """
         if self.implemented(hook_name):
             return
-        default = plugin_list.DEFAULT_PROVIDERS.get(hook_name)
+        default = selection.DEFAULT_PROVIDERS.get(hook_name)
         if default is None:
             raise PluginError(f"no plugin implements {hook_name}; enable one that does")
         self.load(default)
@@ -189,7 +189,7 @@ class PluginManager:
         answer = caller(**kwargs) if self.implemented(hook_name) else None
         if answer is not None:
             return answer
-        default = plugin_list.DEFAULT_PROVIDERS.get(hook_name)
+        default = selection.DEFAULT_PROVIDERS.get(hook_name)
         if default is None or self.get(default) is not None or (optional and default in self.removed):
             if optional:
                 return None

@@ -108,7 +108,8 @@ def option_problems(plugin_config: Mapping[str, Mapping[str, Any]], find_class: 
     below ``plugin_config``; ``find_class(name)`` is the plugin class (None when unknown)."""
     problems: List[OptionProblem] = []
     for name, raw in plugin_config.items():
-        options_type = declared_options(find_class(name)) if find_class(name) is not None else None
+        plugin_class = find_class(name)
+        options_type = declared_options(plugin_class) if plugin_class is not None else None
         if options_type is not None:
             problems += [((name, *path), message) for path, message in build_options(options_type, raw or {})[1]]
     return problems
