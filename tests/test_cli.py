@@ -64,6 +64,13 @@ def test_plugins_command_lists_plugins_and_hooks(capsys: pytest.CaptureFixture) 
     output = capsys.readouterr().out
     assert "checkpoint (default)\n  from: hookdet.plugins.builtin.checkpoint:CheckpointPlugin" in output
     assert "hookdet_save_checkpoint" in output and "metrics_log (default)" in output
+    # every plugin says what it takes: its declared options with defaults, none, or its own checks
+    progress = output[output.index("progress (default)\n"):].split("\n")[:5]
+    assert progress[3:] == ["  options:", "    log_every_s: float = 30.0  # seconds between progress lines when stderr is not a terminal"]
+    callbacks = output[output.index("callbacks (default)\n"):].split("\n")[:4]
+    assert callbacks[3] == "  options: none"
+    amp = output[output.index("amp\n"):].split("\n")[:5]
+    assert "  options: not declared (the plugin checks its own)" in amp
 
 
 def test_export_writes_a_bare_state_dict(tmp_path: Path) -> None:

@@ -279,15 +279,20 @@ def command_plugins(args: argparse.Namespace) -> int:
 
 
 def _options_listing(target: str) -> str:
-    """The ``plugin_config`` options a plugin declares, one line each with its default."""
+    """The ``plugin_config`` options a plugin declares, one line each with its default; or that
+    it takes none, or that it checks its options itself (it declares none)."""
+    import inspect
+
     from hookdet.plugins.options import declared_options, option_fields
 
     try:
-        options_type = declared_options(import_object(target))
+        plugin = import_object(target)
+        options_type = declared_options(plugin)
     except Exception:  # noqa: BLE001 - the hooks line already says why it cannot load
         return ""
     if options_type is None:
-        return ""
+        takes_options = inspect.isclass(plugin) and "options" in inspect.signature(plugin).parameters
+        return "\n  options: " + ("not declared (the plugin checks its own)" if takes_options else "none")
     lines = [
         f"\n    {field.name}: {field.type} = {field.default}" + (f"  # {field.description}" if field.description else "")
         for field in option_fields(options_type)
