@@ -209,6 +209,8 @@ def worded(error: Mapping[str, Any]) -> str:
         message = f"must be more than {context.get('gt')}"
     elif kind == "less_than_equal":
         message = f"must be at most {context.get('le')}"
+    elif kind == "less_than":
+        message = f"must be less than {context.get('lt')}"
     else:
         message = _FRIENDLY_MESSAGES.get(kind, error["msg"])
     return f"{message}; got {as_written(error.get('input'))}"

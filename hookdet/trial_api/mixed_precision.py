@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from hookdet.plugins.manager import PluginError, option_error
+from hookdet.plugins.manager import PluginError
 
 logger = logging.getLogger("hookdet")
 
@@ -26,13 +26,6 @@ DTYPE_NAMES: Dict[str, Optional[torch.dtype]] = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
-
-
-def read_dtype_option(plugin: str, value: Any) -> str:
-    """Validate a ``dtype`` option (a name from :data:`DTYPE_NAMES`)."""
-    if not isinstance(value, str) or value.lower() not in DTYPE_NAMES:
-        raise option_error(plugin, "dtype", "one of " + ", ".join(DTYPE_NAMES), value)
-    return value.lower()
 
 
 def autocast_supported(device_type: str, dtype: torch.dtype) -> bool:

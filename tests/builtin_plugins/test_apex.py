@@ -6,6 +6,7 @@ CPU default) unless a test asks for float16.
 """
 from __future__ import annotations
 
+import re
 import json
 import logging
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from hookdet import pytorch
+from hookdet.config import ConfigError
 from hookdet.plugins.manager import PluginError
 from hookdet.trial_api.trial import TrialError
 from hookdet.plugin import run_of
@@ -247,14 +249,14 @@ def test_unwrapped_models_and_optimizers_are_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"backend": "cuda"}, "plugin_config.apex.backend must be one of auto, torch, apex"),
-        ({"dtype": "int8"}, "plugin_config.apex.dtype must be one of"),
-        ({"opt_level": "O1"}, "plugin_config.apex: unknown option 'opt_level'"),
+        ({"backend": "cuda"}, "plugin_config.apex.backend: expected one of 'auto', 'torch' or 'apex'; got 'cuda'"),
+        ({"dtype": "int8"}, "plugin_config.apex.dtype: expected one of auto, float16"),
+        ({"opt_level": "O1"}, "plugin_config.apex.opt_level: unknown option 'opt_level'; known options: backend, dtype"),
     ],
 )
 def test_bad_settings_name_the_field(tmp_path: Path, options: Dict[str, Any], match: str) -> None:
     conf = {"hyperparameters": HP, "plugins": {"only": ["apex"]}, "plugin_config": {"apex": options}}
-    with pytest.raises(PluginError, match=match):
+    with pytest.raises(ConfigError, match=re.escape(match)):
         with pytorch.init(hparams=HP, exp_conf=conf, run_dir=tmp_path):
             pass
 

@@ -20,6 +20,7 @@ import torch
 
 from hookdet.cli import commands as cli
 from hookdet.plugins.builtin.ddp import DDPPlugin, check_ddp_options, ddp_keyword_options
+from hookdet.config import ConfigError, parse_experiment_config
 from hookdet.distributed import launcher as hookdet_launcher
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import RANK_ENTRY
@@ -325,11 +326,13 @@ def test_ddp_and_horovod_are_refused_together() -> None:
 
 
 def test_unknown_ddp_options_are_refused_by_name() -> None:
-    with pytest.raises(PluginError, match=r"plugin_config\.ddp.*no option\(s\) \['bucket_size'\]") as error:
+    with pytest.raises(PluginError, match=r"plugin_config\.ddp\.bucket_size: unknown option 'bucket_size'") as error:
         PluginManager({"ddp": {"bucket_size": 3}}).load_all(["ddp"])
     assert "bucket_cap_mb" in str(error.value) and "timeout_seconds" in str(error.value)
-    with pytest.raises(PluginError, match="backend must be one of"):
+    with pytest.raises(PluginError, match="plugin_config.ddp.backend: expected one of 'gloo', 'nccl', 'mpi' or 'ucc'"):
         PluginManager({"ddp": {"backend": "carrier-pigeon"}}).load_all(["ddp"])
+    with pytest.raises(ConfigError, match="plugin_config.ddp.find_unused_paramters: unknown option 'find_unused_paramters'; did you mean 'find_unused_parameters'"):
+        parse_experiment_config({"plugins": ["ddp"], "plugin_config": {"ddp": {"find_unused_paramters": True}}})
     with pytest.raises(TypeError, match="set by the ddp plugin"):
         check_ddp_options({"device_ids": [0]}, "wrap_model")
     assert {"find_unused_parameters", "static_graph", "broadcast_buffers", "bucket_cap_mb"} <= set(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hookdet import pytorch
-from hookdet.plugins.manager import PluginError
+from hookdet.config import ConfigError
 from hookdet.plugin import run_of
 from tests.support.trials import OneWeightTrial, fit
 
@@ -110,16 +110,16 @@ def test_profiling_enabled_uses_the_default_schedule(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "options, culprit",
     [
-        ({"begin_on_batch": 4, "end_after_batch": 2}, "end_after_batch (2) is before begin_on_batch (4)"),
-        ({"begin_on_batch": -1}, "begin_on_batch must be a batch index"),
-        ({"activities": ["tpu"]}, "unknown activity 'tpu'"),
-        ({"record_shapes": "yes"}, "record_shapes must be true or false"),
-        ({"start": 3}, "unknown option(s) ['start']"),
+        ({"begin_on_batch": 4, "end_after_batch": 2}, ": end_after_batch (2) is before begin_on_batch (4)"),
+        ({"begin_on_batch": -1}, ".begin_on_batch: must be at least 0; got -1"),
+        ({"activities": ["tpu"]}, ".activities.0: expected one of 'cpu' or 'cuda'; got 'tpu'"),
+        ({"record_shapes": "yes"}, ".record_shapes: expected true or false; got 'yes'"),
+        ({"start": 3}, ".start: unknown option 'start'; known options: begin_on_batch, end_after_batch"),
     ],
 )
 def test_bad_options_name_the_plugin_and_the_field(tmp_path: Path, options: dict, culprit: str) -> None:
+    """Declared options (``ProfilerPlugin.Options``): refused when the experiment is read."""
     config = {"plugins": {"only": ["profiler"]}, "plugin_config": {"profiler": options}}
-    with pytest.raises(PluginError) as error:
+    with pytest.raises(ConfigError) as error:
         fit(OneWeightTrial, HP, tmp_path, config=config, max_length=pytorch.Batch(2))
-    assert "plugin 'profiler'" in str(error.value) and "plugin_config.profiler" in str(error.value)
-    assert culprit in str(error.value)
+    assert str(error.value).startswith(f"exp_conf: plugin_config.profiler{culprit}"), str(error.value)

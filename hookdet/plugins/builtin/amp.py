@@ -29,11 +29,10 @@ it (PyTorch's own design); nothing else here waits on the device per batch.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 from typing import Any, Dict, Optional
 
+import pydantic
 import torch
 
 from hookdet.markers import hookimpl
@@ -41,10 +40,10 @@ from hookdet.trial_api.mixed_precision import (
     autocast_forward,
     dtype_name,
     patch_forward,
-    read_dtype_option,
+    DTYPE_NAMES,
     resolve_half_dtype,
 )
-from hookdet.plugins.manager import check_known_options, option_error
+from hookdet.plugins.options import options_for
 from hookdet.trial_api.trial import TrialError
 
 logger = logging.getLogger("hookdet")
@@ -58,43 +57,24 @@ BY_FILE = "the experiment file"
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class AmpSettings:
-    """``plugin_config.amp``, validated; the scaler fields are ``torch.amp.GradScaler``'s."""
+class AmpSettings(pydantic.BaseModel):
+    """``plugin_config.amp``, declared (checked with the experiment file); the scaler fields are
+    ``torch.amp.GradScaler``'s, with its defaults."""
 
-    enabled: bool = True
-    dtype: str = "auto"
-    init_scale: float = 2.0**16
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    enabled: bool = pydantic.Field(True, description="false: use_amp() and plugins: [amp] change nothing")
+    dtype: str = pydantic.Field("auto", description=f"the half dtype: {', '.join(DTYPE_NAMES)} (auto: bfloat16 on CPU, float16 on CUDA)")
+    init_scale: float = pydantic.Field(2.0**16, gt=0, allow_inf_nan=False, description="the scaler's first loss scale")
+    growth_factor: float = pydantic.Field(2.0, gt=1, allow_inf_nan=False, description="how the scale grows")
+    backoff_factor: float = pydantic.Field(0.5, gt=0, lt=1, description="how the scale shrinks after an overflow")
+    growth_interval: int = pydantic.Field(2000, ge=1, description="overflow-free steps before the scale grows")
 
+    @pydantic.field_validator("dtype")
     @classmethod
-    def from_options(cls, options: Dict[str, Any]) -> "AmpSettings":
-        """Read ``options``; one :class:`PluginError` naming ``plugin_config.amp.<field>``."""
-        known = tuple(field.name for field in dataclasses.fields(cls))
-        check_known_options(NAME, options, known)
-        values = dict(options)
-        if "enabled" in values and not isinstance(values["enabled"], bool):
-            raise option_error(NAME, "enabled", "true or false", values["enabled"])
-        if "dtype" in values:
-            values["dtype"] = read_dtype_option(NAME, values["dtype"])
-        for field, expected, ok in (
-            ("init_scale", "a positive number", lambda v: v > 0),
-            ("growth_factor", "a number greater than 1", lambda v: v > 1),
-            ("backoff_factor", "a number between 0 and 1 (exclusive)", lambda v: 0 < v < 1),
-        ):
-            if field in values:
-                value = values[field]
-                is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-                if not (is_number and math.isfinite(value) and ok(value)):
-                    raise option_error(NAME, field, expected, value)
-                values[field] = float(value)
-        if "growth_interval" in values:
-            value = values["growth_interval"]
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise option_error(NAME, "growth_interval", "a positive integer", value)
-        return cls(**values)
+    def _known_dtype(cls, value: str) -> str:
+        if value.lower() not in DTYPE_NAMES:
+            raise ValueError(f"expected one of {', '.join(DTYPE_NAMES)}; got '{value}'")
+        return value.lower()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,9 +86,10 @@ class AmpPlugin:
     """``use_amp``, ``wrap_scaler`` and ``plugins: [amp]``; the scaler's state in checkpoints."""
 
     conflicts_with = ("apex",)
+    Options = AmpSettings
 
     def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        self.settings = AmpSettings.from_options(dict(options or {}))
+        self.settings: AmpSettings = options_for(AmpPlugin, options, NAME)
         #: The registered ``GradScaler`` (``use_amp``'s own, or the trial's from ``wrap_scaler``).
         self.scaler: Any = None
         #: ``None`` until switched on, then ``"auto"`` or ``"manual"``.

@@ -48,14 +48,16 @@ import inspect
 import logging
 import os
 import sys
-from typing import Any, Dict, Generator, List, Optional, Sequence
+from typing import Any, Dict, Generator, List, Literal, Optional, Sequence
 
+import pydantic
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hookdet.distributed.context import DistributedContext, TorchDistributedContext
 from hookdet.markers import hookimpl
+from hookdet.plugins.options import options_for
 
 logger = logging.getLogger("hookdet")
 
@@ -65,8 +67,6 @@ _RESERVED_DDP_OPTIONS = ("module", "device_ids", "output_device", "process_group
 #: Options of the plugin itself (``plugin_config.ddp``), beside DDP's keywords: the process
 #: group's backend (default nccl with CUDA, else gloo) and its collective timeout in seconds.
 PLUGIN_OPTIONS = ("backend", "timeout_seconds")
-
-BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 
 
 def ddp_keyword_options() -> List[str]:
@@ -127,22 +127,38 @@ class PassThroughDistributedDataParallel(DistributedDataParallel):
             return getattr(self.module, name)
 
 
+def _declared_options() -> type:
+    """``plugin_config.ddp``: the plugin's own two options, then every keyword of this torch's
+    ``DistributedDataParallel`` (read from its signature, with its defaults)."""
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    fields: Dict[str, Any] = {
+        "backend": (Optional[Literal["gloo", "nccl", "mpi", "ucc"]], pydantic.Field(
+            None, description="the process group's backend (default nccl with CUDA, else gloo)")),
+        "timeout_seconds": (Optional[float], pydantic.Field(
+            None, gt=0, description="the process group's collective timeout")),
+    }
+    for name in ddp_keyword_options():
+        default = parameters[name].default
+        fields[name] = (Any, pydantic.Field(
+            None if default is inspect.Parameter.empty else default, description="DistributedDataParallel's"))
+    config = pydantic.ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    return pydantic.create_model("DDPOptions", __config__=config, **fields)
+
+
 class DDPPlugin:
     """``torch.distributed`` + ``DistributedDataParallel``; see the module docstring."""
 
     conflicts_with = ("horovod",)
+    Options = _declared_options()
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        options = dict(options or {})
-        self.backend: Optional[str] = options.pop("backend", None)
-        if self.backend is not None and self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        timeout = options.pop("timeout_seconds", None)
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"timeout_seconds must be a positive number, got {timeout!r}")
-        self.timeout_seconds: Optional[float] = timeout
-        check_ddp_options(options, "plugin_config.ddp", also_allowed=PLUGIN_OPTIONS)
-        self.ddp_options = options
+    def __init__(self, options: Any = None) -> None:
+        declared = options_for(DDPPlugin, options, "ddp")
+        self.backend: Optional[str] = declared.backend
+        self.timeout_seconds: Optional[float] = declared.timeout_seconds
+        #: The DDP keywords the experiment file set (the rest keep DDP's own defaults).
+        self.ddp_options = {
+            name: value for name, value in declared.model_dump(exclude_unset=True).items() if name not in PLUGIN_OPTIONS
+        }
         self.distributed: Optional[TorchDistributedContext] = None
         self.ddp_models: List[DistributedDataParallel] = []
         self._forward_sync_before_validation: List[bool] = []

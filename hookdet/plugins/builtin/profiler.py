@@ -26,45 +26,69 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional
 
+import pydantic
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from hookdet.markers import hookimpl
+from hookdet.plugins.options import options_for
 
 logger = logging.getLogger("hookdet")
 
 ACTIVITIES = {"cpu": ProfilerActivity.CPU, "cuda": ProfilerActivity.CUDA}
-FLAG_OPTIONS = ("record_shapes", "profile_memory", "with_stack")
-KNOWN_OPTIONS = ("begin_on_batch", "end_after_batch", "activities") + FLAG_OPTIONS
 DEFAULT_BEGIN_ON_BATCH = 1
 DEFAULT_PROFILED_BATCHES = 3
 
 
-class ProfilerOptions:
-    """``plugin_config.profiler``, checked: which batches to record and what to record."""
+class ProfilerOptions(pydantic.BaseModel):
+    """``plugin_config.profiler``, declared (checked with the experiment file): which batches to
+    record and what to record."""
 
-    def __init__(self, options: Dict[str, Any]) -> None:
-        unknown = sorted(set(options) - set(KNOWN_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown option(s) {unknown}; known: {list(KNOWN_OPTIONS)}")
-        self.begin_on_batch = _non_negative_int(options, "begin_on_batch", DEFAULT_BEGIN_ON_BATCH)
-        self.end_after_batch = _non_negative_int(
-            options, "end_after_batch", self.begin_on_batch + DEFAULT_PROFILED_BATCHES - 1
-        )
-        if self.end_after_batch < self.begin_on_batch:
-            raise ValueError(
-                f"end_after_batch ({self.end_after_batch}) is before begin_on_batch "
-                f"({self.begin_on_batch})"
-            )
-        self.activities = _activities(options.get("activities"))
-        self.flags = {}
-        for name in FLAG_OPTIONS:
-            value = options.get(name, False)
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be true or false, got {value!r}")
-            self.flags[name] = value
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    begin_on_batch: int = pydantic.Field(
+        DEFAULT_BEGIN_ON_BATCH, ge=0, description="first profiled batch index (the batch before warms up)"
+    )
+    end_after_batch: Optional[int] = pydantic.Field(
+        None, ge=0, description=f"last profiled batch index (default begin_on_batch + {DEFAULT_PROFILED_BATCHES - 1})"
+    )
+    activities: Optional[List[Literal["cpu", "cuda"]]] = pydantic.Field(
+        None, min_length=1, description="what to record (default: cpu, plus cuda when a GPU is present)"
+    )
+    record_shapes: bool = pydantic.Field(False, description="torch.profiler's record_shapes")
+    profile_memory: bool = pydantic.Field(False, description="torch.profiler's profile_memory")
+    with_stack: bool = pydantic.Field(False, description="torch.profiler's with_stack")
+
+    @pydantic.model_validator(mode="after")
+    def _end_after_begin(self) -> "ProfilerOptions":
+        if self.last_batch < self.begin_on_batch:
+            raise ValueError(f"end_after_batch ({self.last_batch}) is before begin_on_batch ({self.begin_on_batch})")
+        return self
+
+    @property
+    def last_batch(self) -> int:
+        """The last profiled batch index."""
+        if self.end_after_batch is not None:
+            return self.end_after_batch
+        return self.begin_on_batch + DEFAULT_PROFILED_BATCHES - 1
+
+    @property
+    def flags(self) -> Dict[str, bool]:
+        """The keyword flags for ``torch.profiler.profile``."""
+        return {"record_shapes": self.record_shapes, "profile_memory": self.profile_memory, "with_stack": self.with_stack}
+
+    def torch_activities(self) -> List[ProfilerActivity]:
+        """The activities to record, without ``cuda`` where there is no GPU (a warning says so)."""
+        if self.activities is None:
+            return [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])]
+        chosen = []
+        for name in self.activities:
+            if name == "cuda" and not torch.cuda.is_available():
+                logger.warning("profiler: no CUDA device here; profiling %s without 'cuda'", self.activities)
+                continue
+            chosen.append(ACTIVITIES[name])
+        return chosen or [ProfilerActivity.CPU]
 
     def schedule(self, first_batch: int) -> Callable[[int], ProfilerAction]:
         """A ``torch.profiler`` schedule for a profiler started before batch ``first_batch``.
@@ -72,7 +96,7 @@ class ProfilerOptions:
         The profiler counts steps from its start; this maps step ``k`` to batch
         ``first_batch + k``. The batch before ``begin_on_batch`` warms up.
         """
-        begin, end = self.begin_on_batch, self.end_after_batch
+        begin, end = self.begin_on_batch, self.last_batch
 
         def action(step: int) -> ProfilerAction:
             batch = first_batch + step
@@ -87,39 +111,13 @@ class ProfilerOptions:
         return action
 
 
-def _non_negative_int(options: Dict[str, Any], name: str, default: int) -> int:
-    value = options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a batch index (an int >= 0), got {value!r}")
-    return value
-
-
-def _activities(names: Any) -> List[ProfilerActivity]:
-    if names is None:
-        chosen = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            chosen.append(ProfilerActivity.CUDA)
-        return chosen
-    if not isinstance(names, list) or not names:
-        raise ValueError(f"activities must be a non-empty list like [cpu, cuda], got {names!r}")
-    chosen = []
-    for name in names:
-        if name not in ACTIVITIES:
-            raise ValueError(f"activities: unknown activity {name!r}; known: {sorted(ACTIVITIES)}")
-        if name == "cuda" and not torch.cuda.is_available():
-            logger.warning("profiler: no CUDA device here; profiling %s without 'cuda'", names)
-            continue
-        chosen.append(ACTIVITIES[name])
-    if not chosen:
-        chosen.append(ProfilerActivity.CPU)
-    return chosen
-
-
 class ProfilerPlugin:
     """Owns one ``torch.profiler.profile`` for the run: built, started, stepped and stopped."""
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        self.options = ProfilerOptions(dict(options or {}))
+    Options = ProfilerOptions
+
+    def __init__(self, options: Any = None) -> None:
+        self.options: ProfilerOptions = options_for(ProfilerPlugin, options, "profiler")
         self.profiler: Optional[torch.profiler.profile] = None
         self._last_batch: Optional[int] = None
         self._running = False
@@ -161,19 +159,19 @@ class ProfilerPlugin:
         if self.profiler is None:
             options = self.options
             first_batch = self._run.state.batches_trained
-            if first_batch > options.end_after_batch:
+            if first_batch > options.last_batch:
                 logger.info(
                     "profiler: training starts at batch %d, after the profiled batches %d-%d",
-                    first_batch, options.begin_on_batch, options.end_after_batch,
+                    first_batch, options.begin_on_batch, options.last_batch,
                 )
                 return
             self.profiler = torch.profiler.profile(
-                activities=options.activities,
+                activities=options.torch_activities(),
                 schedule=options.schedule(first_batch),
                 on_trace_ready=self.trace_handler(),
                 **options.flags,
             )
-            self._last_batch = options.end_after_batch
+            self._last_batch = options.last_batch
         self.profiler.start()
         self._running = True
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
+import pydantic
 import torch
 
-from hookdet.trial_api.mixed_precision import read_dtype_option
-from hookdet.plugins.manager import check_known_options, option_error
+from hookdet.trial_api.mixed_precision import DTYPE_NAMES
 from hookdet.trial_api.trial import TrialError
 
 NAME = "apex"
@@ -36,27 +36,21 @@ INIT_SCALE = 2.0**16
 SCALE_FACTOR = 2.0
 SCALE_WINDOW = 2000
 
-BACKENDS = ("auto", "torch", "apex")
+class ApexSettings(pydantic.BaseModel):
+    """``plugin_config.apex``, declared (checked with the experiment file)."""
 
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    backend: Literal["auto", "torch", "apex"] = pydantic.Field(
+        "auto", description="apex: NVIDIA apex.amp (refused where it cannot run); torch: torch.amp; auto: apex when importable"
+    )
+    dtype: str = pydantic.Field("auto", description=f"the torch backend's half dtype: {', '.join(DTYPE_NAMES)}")
 
-@dataclasses.dataclass(frozen=True)
-class ApexSettings:
-    """``plugin_config.apex``: ``backend`` (auto, torch or apex) and ``dtype`` (the half precision
-    of the torch backend: auto, float16 or bfloat16)."""
-
-    backend: str = "auto"
-    dtype: str = "auto"
-
+    @pydantic.field_validator("dtype")
     @classmethod
-    def from_options(cls, options: Dict[str, Any]) -> "ApexSettings":
-        """Read ``options``; one :class:`PluginError` naming ``plugin_config.apex.<field>``."""
-        check_known_options(NAME, options, tuple(f.name for f in dataclasses.fields(cls)))
-        values = dict(options)
-        if "backend" in values and values["backend"] not in BACKENDS:
-            raise option_error(NAME, "backend", "one of " + ", ".join(BACKENDS), values["backend"])
-        if "dtype" in values:
-            values["dtype"] = read_dtype_option(NAME, values["dtype"])
-        return cls(**values)
+    def _known_dtype(cls, value: str) -> str:
+        if value.lower() not in DTYPE_NAMES:
+            raise ValueError(f"expected one of {', '.join(DTYPE_NAMES)}; got '{value}'")
+        return value.lower()
 
 
 @dataclasses.dataclass

@@ -23,6 +23,7 @@ from hookdet.plugins.builtin.apex.options import (
 from hookdet.markers import hookimpl
 from hookdet.trial_api.mixed_precision import resolve_half_dtype
 from hookdet.plugins.manager import PluginError
+from hookdet.plugins.options import options_for
 from hookdet.trial_api.trial import TrialError
 
 logger = logging.getLogger("hookdet")
@@ -32,9 +33,10 @@ class ApexPlugin:
     """``configure_apex_amp`` and Determined's ordering rules around it; its state in checkpoints."""
 
     conflicts_with = ("amp",)
+    Options = ApexSettings
 
     def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        self.settings = ApexSettings.from_options(dict(options or {}))
+        self.settings: ApexSettings = options_for(ApexPlugin, options, NAME)
         #: The backend in use once ``configure_apex_amp`` ran: ``ApexBackend`` or ``TorchBackend``.
         self.backend: Any = None
         self._run: Any = None
