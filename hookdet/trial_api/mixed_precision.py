@@ -28,6 +28,14 @@ DTYPE_NAMES: Dict[str, Optional[torch.dtype]] = {
 }
 
 
+def known_dtype_name(value: str) -> str:
+    """A ``dtype`` option checked against :data:`DTYPE_NAMES` and lower-cased (a ``ValueError``
+    otherwise): the validator of the mixed-precision plugins' declared ``dtype``."""
+    if value.lower() not in DTYPE_NAMES:
+        raise ValueError(f"expected one of {', '.join(DTYPE_NAMES)}; got '{value}'")
+    return value.lower()
+
+
 def autocast_supported(device_type: str, dtype: torch.dtype) -> bool:
     """Whether this torch build can autocast to ``dtype`` on ``device_type``.
 

@@ -41,6 +41,7 @@ from hookdet.trial_api.mixed_precision import (
     dtype_name,
     patch_forward,
     DTYPE_NAMES,
+    known_dtype_name,
     resolve_half_dtype,
 )
 from hookdet.plugins.options import options_for
@@ -69,12 +70,7 @@ class AmpSettings(pydantic.BaseModel):
     backoff_factor: float = pydantic.Field(0.5, gt=0, lt=1, description="how the scale shrinks after an overflow")
     growth_interval: int = pydantic.Field(2000, ge=1, description="overflow-free steps before the scale grows")
 
-    @pydantic.field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, value: str) -> str:
-        if value.lower() not in DTYPE_NAMES:
-            raise ValueError(f"expected one of {', '.join(DTYPE_NAMES)}; got '{value}'")
-        return value.lower()
+    _known_dtype = pydantic.field_validator("dtype")(known_dtype_name)
 
 
 # ---------------------------------------------------------------------------------------------

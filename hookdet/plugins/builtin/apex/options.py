@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 import pydantic
 import torch
 
-from hookdet.trial_api.mixed_precision import DTYPE_NAMES
+from hookdet.trial_api.mixed_precision import DTYPE_NAMES, known_dtype_name
 from hookdet.trial_api.trial import TrialError
 
 NAME = "apex"
@@ -45,12 +45,7 @@ class ApexSettings(pydantic.BaseModel):
     )
     dtype: str = pydantic.Field("auto", description=f"the torch backend's half dtype: {', '.join(DTYPE_NAMES)}")
 
-    @pydantic.field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, value: str) -> str:
-        if value.lower() not in DTYPE_NAMES:
-            raise ValueError(f"expected one of {', '.join(DTYPE_NAMES)}; got '{value}'")
-        return value.lower()
+    _known_dtype = pydantic.field_validator("dtype")(known_dtype_name)
 
 
 @dataclasses.dataclass
