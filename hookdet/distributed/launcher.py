@@ -243,7 +243,7 @@ def record_rank_message(status_dir: str, rank: int, message: str) -> None:
 
 def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int) -> List[str]:
     """One line per distinct failure: the ranks that said it, and what they said; a rank that
-    ended without a status is named as having died."""
+    that ended without a word (no status, no message) is named as having died."""
     by_message: Dict[str, List[int]] = {}
     for path in sorted(Path(status_dir).glob("rank-*.message")):
         rank = path.name[len("rank-"):-len(".message")]
@@ -253,8 +253,10 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int) 
     for message, ranks in by_message.items():
         who = "rank" if len(ranks) == 1 else "ranks"
         lines.append(f"hookdet: error: {who} {', '.join(map(str, sorted(ranks)))}: {message}")
-    silent = [rank for rank in range(local_ranks) if rank not in statuses]
-    if silent and statuses:
+    # A rank that left its message may be stopped by the launcher before it records its status.
+    reported = set(statuses) | {rank for ranks in by_message.values() for rank in ranks}
+    silent = [rank for rank in range(local_ranks) if rank not in reported]
+    if silent and reported:
         who = "rank" if len(silent) == 1 else "ranks"
         lines.append(
             f"hookdet: error: {who} {', '.join(map(str, silent))} ended without a status "

@@ -388,6 +388,18 @@ def test_launcher_exit_status_reflects_the_ranks() -> None:
     assert hookdet_launcher.combined_exit_status(0, {}, 2) == 1
 
 
+def test_a_rank_that_left_its_message_but_no_status_is_not_called_dead(tmp_path: Path) -> None:
+    """When rank 1 is killed, rank 0 writes why it stops and may be stopped by torchrun before it
+    records its status: the line for the dead rank still names rank 1, and only rank 1."""
+    hookdet_launcher.record_rank_message(str(tmp_path), 0, "lost contact with the other ranks")
+    lines = hookdet_launcher.failure_lines(tmp_path, hookdet_launcher.read_rank_statuses(tmp_path), 2)
+    assert lines == [
+        "hookdet: error: rank 0: lost contact with the other ranks",
+        "hookdet: error: rank 1 ended without a status (killed by a signal, or out of memory); the other ranks were stopped",
+    ]
+    assert hookdet_launcher.failure_lines(tmp_path / "none", {}, 2) == []  # nobody said anything: no guess
+
+
 def test_torchrun_options_are_refused_for_horovod(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = write_config(
         tmp_path / "experiment.yaml", HPARAMS, plugins={"only": ["callbacks", "horovod"]}, resources={"slots_per_trial": 2}
