@@ -1,10 +1,11 @@
 """Search rules against Determined's own published test values (master/pkg/searcher/*_test.go,
-master/pkg/nprand/nprand_test.go, Determined 0.38.1) and against an independent port of its
-master's generator."""
+master/pkg/nprand/nprand_test.go, Determined 0.38.1), against an independent port of its
+master's generator, and against Go's own ``math`` (the floating point the master computes in)."""
 from __future__ import annotations
 
 import math
 import random
+import struct
 import sys
 import uuid
 from pathlib import Path
@@ -12,8 +13,14 @@ from pathlib import Path
 import pytest
 
 from hookdet.config import parse_experiment_config
-from hookdet.search import methods
+from hookdet.search import go_math, methods
 from hookdet.search.space import MasterRandom, SpaceError, check_spec, draw_trial, grid
+from tests.support.go_math_reference import bits, go_math_program, go_results
+
+
+@pytest.fixture(scope="module")
+def go_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return go_math_program(tmp_path_factory.mktemp("go"))
 
 
 # --------------------------------------------------------------------- an independent nprand
@@ -71,6 +78,47 @@ def test_the_master_stream_matches_nprands_published_numpy_values() -> None:
     assert [go.intn(10) for _ in published] == published
 
 
+def _go_math_calls() -> list:
+    """Calls as the master makes them (log draws of many bases and ranges, rung and bracket
+    arithmetic) and the edges of each function's range."""
+    rng = random.Random(7)
+    calls = [("pow", rng.choice([10.0, 2.0, math.e, 3.0, 1.5, 0.5]), rng.uniform(-9, 9)) for _ in range(6000)]
+    calls += [("pow", divisor, float(k)) for divisor in (1.5, 2.0, 2.5, 3.0, 4.0, 10.0) for k in range(12)]
+    calls += [("log", float(n), None) for n in range(1, 3000)]
+    calls += [("log", math.exp(rng.uniform(-700, 700)), None) for _ in range(2000)]
+    calls += [("exp", rng.uniform(-745, 709.8), None) for _ in range(2000)]
+    calls += [("log", x, None) for x in (go_math._HALF_SQRT2, 2 * go_math._HALF_SQRT2, 1e-310, 5e-324, 0.0, -1.0, math.inf)]
+    calls += [("exp", x, None) for x in (-745.2, -740.0, -708.5, 709.78, 710.0, 0.0, -0.0, 1e-20, -math.inf, math.inf)]
+    calls += [("pow", x, y) for x, y in ((2.0, 1074.5), (10.0, -323.5), (0.1, 0.5), (4.0, -0.5), (-8.0, 3.0),
+                                         (-8.0, 1 / 3), (0.0, -3.0), (-0.0, -3.0), (1e308, 2.0), (2.0, -1075.0),
+                                         (-1.0, math.inf), (0.5, -math.inf), (-math.inf, -3.0), (2.0, 2.0**64))]
+    return calls
+
+
+@pytest.mark.parametrize("fma", [True, False], ids=["cpu-with-fma", "cpu-without-fma"])
+def test_go_math_equals_gos_own_pow_log_and_exp_bit_for_bit(go_program: Path, fma: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(go_math, "MASTER_HAS_FMA", fma)
+    calls = _go_math_calls()
+    expected = go_results(go_program, calls, fma=fma)
+    ours = [bits(getattr(go_math, op)(x) if y is None else go_math.pow(x, y)) for op, x, y in calls]
+    wrong = [(call, got, want) for call, got, want in zip(calls, ours, expected) if got != want]
+    assert not wrong, (len(wrong), wrong[:5])
+    libm = [bits(math.pow(x, y)) for op, x, y in calls[:6000]]
+    assert sum(a != b for a, b in zip(libm, expected)) > 1000  # what Python's pow would have drawn
+
+
+def test_asha_brackets_take_gos_log(go_program: Path) -> None:
+    """``int(Log(n) / Log(divisor)) + 1`` caps the rungs: with Go's Log, 243 batches at divisor 3
+    allow 6 rungs (Go's Log(243)/Log(3) is exactly 5), where the C library's log gives 4.999…"""
+    logs = dict(zip((243.0, 3.0), map(_from_bits, go_results(go_program, [("log", 243.0, None), ("log", 3.0, None)]))))
+    cap = int(logs[243.0] / logs[3.0]) + 1
+    assert cap == 6 and int(math.log(243.0) / math.log(3.0)) + 1 == 5
+    brackets = methods.make_brackets(243, 243, divisor=3.0, max_rungs=8)
+    assert [bracket["num_rungs"] for bracket in brackets] == [6, 5, 4, 3, 2, 1][:len(brackets)]
+    assert brackets[0]["num_rungs"] == cap
+
+
 SPACE = {
     "global_batch_size": 32,
     "n_filters": {"type": "int", "minval": 8, "maxval": 64},
@@ -94,28 +142,53 @@ def _reference_sample(rand: GoNprand) -> dict:
             out[name] = spec["minval"] + rand.intn(spec["maxval"] - spec["minval"] + 1)
         elif spec["type"] == "double":
             out[name] = rand.uniform(spec["minval"], spec["maxval"])
-        elif spec["type"] == "log":
-            out[name] = math.pow(spec["base"], rand.uniform(spec["minval"], spec["maxval"]))
+        elif spec["type"] == "log":  # Go's Pow: asked of Go itself by _with_gos_pow
+            out[name] = GoPow(spec["base"], rand.uniform(spec["minval"], spec["maxval"]))
         else:
             out[name] = spec["vals"][rand.intn(len(spec["vals"]))]
     return out
 
 
-def test_trials_draw_determineds_hparams_request_ids_and_seeds() -> None:
+class GoPow:
+    """A ``math.Pow(base, exponent)`` of the reference draw, to be computed by Go."""
+
+    def __init__(self, base: float, exponent: float) -> None:
+        self.base, self.exponent = base, exponent
+
+
+def _with_gos_pow(program: Path, creates: list) -> list:
+    """The reference creates with each :class:`GoPow` replaced by Go's result."""
+    calls = [("pow", value.base, value.exponent) for hparams, _, _ in creates
+             for value in hparams.values() if isinstance(value, GoPow)]
+    results = iter(go_results(program, calls))
+    return [({name: _from_bits(next(results)) if isinstance(value, GoPow) else value
+              for name, value in hparams.items()}, request_id, seed)
+            for hparams, request_id, seed in creates]
+
+
+def _from_bits(hex_bits: str) -> float:
+    return struct.unpack("<d", struct.pack("<Q", int(hex_bits, 16)))[0]
+
+
+def test_trials_draw_determineds_hparams_request_ids_and_seeds(go_program: Path) -> None:
     ours, go = MasterRandom(1234), GoNprand(1234)
-    for _ in range(20):
+    creates = [go.create(_reference_sample) for _ in range(200)]
+    expected = _with_gos_pow(go_program, creates)
+    for hparams, request_id, seed in expected:
         draw = draw_trial(SPACE, ours)
-        hparams, request_id, seed = go.create(_reference_sample)
         assert (draw.hparams, draw.request_id, draw.seed) == (hparams, request_id, seed)
         assert 0 <= draw.seed < 2**31
+    # The C library's pow (hookdet's before) differs from Go's in the last bits of some draws.
+    libm = [math.pow(hparams["lr"].base, hparams["lr"].exponent) for hparams, _, _ in creates]
+    differ = sum(ours != go for ours, go in zip(libm, (hparams["lr"] for hparams, _, _ in expected)))
+    assert differ > 0
 
 
-def test_a_single_run_of_a_space_trains_trial_ones_draw_with_its_seed() -> None:
+def test_a_single_run_of_a_space_trains_trial_ones_draw_with_its_seed(go_program: Path) -> None:
     config = parse_experiment_config({"hyperparameters": SPACE,
                                       "reproducibility": {"experiment_seed": 99}})
     go = GoNprand(99)
-    first = go.create(_reference_sample)
-    second = go.create(_reference_sample)
+    first, second = _with_gos_pow(go_program, [go.create(_reference_sample), go.create(_reference_sample)])
     assert config.hyperparameters == first[0]
     assert config.trial_seed() == first[2]
     assert config.trial_seed(2) == second[2]

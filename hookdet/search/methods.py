@@ -14,10 +14,10 @@ Determined's order) or :class:`Stop`. The state is JSON-shaped so a search can b
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from hookdet.search import go_math
 from hookdet.search.space import MasterRandom, draw_trial, draw_with_fixed, grid
 
 INVALID_HP = "invalid_hp"
@@ -155,7 +155,7 @@ class GridSearch:
 
 def rung_units(num_rungs: int, divisor: float, max_length: int) -> List[int]:
     """Units a trial needs to reach each rung: ``max_length / divisor**(rungs-1-i)``, at least 1."""
-    return [max(int(float(max_length) / math.pow(divisor, num_rungs - i - 1)), 1)
+    return [max(int(float(max_length) / go_math.pow(divisor, num_rungs - i - 1)), 1)
             for i in range(num_rungs)]
 
 
@@ -180,7 +180,7 @@ class AsyncHalvingSearch:
     def _concurrency(self) -> int:
         if self.max_concurrent > 0:
             return min(self.max_concurrent, self.max_trials)
-        return min(max(1, int(math.pow(self.divisor, self.num_rungs - 1))), self.max_trials)
+        return min(max(1, int(go_math.pow(self.divisor, self.num_rungs - 1))), self.max_trials)
 
     def initial_trials(self, ctx: Context) -> List[Action]:
         count = self._concurrency()
@@ -310,7 +310,7 @@ def bracket_rungs(mode: str, max_rungs: int) -> List[int]:
 
 def bracket_max_trials(max_trials: int, divisor: float, brackets: List[int]) -> List[int]:
     """Trials per bracket, weighted ``divisor**(rungs-1) / rungs``; the remainder to the first."""
-    weights = [math.pow(divisor, rungs - 1) / rungs for rungs in brackets]
+    weights = [go_math.pow(divisor, rungs - 1) / rungs for rungs in brackets]
     total = sum(weights)
     trials = [max(int(weight / total * max_trials), 1) for weight in weights]
     trials[0] += max(max_trials - sum(trials), 0)
@@ -336,8 +336,8 @@ def make_brackets(max_trials: int, max_length: int, divisor: float = 4.0, mode: 
     if not rungs:
         max_rungs = min(
             max_rungs,
-            int(math.log(float(max_length)) / math.log(divisor)) + 1,
-            int(math.log(float(max_trials)) / math.log(divisor)) + 1,
+            int(go_math.log(float(max_length)) / go_math.log(divisor)) + 1,
+            int(go_math.log(float(max_trials)) / go_math.log(divisor)) + 1,
         )
         rungs = bracket_rungs(mode, max_rungs)
     rungs = sorted(rungs, reverse=True)

@@ -5,7 +5,7 @@ A hyperparameter is ``{type: const|int|double|log|categorical, ...}``, a mapping
 Sampling follows Determined 0.38's master (``master/pkg/searcher/hyperparameters.go``):
 
 * ``int``: ``minval + Intn(maxval - minval + 1)``; ``double``: ``Uniform(minval, maxval)``;
-  ``log``: ``base ** Uniform(minval, maxval)``; ``categorical``: ``vals[Intn(len(vals))]``.
+  ``log``: ``Pow(base, Uniform(minval, maxval))`` with Go's ``Pow`` (:mod:`hookdet.search.go_math`); ``categorical``: ``vals[Intn(len(vals))]``.
 * Top-level names are visited in sorted order. Determined visits *nested* groups in Go's map
   order, which is randomised per process, so a Determined search over nested groups is not
   reproducible; hookdet visits nested names in sorted order too (reproducible, and equal to
@@ -25,6 +25,8 @@ import math
 import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Tuple
+
+from hookdet.search import go_math
 
 SEARCH_TYPES = ("int", "double", "log", "categorical")
 ALL_TYPES = ("const",) + SEARCH_TYPES
@@ -162,7 +164,7 @@ def _sample_one(value: Any, rand: MasterRandom) -> Any:
     if kind == "double":
         return rand.uniform(value["minval"], value["maxval"])
     if kind == "log":
-        return math.pow(value["base"], rand.uniform(value["minval"], value["maxval"]))
+        return go_math.pow(value["base"], rand.uniform(value["minval"], value["maxval"]))
     return copy.deepcopy(value["vals"][rand.intn(len(value["vals"]))])
 
 
@@ -216,7 +218,7 @@ def grid_axis(spec: Mapping[str, Any]) -> List[Any]:
     else:
         points = [lo + float(i) * (hi - lo) / float(count - 1) for i in range(count)]
     if kind == "log":
-        return [math.pow(spec["base"], point) for point in points]
+        return [go_math.pow(spec["base"], point) for point in points]
     return points
 
 
