@@ -452,3 +452,63 @@ def test_config_options_reach_the_search_as_they_reach_the_trial(tmp_path: Path)
     assert settings.max_trials == 8 and raw["searcher"]["max_trials"] == 8
     assert raw["searcher"]["max_length"] == {"batches": 20}  # a length replaces the file's, unit and all
     assert config.hyperparameters["dropout"] == 0.5 == raw["hyperparameters"]["dropout"]
+
+
+# --------------------------------------------------------------- the accept/refuse table
+
+SEARCHER_RULES = Path(__file__).resolve().parents[1] / "docs" / "search.md"
+
+
+def _searcher_rule_rows() -> list:
+    """(searcher block, Determined's verdict, hookdet's verdict, row text) from docs/search.md."""
+    import yaml
+
+    text = SEARCHER_RULES.read_text()
+    table = text.split("<!-- searcher-rules -->")[1].split("<!-- /searcher-rules -->")[0]
+    rows = []
+    for line in table.strip().splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        block = yaml.safe_load(cells[0].split("`")[1])
+        rows.append(pytest.param(block, cells[1], cells[2], "no hyperparameters" in cells[0], id=cells[0][:60]))
+    return rows
+
+
+@pytest.mark.parametrize("block, determined, hookdet, no_space", _searcher_rule_rows())
+def test_the_searcher_table_in_the_docs_is_what_hookdet_does(tmp_path: Path, block: dict, determined: str,
+                                                              hookdet: str, no_space: bool) -> None:
+    import subprocess
+    import yaml
+
+    experiment = {"name": "rules", "entrypoint": "search_trial:LineTrial", "searcher": block}
+    if not no_space:
+        experiment["hyperparameters"] = {"lr": {"type": "double", "minval": 0.1, "maxval": 0.2, "count": 2}}
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    result = subprocess.run([sys.executable, "-m", "hookdet", "search", "preview", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert hookdet in ("accepted", "accepted, warns", "refused") and determined
+    if hookdet == "refused":
+        assert result.returncode == 2 and result.stderr.startswith("hookdet: error: "), result.stderr
+        assert "Traceback" not in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("hookdet: warning:")]
+    assert bool(warnings) == (hookdet == "accepted, warns"), result.stderr
+    assert all("has been deprecated and will be removed in a future release." in line for line in warnings)
+    if no_space:
+        assert "0 grid points" in result.stdout
+
+
+def test_stop_once_is_ignored_as_determined_0_38_does_and_promotion_is_hookdets_own_field() -> None:
+    from hookdet.search.settings import SearchConfigError, read_settings
+
+    asha = {"name": "async_halving", "metric": "loss", "num_rungs": 2, "max_trials": 3,
+            "time_metric": "batches", "max_time": 8}
+    ignored = read_settings({"searcher": {**asha, "stop_once": False}}, "exp.yaml")
+    assert not ignored.promote and not ignored.build().promote
+    assert ignored.warnings == ["the `stop_once` field of the searcher config has been deprecated and will "
+                                "be removed in a future release."]
+    promoting = read_settings({"searcher": {**asha, "promote": True}}, "exp.yaml")
+    assert promoting.promote and promoting.build().promote and promoting.warnings == []
+    with pytest.raises(SearchConfigError, match=r"exp.yaml: searcher.promote must be true or false; got 'yes'"):
+        read_settings({"searcher": {**asha, "promote": "yes"}}, "exp.yaml")

@@ -37,6 +37,12 @@ def search(tmp_path: Path, config: str, *args: str, timeout: int = 600) -> subpr
                           env=env(tmp_path), capture_output=True, text=True, timeout=timeout)
 
 
+def not_warnings(stderr: str) -> List[str]:
+    """The lines of ``stderr`` but warnings (the fixtures' legacy ``max_length`` draws
+    Determined's deprecation warning)."""
+    return [line for line in stderr.splitlines() if not line.startswith("hookdet: warning:")]
+
+
 def summary(search_dir: Path, drop=("restarts",)) -> List[Dict[str, str]]:
     with open(search_dir / "summary.csv") as handle:
         return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(handle)]
@@ -226,6 +232,55 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
         log = run_dir.with_name(run_dir.name + ".log").read_text()
         assert log.count("RESULT {") == 1, log[-2000:]  # fit returned; the script went on to its end
     assert_equals_a_straight_run(completed[0], tmp_path, model_dir=script_dir, length=16)
+
+
+SCRIPT_RANDOM = """\
+name: script-random
+entrypoint: python3 train.py --batches 6 --validate-every 3
+hyperparameters:
+  learning_rate: {type: log, minval: -1.5, maxval: 0.3, base: 10}
+  global_batch_size: 32
+  n_hidden: 32
+  dropout: 0.25
+searcher:
+  name: random
+  metric: validation_loss
+  max_trials: 2
+reproducibility:
+  experiment_seed: 11
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_random_search_without_a_length_trains_each_trial_the_length_its_script_sets(tmp_path: Path) -> None:
+    """Determined's tutorial ``dist_random.yaml`` has no ``max_length``: the script's
+    ``Trainer.fit(max_length=...)`` is the trial's length, in one segment."""
+    script_dir = Path(__file__).parent / "fixtures" / "trainer_script"
+    config = tmp_path / "dist_random.yaml"
+    config.write_text(SCRIPT_RANDOM)
+    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "random", "--model-dir", str(script_dir),
+                             "--workers", "1"], cwd=tmp_path, env=env(tmp_path), capture_output=True,
+                            text=True, timeout=500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning" not in result.stderr
+    state = json.loads((tmp_path / "random" / "search-state.json").read_text())
+    trials = list(state["trials"].values())
+    assert [(t["state"], t["batches"], t["segments"]) for t in trials] == [("completed", 6, 1)] * 2
+
+
+def test_a_grid_without_hyperparameters_has_no_trial(tmp_path: Path) -> None:
+    """As in Determined: a grid of no axes has no points, so the search creates no trial."""
+    config = tmp_path / "grid.yaml"
+    config.write_text("name: empty-grid\nentrypoint: search_trial:LineTrial\n"
+                      "searcher: {name: grid, metric: validation_loss, max_length: {batches: 2}}\n")
+    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "grid", "--model-dir", str(FIXTURES)],
+                            cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((tmp_path / "grid" / "search-state.json").read_text())
+    assert state["trials"] == {}
+    assert summary(tmp_path / "grid") == []
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow
@@ -490,7 +545,7 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
     larger = start("larger", "--config", "searcher.smaller_is_better=false", "--config", "hyperparameters.sleep=0.2")
     assert larger.stdout.readline().startswith("hookdet: random search in")
     second = search(tmp_path, "random.yaml", "--resume", "larger")
-    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert second.returncode == 2 and len(not_warnings(second.stderr)) == 1, second.stderr
     assert "larger is running (pid" in second.stderr and "hookdet search worker" in second.stderr
     smaller = start("smaller")
     printed = {}
@@ -518,13 +573,13 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
 
     (tmp_path / "smaller" / "search-state.json").write_text("{not json")
     damaged = search(tmp_path, "random.yaml", "--resume", "smaller")
-    assert damaged.returncode == 2 and damaged.stderr.count("\n") == 1, damaged.stderr
+    assert damaged.returncode == 2 and len(not_warnings(damaged.stderr)) == 1, damaged.stderr
     assert "search-state.json: not a search state hookdet wrote" in damaged.stderr
     (tmp_path / "garbage.db").write_bytes(b"this is not a database" * 100)
     meta = json.loads((tmp_path / "larger" / "search.json").read_text())
     (tmp_path / "larger" / "search.json").write_text(json.dumps(dict(meta, storage=f"sqlite:///{tmp_path / 'garbage.db'}")))
     unreadable = search(tmp_path, "random.yaml", "--resume", "larger")
-    assert unreadable.returncode == 2 and unreadable.stderr.count("\n") == 1, unreadable.stderr
+    assert unreadable.returncode == 2 and len(not_warnings(unreadable.stderr)) == 1, unreadable.stderr
     assert "garbage.db cannot be read" in unreadable.stderr
     worker = subprocess.run([*HOOKDET, "search", "worker", "--storage", url], cwd=tmp_path, env=env(tmp_path),
                             capture_output=True, text=True, timeout=120)

@@ -53,6 +53,7 @@ CLUSTER_ONLY_FIELDS: Tuple[str, ...] = (
     "searcher.num_rounds",
     "searcher.num_rungs",
     "searcher.population_size",
+    "searcher.promote",  # hookdet's own ASHA field: read by `hookdet search`, not by a trial
     "searcher.replace_function",
     "searcher.source_checkpoint_uuid",
     "searcher.source_trial_id",

@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
@@ -64,6 +65,8 @@ def load_search(config_path: Path, options: Sequence[str] = ()) -> tuple:
                 f"{config_path}: searcher.name is grid, but hyperparameter(s) {', '.join(missing)} "
                 "have no count: a grid needs a count of points for every int, double and log "
                 "hyperparameter")
+    for warning in settings.warnings:
+        print(f"hookdet: warning: {config_path}: searcher: {warning}", file=sys.stderr, flush=True)
     return config, raw, settings, space
 
 
@@ -119,7 +122,8 @@ def run_search(args: argparse.Namespace) -> int:
           f"store {storage})", flush=True)
     status = driver.run(max(workers, 0), slots)
     finish(search_dir, driver.state, settings.metric, settings.smaller_is_better)
-    if status == 0 and all(t["state"] == "errored" for t in driver.state["trials"].values()):
+    trials = driver.state["trials"].values()
+    if status == 0 and trials and all(t["state"] == "errored" for t in trials):
         return 1
     return status
 
@@ -170,9 +174,13 @@ def preview(config_path: Path, count: Optional[int] = None, options: Sequence[st
     method = settings.build()
     ctx = methods.Context(MasterRandom(config.reproducibility.experiment_seed), space)
     creates = method.initial_trials(ctx)
+    length = (f"{settings.max_length} {settings.unit}" if settings.max_length
+              else "the length each trial sets itself (e.g. a script's Trainer.fit(max_length=...))")
+    trained = f"each trained {settings.max_length} {settings.unit}" if settings.max_length else \
+        "each trained to the length it sets"
     lines = [f"{settings.name} search of {config_path.name}: metric {settings.metric} "
              f"({'smaller' if settings.smaller_is_better else 'larger'} is better), "
-             f"max length {settings.max_length} {settings.unit}"]
+             f"max length {length}"]
     if isinstance(method, methods.AdaptiveASHASearch):
         for index, bracket in enumerate(method.brackets):
             units = [r["units"] for r in bracket.state["rungs"]]
@@ -182,11 +190,11 @@ def preview(config_path: Path, count: Optional[int] = None, options: Sequence[st
         units = [r["units"] for r in method.state["rungs"]]
         lines.append(f"  {method.max_trials} trials, rungs at {units} {settings.unit}")
     elif isinstance(method, methods.GridSearch):
-        lines.append(f"  {len(creates) + len(method.state['remaining'])} grid points, "
-                     f"each trained {settings.max_length} {settings.unit}")
+        points = len(creates) + len(method.state["remaining"])
+        lines.append(f"  {points} grid points, {trained}"
+                     + ("" if points else " (no hyperparameters to search: no trial, as in Determined)"))
     else:
-        lines.append(f"  {method.max_trials} trials, each trained {settings.max_length} "
-                     f"{settings.unit}")
+        lines.append(f"  {method.max_trials} trials, {trained}")
     lines.append(f"  first {len(creates[:count])} trials created:")
     for number, create in enumerate(creates[:count], 1):
         lines.append(f"    trial {number}: seed {create.seed} hparams {json.dumps(create.hparams)}")

@@ -136,8 +136,13 @@ class Driver:
 
     def _rungs(self, trial: Dict[str, Any]) -> List[int]:
         if not self.settings.staged:
-            return [self.settings.max_length]
+            return [self.settings.max_length] if self.settings.max_length else []
         return methods.rungs_of(self.method)[trial["bracket"]]
+
+    def _trained_fully(self, trial: Dict[str, Any]) -> bool:
+        """Whether the trial reached the search's length (a search without one trains each
+        trial in one segment, to the length the trial sets)."""
+        return self.settings.max_length is None or trial["units"] >= self.settings.max_length
 
     def _schedule(self, trial: Dict[str, Any], again: bool = False) -> None:
         """Queue the trial's next segment (to its next rung, or its full length), or with
@@ -148,8 +153,7 @@ class Driver:
             key += f"#{trial['attempts']}"
         else:
             trial["segments"] += 1
-            trial["target"] = next(u for u in self._rungs(trial) + [self.settings.max_length]
-                                   if u > trial["units"])
+            trial["target"] = next((u for u in self._rungs(trial) if u > trial["units"]), None)
             trial["seq"] = self.state.setdefault("next_seq", 1)
             self.state["next_seq"] += 1
         trial["state"] = "queued"
@@ -170,8 +174,9 @@ class Driver:
         # The trial's whole length: the segment ends at the first validation at or past its
         # target (the worker's HOOKDET_SEGMENT_END), as Determined's searcher stops a trial.
         config["searcher"] = {"name": "single", "metric": self.settings.metric,
-                              "smaller_is_better": self.settings.smaller_is_better,
-                              "max_length": {self.settings.unit: self.settings.max_length}}
+                              "smaller_is_better": self.settings.smaller_is_better}
+        if self.settings.max_length:
+            config["searcher"]["max_length"] = {self.settings.unit: self.settings.max_length}
         config.pop("max_restarts", None)
         return config
 
@@ -203,17 +208,17 @@ class Driver:
         code = attrs.get("exit_code")
         rid = trial["request_id"]
         if code == 0 and attrs.get("metric") is not None:
-            units = attrs["target"] if self.settings.unit != "batches" else int(attrs["batches"])
-            trial["units"] = max(units, attrs["target"])
+            target = attrs["target"] or 0
+            units = target if self.settings.unit not in (None, "batches") else int(attrs["batches"])
+            trial["units"] = max(units, target)
             trial["batches"] = attrs["batches"]
             trial["validations"].append([attrs["batches"], attrs["metric"]])
             rungs = self._rungs(trial)
             trial["rung"] = max([i for i, u in enumerate(rungs) if u <= trial["units"]], default=-1)
             self.apply(self.method.validation_completed(self.ctx, rid, trial["units"],
                                                         attrs["metric"]))
-            if trial["stop"] or trial["units"] >= self.settings.max_length:
-                done = trial["units"] >= self.settings.max_length
-                self._close(trial, "completed" if done else "stopped")
+            if trial["stop"] or self._trained_fully(trial):
+                self._close(trial, "completed" if self._trained_fully(trial) else "stopped")
             elif not self.settings.promote:  # stop-once ASHA: it goes on to the next rung
                 self._schedule(trial)
         elif code in (PREEMPTED, -signal.SIGTERM) or self._search_was_killed(attrs):

@@ -24,9 +24,16 @@ _FIELDS = {
     "random": {"max_trials", "max_concurrent_trials"},
     "grid": {"max_concurrent_trials"},
     "async_halving": {"num_rungs", "max_trials", "divisor", "max_concurrent_trials", "stop_once",
-                      "time_metric", "max_time"},
+                      "time_metric", "max_time", "promote"},
     "adaptive_asha": {"max_trials", "mode", "divisor", "max_rungs", "max_concurrent_trials",
-                      "stop_once", "time_metric", "max_time", "bracket_rungs"},
+                      "stop_once", "time_metric", "max_time", "bracket_rungs", "promote"},
+}
+#: Determined 0.38's words for the fields it still reads but has deprecated (a warning, not an error).
+DEPRECATED = {
+    "max_length": "the `max_length` field of the searcher config has been deprecated and will be "
+                  "removed in a future release.",
+    "stop_once": "the `stop_once` field of the searcher config has been deprecated and will be "
+                 "removed in a future release.",
 }
 _COMMON = {"name", "metric", "smaller_is_better", "max_length", "source_trial_id",
            "source_checkpoint_uuid"}
@@ -38,11 +45,15 @@ class SearchConfigError(HookdetError):
 
 @dataclass
 class SearchSettings:
+    """A search's searcher block. ``unit``/``max_length`` are None when the block gives no
+    length (a ``single``, ``random`` or ``grid`` search of trials that set their own, as a
+    Trainer-API script does); ``warnings`` are Determined's deprecation warnings for the block."""
+
     name: str
     metric: str
     smaller_is_better: bool
-    unit: str
-    max_length: int
+    unit: Optional[str]
+    max_length: Optional[int]
     max_trials: int = 1
     max_concurrent_trials: int = 16
     divisor: float = 4.0
@@ -52,6 +63,7 @@ class SearchSettings:
     bracket_rungs: List[int] = field(default_factory=list)
     promote: bool = False
     max_restarts: int = 5
+    warnings: List[str] = field(default_factory=list)
 
     @property
     def staged(self) -> bool:
@@ -88,7 +100,13 @@ def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: 
 
 
 def _length(raw: Mapping, where: str) -> tuple:
-    """(unit, units): ``time_metric`` + ``max_time``, or the legacy ``max_length``."""
+    """(unit, units): ``time_metric`` + ``max_time``, which ASHA needs (Determined 0.38 refuses
+    it without them); else the legacy ``max_length``, or (None, None) where none is given."""
+    name = raw.get("name", "single")
+    if name in ("adaptive_asha", "async_halving") and (raw.get("max_time") is None or raw.get("time_metric") is None):
+        raise SearchConfigError(f"{where}: the `{name}` searcher requires `max_time` and "
+                                "`time_metric` to be set (as Determined 0.38 does; e.g. "
+                                "time_metric: batches, max_time: 1000)")
     if raw.get("max_time") is not None or raw.get("time_metric") is not None:
         metric = raw.get("time_metric")
         if metric not in TIME_UNITS:
@@ -97,6 +115,8 @@ def _length(raw: Mapping, where: str) -> tuple:
                 f"each trial to its next rung in that unit); got {metric!r}")
         return metric, _whole(raw, "max_time", None, 1, where)
     length = raw.get("max_length")
+    if length is None:
+        return None, None
     if isinstance(length, int) and not isinstance(length, bool):
         return "batches", _whole(raw, "max_length", None, 1, where)
     if isinstance(length, Mapping) and len(length) == 1:
@@ -122,10 +142,19 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
     unknown = sorted(set(raw) - _COMMON - _FIELDS[name])
     if unknown:
         raise SearchConfigError(f"{where}.{unknown[0]} is not a field of the '{name}' searcher")
-    unit, max_length = _length(raw, where)
+    problems = []
+    if not isinstance(raw.get("metric"), str) or not raw["metric"]:
+        problems.append(f"{where}.metric is required: the name of the validation metric the "
+                        "searcher compares trials by (Determined 0.38 requires it too)")
+    try:
+        unit, max_length = _length(raw, where)
+    except SearchConfigError as error:
+        problems.append(str(error))
+    if problems:
+        raise SearchConfigError("\n  ".join(problems))
     settings = SearchSettings(
         name=name,
-        metric=raw.get("metric") or "validation_loss",
+        metric=raw["metric"],
         smaller_is_better=bool(raw.get("smaller_is_better", True)),
         unit=unit,
         max_length=max_length,
@@ -140,7 +169,7 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         if not isinstance(divisor, (int, float)) or isinstance(divisor, bool) or divisor <= 1:
             raise SearchConfigError(f"{where}.divisor must be a number above 1; got {divisor!r}")
         settings.divisor = float(divisor)
-        settings.promote = raw.get("stop_once") is False
+        settings.promote = _flag(raw, "promote", where)
     if name == "async_halving":
         settings.num_rungs = _whole(raw, "num_rungs", None, 1, where)
     if name == "adaptive_asha":
@@ -151,4 +180,12 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
                                     f"got {mode!r}")
         settings.mode = mode
         settings.bracket_rungs = list(raw.get("bracket_rungs") or [])
+    settings.warnings = [DEPRECATED[key] for key in DEPRECATED if raw.get(key) is not None]
     return settings
+
+
+def _flag(raw: Mapping, key: str, where: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise SearchConfigError(f"{where}.{key} must be true or false; got {value!r}")
+    return value

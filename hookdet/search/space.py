@@ -253,8 +253,11 @@ def _axes(space: Mapping[str, Any], route: Tuple[str, ...]) -> List[Tuple[Tuple[
 
 
 def grid(space: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """Every grid point, in Determined's order (the cartesian product, first axis slowest)."""
+    """Every grid point, in Determined's order (the cartesian product, first axis slowest).
+    No hyperparameters, no points: Determined's grid of an empty space has no trials."""
     axes = _axes(space, ())
+    if not axes:
+        return []
     points = []
     for values in itertools.product(*[axis for _, axis in axes]):
         point: Dict[str, Any] = {}

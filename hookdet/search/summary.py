@@ -83,6 +83,8 @@ def best_line(table: List[Dict[str, Any]], state: Dict[str, Any], metric: str,
     """One line naming the search's best trial: its metric, hyperparameters and run directory
     (which holds its checkpoints)."""
     measured = [row for row in table if row["best"] is not None]
+    if not state["trials"]:
+        return "best: none (the search created no trial)"
     if not measured:
         return f"best: no trial reported {metric}"
     pick = min if smaller_is_better else max
@@ -105,15 +107,17 @@ def plot(state: Dict[str, Any], metric: str, path: Path) -> Optional[Path]:
     from hookdet.search.worker import validations
 
     figure, axes = plt.subplots(figsize=(8, 5))
+    plotted = 0
     for rid in state["order"]:
         trial = state["trials"][rid]
         points = validations(Path(trial["dir"]), metric)
         if points:
+            plotted += 1
             axes.plot([p[0] for p in points], [p[1] for p in points], marker=".",
                       label=f"trial {trial['number']} ({trial['state']})")
     axes.set_xlabel("batches")
     axes.set_ylabel(metric)
-    if len(state["order"]) <= 20:
+    if 0 < plotted <= 20:
         axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)

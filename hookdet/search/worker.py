@@ -122,9 +122,11 @@ class SegmentRunner:
         if steps is not None:
             command += ["--resume", str(run_dir)]
         env = dict(os.environ, **self.slot.env())
-        env.update({TRIAL_SEED_ENV: str(attrs["seed"]), TRIAL_ID_ENV: str(attrs["trial"]),
-                    SEGMENT_END_ENV: f"{attrs['target']} {attrs.get('unit', 'batches')}"})
+        env.update({TRIAL_SEED_ENV: str(attrs["seed"]), TRIAL_ID_ENV: str(attrs["trial"])})
         env.pop("HOOKDET_RUN_DIR", None)
+        env.pop(SEGMENT_END_ENV, None)
+        if attrs.get("target"):  # else the trial trains to its own length
+            env[SEGMENT_END_ENV] = f"{attrs['target']} {attrs.get('unit') or 'batches'}"
         run_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()
         with open(run_dir.parent / f"{run_dir.name}.log", "a") as log, self._lock:
