@@ -16,10 +16,12 @@ Both time the same thing on rank 0: the interval between the starts of consecuti
 steps, so data loading and everything the loop does between steps is inside it. The first
 ``--warmup`` steps are dropped; the report gives each mode's median step (wall clock, and rank 0's
 CPU time, which a machine shared with other work disturbs less), their ratio per round and the
-median ratio. It also times, in the raw run, the one-integer gloo all-reduce hookdet uses
-to agree on stop requests, alone: blocking (what hookdet did after every batch before) and as
-hookdet now runs it per batch, started asynchronously and collected one batch later (the time
-shown is what the training thread spends on it: starting one and collecting the previous).
+median ratio. It also times, in the raw run, the small gloo all-reduce hookdet uses to agree
+on stop requests, alone: blocking, and started asynchronously and collected at the next start
+(the time shown is what the training thread spends on one: starting it and collecting the
+previous). hookdet starts one about every 50 ms of training
+(:mod:`hookdet.distributed.stop_agreement`), so per batch it costs that time divided by the
+batches in 50 ms.
 The report prints the load average (``os.getloadavg``) at the start and the end. Rounds alternate the order of the modes so a
 shared machine's drift does not land on one. A worker is this file run with ``--worker MODE``.
 """

@@ -74,13 +74,16 @@ def test_per_batch_hooks_are_specs() -> None:
 
 
 def test_every_spec_fires(tmp_path: Path) -> None:
-    """A fit, a checkpoint and a resume with a plugin that implements every hook fire them all."""
+    """A fit, a checkpoint, a resume and a warm start with a plugin that implements every hook
+    fire them all."""
     hparams: Dict[str, Any] = {"lr": 0.1, "records": 4, "global_batch_size": 1}
     exp_conf = {"hyperparameters": hparams, "plugins": {"only": ["callbacks", "checkpoint", "metrics_log"]}}
+    warm_conf = dict(exp_conf, searcher={"source_checkpoint_uuid": str(tmp_path / "first")})
     fired = set()
-    for run_dir, resume in ((tmp_path / "first", None), (tmp_path / "second", tmp_path / "first")):
+    for run_dir, resume, conf in ((tmp_path / "first", None, exp_conf), (tmp_path / "second", tmp_path / "first", exp_conf),
+                                  (tmp_path / "warm", None, warm_conf)):
         recorder = HookRecorder()
-        with pytorch.init(hparams=hparams, exp_conf=exp_conf, run_dir=run_dir, plugins=[recorder]) as context:
+        with pytorch.init(hparams=hparams, exp_conf=conf, run_dir=run_dir, plugins=[recorder]) as context:
             trial = OneWeightTrial(context)
             pytorch.Trainer(trial, context).fit(
                 max_length=pytorch.Batch(4 if resume is None else 6),

@@ -55,8 +55,6 @@ CLUSTER_ONLY_FIELDS: Tuple[str, ...] = (
     "searcher.population_size",
     "searcher.promote",  # hookdet's own ASHA field: read by `hookdet search`, not by a trial
     "searcher.replace_function",
-    "searcher.source_checkpoint_uuid",
-    "searcher.source_trial_id",
     "searcher.stop_once",
     "searcher.time_metric",
     "searcher.train_stragglers",

@@ -152,11 +152,26 @@ class SearcherConfig(Section):
     metric: str = "validation_loss"
     smaller_is_better: bool = True
     max_length: Optional[Length] = None
+    #: Determined's warm start: every trial begins with this checkpoint's weights, optimizer,
+    #: scheduler, callback and RNG state, at batch 0 (a storage id, checkpoint or run directory).
+    source_checkpoint_uuid: Optional[str] = None
+    source_trial_id: Optional[int] = None
 
     @field_validator("max_length", mode="before")
     @classmethod
     def _read_max_length(cls, raw: Any) -> Length:
         return Length.parse(raw, allow_bare_int=True, minimum=1)
+
+    @field_validator("source_trial_id")
+    @classmethod
+    def _refuse_source_trial_id(cls, raw: Optional[int]) -> Optional[int]:
+        if raw is not None:
+            raise ValueError(
+                "hookdet has no cluster-wide trial ids to warm-start from; name the checkpoint "
+                "instead: searcher.source_checkpoint_uuid: <its id, a checkpoint directory or a "
+                "run directory> (hookdet show RUN_DIR lists a run's checkpoint ids)"
+            )
+        return raw
 
 
 class OptimizationsConfig(Section):

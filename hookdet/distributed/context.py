@@ -15,6 +15,8 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
+from hookdet.distributed.stop_agreement import StopAgreement
+
 
 class DistributedContext:
     """One process: every collective is the identity. Subclasses override the collectives."""
@@ -88,12 +90,12 @@ class DistributedContext:
         return bool(flag)
 
     def any_rank_soon(self, flag: bool) -> bool:
-        """Like :meth:`any_rank`, but an agreement that may lag one call behind, for the loop's
-        per-batch stop check: a backend may start agreeing on ``flag`` and return, without
-        waiting, what the previous call's agreement found. Every rank still gets the same answer
-        at the same call, so every rank stops at the same batch, one batch after the request.
-        A blocking :meth:`any_rank` afterwards includes whatever was still being agreed on.
-        This default waits (no lag)."""
+        """Like :meth:`any_rank`, but an agreement that may lag behind, for the loop's per-batch
+        stop check: a backend may start agreeing on ``flag`` and return, without waiting, what an
+        earlier agreement found (``TorchDistributedContext`` agrees about every 50 ms of
+        training). Every rank still gets the same answer at the same call, so every rank stops
+        at the same batch. A blocking :meth:`any_rank` afterwards includes whatever was still
+        being agreed on. This default waits (no lag)."""
         return self.any_rank(flag)
 
     def close(self) -> None:
@@ -181,14 +183,8 @@ class TorchDistributedContext(DistributedContext):
         self.backend = backend
         self._owns_group = owns_group
         self._cpu_group = None if backend == "gloo" else dist.new_group(backend="gloo")
-        # The per-batch stop agreement gets a gloo group of its own: on the training group it
-        # queues behind DDP's gradient all-reduce, and starting it there cost ~0.5 ms a batch.
-        self._flag_group = dist.new_group(backend="gloo")
         self._flag = torch.zeros(1, dtype=torch.int32)
-        # any_rank_soon's two flags, used in turn: one may be in flight while the other is set.
-        self._soon_flags = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
-        self._soon_calls = 0
-        self._in_flight: Optional[Any] = None
+        self._stop_agreement = StopAgreement(dist.new_group(backend="gloo"))
 
     def allgather(self, obj: Any) -> List[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
@@ -214,31 +210,17 @@ class TorchDistributedContext(DistributedContext):
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (an all-reduce of one CPU integer), or was at
-        the last :meth:`any_rank_soon` call, whose agreement this collects."""
-        earlier = self._collect_in_flight()
+        the last :meth:`any_rank_soon` agreement, which this collects."""
+        earlier = self._stop_agreement.collect()
         self._flag.fill_(int(flag))
         dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._cpu_group)
         return earlier or bool(self._flag.item())
 
     def any_rank_soon(self, flag: bool) -> bool:
-        """Start agreeing on ``flag`` (an asynchronous all-reduce, max) and return whether any
-        rank's flag was true at the previous call (False at the first): no wait on the peers
-        unless the previous agreement has not arrived after a whole batch."""
-        tensor = self._soon_flags[self._soon_calls % 2]
-        self._soon_calls += 1
-        earlier = self._collect_in_flight()
-        tensor.fill_(int(flag))
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._flag_group, async_op=True)
-        self._in_flight = (work, tensor)
-        return earlier
-
-    def _collect_in_flight(self) -> bool:
-        if self._in_flight is None:
-            return False
-        work, tensor = self._in_flight
-        self._in_flight = None
-        work.wait()
-        return bool(tensor.item())
+        """The per-batch stop check, agreed asynchronously and paced by time
+        (:mod:`hookdet.distributed.stop_agreement`): no wait on the peers, the same answer on
+        every rank after the same batch."""
+        return self._stop_agreement.after_batch(flag)
 
     def close(self) -> None:
         """Leave the process group (destroying it when this plugin created it).

@@ -91,11 +91,14 @@ class TrainingLoop:
             # As Determined: on_trial_startup sees where training will start and the checkpoint
             # it will resume from before that checkpoint is loaded (callbacks' load_state_dict).
             self.hook.on_trial_startup(
-                run=self.run, first_batch_idx=self.context.get_initial_batch(), checkpoint_uuid=self._resume_uuid()
+                run=self.run, first_batch_idx=self.context.get_initial_batch(),
+                checkpoint_uuid=self._resume_uuid() or self.run.warm_start_from,
             )
             train_loader = self._build_loaders(max_length)  # after startup, as in Determined
             if self.run.resume_from is not None:
                 self.hook.hookdet_load_checkpoint(run=self.run, checkpoint=self.run.resume_from)
+            elif self.run.warm_start_from is not None:
+                self._warm_start(self.run.warm_start_from)
             batches = loader_adapters.adapt_training_loader(
                 train_loader,
                 disable_checks=self._checks_disabled,
@@ -112,6 +115,13 @@ class TrainingLoop:
             self._train(iter(batches), validation_period, checkpoint_period, reporting_period)
         finally:
             self.hook.on_trial_shutdown(run=self.run)
+
+    def _warm_start(self, checkpoint: str) -> None:
+        if not self.hook.hookdet_warm_start(run=self.run, checkpoint=checkpoint):
+            raise TrialError(
+                f"searcher.source_checkpoint_uuid is {checkpoint!r}, but no plugin loads checkpoints "
+                "(the experiment file removes the checkpoint plugin)"
+            )
 
     def _build_loaders(self, max_length: TrainUnit) -> Any:
         """Build both loaders; set the epoch length and the run's length; return the training one."""
@@ -267,7 +277,7 @@ class TrainingLoop:
 
     def _stop_agreements(self) -> Tuple[Callable[[bool], bool], Callable[[bool], bool]]:
         """(at a boundary, per batch): how ranks agree that any of them wants to stop. One
-        process needs no collective; per batch the ranks agree asynchronously (one batch late,
+        process needs no collective; per batch the ranks agree asynchronously (a little late,
         never waiting), at boundaries they wait."""
         if self.distributed.size == 1:
             return bool, bool

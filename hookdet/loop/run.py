@@ -82,6 +82,8 @@ class Run:
     trial: Optional["PyTorchTrial"] = None
     state: TrainState = dataclasses.field(default_factory=TrainState)
     resume_from: Optional[str] = None
+    #: The checkpoint a fresh run warm-starts from (``searcher.source_checkpoint_uuid``).
+    warm_start_from: Optional[str] = None
     #: The batch count ``Trainer.fit`` trains to (its ``max_length``); set once the data loaders
     #: are built, after ``on_trial_startup`` and before ``on_training_start``.
     max_batches: Optional[int] = None

@@ -259,6 +259,8 @@ class Trainer:
         if latest_checkpoint is not None:
             self.run.resume_from = str(latest_checkpoint)
         resuming = latest_checkpoint is not None or (info is not None and info.latest_checkpoint is not None)
+        if not resuming:  # Determined's warm start: a checkpoint's state, training from batch 0
+            self.run.warm_start_from = self.run.config.searcher.source_checkpoint_uuid
         ownership.refuse_second_history(self.run, resuming)
         self._refuse_options_of_plugins_that_never_ran()
         TrainingLoop(self.run).fit(

@@ -25,6 +25,8 @@ the default behaviour, ``<first>`` a provider whose first non-None answer wins::
     trial.build_training_data_loader(), trial.build_validation_data_loader()  (run.max_batches set)
     if resuming: hookdet_load_checkpoint(run, ...) <first>
                    on_checkpoint_load_start(checkpoint)
+    elif warm-starting: hookdet_warm_start(run, ...) <first>  state, not place: batch 0
+                   on_checkpoint_load_start(checkpoint)
     on_training_start()
     [step-zero validation]
     for each batch:
@@ -359,6 +361,17 @@ def hookdet_load_checkpoint(run: "Run", checkpoint: str) -> Optional[bool]:
     """Restore all state from ``checkpoint`` (a storage id or a directory) before training.
 
     Called on every rank before the first batch is drawn; returns True when it restored.
+    """
+
+
+@hookspec(firstresult=True)
+def hookdet_warm_start(run: "Run", checkpoint: str) -> Optional[bool]:
+    """Start a new run from ``checkpoint``'s state but not its place: models, optimizers, LR
+    schedulers, plugins', callbacks' and RNG state, with the loop's counters left at batch 0
+    (Determined's warm start, ``searcher.source_checkpoint_uuid``).
+
+    Called on every rank before the first batch is drawn, when the run resumes from nothing;
+    returns True when it loaded.
     """
 
 

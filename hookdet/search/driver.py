@@ -177,6 +177,9 @@ class Driver:
                               "smaller_is_better": self.settings.smaller_is_better}
         if self.settings.max_length:
             config["searcher"]["max_length"] = {self.settings.unit: self.settings.max_length}
+        warm_start = (self.raw_config.get("searcher") or {}).get("source_checkpoint_uuid")
+        if warm_start:  # each trial's first segment starts from it; later ones resume their own
+            config["searcher"]["source_checkpoint_uuid"] = warm_start
         config.pop("max_restarts", None)
         return config
 

@@ -17,16 +17,13 @@ process group from them (gloo on CPU, nccl on CUDA) and then:
 - with ``optimizations.aggregation_frequency > 1``, runs the batches that only accumulate
   gradients under ``no_sync()``. DDP decides whether to all-reduce during the *forward* pass, so
   the whole ``train_batch`` is wrapped (a ``hookdet_train_batch`` wrapper), not just the backward;
-- makes every rank stop at the same batch without a blocking collective per batch: after every
-  batch the loop calls :meth:`TorchDistributedContext.any_rank_soon`, which *starts* an
-  asynchronous all-reduce (max) of one integer, the stop flag, and returns the result of the one
-  started after the previous batch, which has had a whole batch to complete. So a stop request
-  or a signal on any rank stops every rank at the same batch, one batch after the batch during
-  which it arrived (the latency: one batch; a request during the last batch before a reporting,
-  validation, checkpoint or epoch boundary is honoured at that boundary, which agrees with a
-  blocking all-reduce that also collects the flag still in flight). It runs on a CPU (gloo)
-  group: a host-side message exchange that never waits for the GPU; its cost is measured by
-  ``benchmarks/ddp_step_time.py``;
+- makes every rank stop at the same batch without a blocking collective per batch: the loop's
+  per-batch stop check is :meth:`TorchDistributedContext.any_rank_soon`, an asynchronous
+  all-reduce on a gloo group of its own, started about every 50 ms of training and collected
+  when the next starts (:mod:`hookdet.distributed.stop_agreement`). A stop request or a signal
+  on any rank stops every rank after the same batch, about 0.1 s of training later (one batch
+  for batches of 50 ms or more), or at once at a reporting, validation, checkpoint or epoch
+  boundary. Its cost is measured by ``benchmarks/ddp_step_time.py``;
 - keeps validation free of collectives inside the model: before validation the chief's buffers
   are broadcast once (what DDP's next forward would have done), then the DDP wrappers stop
   syncing buffers until training resumes. Ranks may therefore evaluate different numbers of

@@ -267,6 +267,14 @@ class CheckpointPlugin:
         self._saved = [entry for entry in self._saved if entry.get("run_id") == run.run_id]
         return True
 
+    @hookimpl
+    def hookdet_warm_start(self, run: Any, checkpoint: str) -> bool:
+        """Load ``checkpoint``'s state, not its place: training starts at batch 0 (Determined's
+        warm start). The checkpoint stays its writer's: retention never counts it here."""
+        with located(self._find(run, checkpoint)) as (directory, hint_root):
+            restore_checkpoint(run, directory, hint_root, warm_start=True)
+        return True
+
     @hookimpl(tryfirst=True)
     def on_trial_shutdown(self, run: Any) -> None:
         """Wait for a write in flight; once training completed, apply retention exactly (the

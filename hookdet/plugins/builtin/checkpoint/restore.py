@@ -100,9 +100,10 @@ def _restore_counters(run: Any, state: Dict[str, Any], metadata: Dict[str, Any],
     run.state.last_checkpoint_batch = run.state.batches_trained
 
 
-def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> Dict[str, Any]:
+def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path], warm_start: bool = False) -> Dict[str, Any]:
     """Verify ``directory``, check it fits the trial, then apply every piece of state; return
-    its metadata."""
+    its metadata. A ``warm_start`` leaves the loop's place alone (its counters, a stopped
+    workload, accumulated gradients): the run trains from batch 0 with the checkpoint's state."""
     context, trial = run.context, run.trial
 
     def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
@@ -127,19 +128,11 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
     _load_list("optimizer", context.optimizers, state.get("optimizers_state_dict", []), directory)
     _load_list("LR scheduler", context.lr_schedulers, state.get("lr_schedulers_state_dict", []), directory)
     rank, size = run.distributed.rank, run.distributed.size
-    gradients = state.get("gradients")
-    if gradients:
-        _restore_gradients(context, gradients[rank % len(gradients)], directory)
-    workloads = state.get("workloads")  # the batches a preemption stopped between two reports
-    if workloads and len(workloads) == size:
-        run.carried_workload = _to_device(workloads[rank], run.device)
-    elif workloads:
-        logger.warning(
-            "checkpoint %s carries a workload of %d rank(s), resuming on %d: its batches are left "
-            "out of the next training report", directory, len(workloads), size,
-        )
+    if not warm_start:
+        _restore_place(run, state, directory)
     _restore_plugins_and_callbacks(run, state, directory)
-    _restore_counters(run, state, metadata, directory)
+    if not warm_start:
+        _restore_counters(run, state, metadata, directory)
     rng_states = state["rng_state"]
     if len(rng_states) != size:
         logger.warning(
@@ -147,8 +140,28 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path]) -> 
             directory, len(rng_states), size,
         )
     rng.restore_rng_state(rng_states[rank % len(rng_states)])
-    logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
+    if warm_start:
+        logger.info("warm-started from checkpoint %s (its state; training starts at batch 0)", directory)
+    else:
+        logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
     return metadata
+
+
+def _restore_place(run: Any, state: Dict[str, Any], directory: Path) -> None:
+    """Where in its training the checkpoint stopped: gradients accumulated toward an optimizer
+    step, and the batches a preemption stopped between two reports."""
+    rank, size = run.distributed.rank, run.distributed.size
+    gradients = state.get("gradients")
+    if gradients:
+        _restore_gradients(run.context, gradients[rank % len(gradients)], directory)
+    workloads = state.get("workloads")
+    if workloads and len(workloads) == size:
+        run.carried_workload = _to_device(workloads[rank], run.device)
+    elif workloads:
+        logger.warning(
+            "checkpoint %s carries a workload of %d rank(s), resuming on %d: its batches are left "
+            "out of the next training report", directory, len(workloads), size,
+        )
 
 
 def _check_structure(state: Dict[str, Any], context: Any, trial: Any, directory: Path) -> None:
