@@ -19,9 +19,9 @@ CPU time, which a machine shared with other work disturbs less), their ratio per
 median ratio. It also times, in the raw run, the small gloo all-reduce hookdet uses to agree
 on stop requests, alone: blocking, and started asynchronously and collected at the next start
 (the time shown is what the training thread spends on one: starting it and collecting the
-previous). hookdet starts one about every 50 ms of training
+previous). hookdet starts one about every 0.2 s of training
 (:mod:`hookdet.distributed.stop_agreement`), so per batch it costs that time divided by the
-batches in 50 ms.
+batches in 0.2 s.
 The report prints the load average (``os.getloadavg``) at the start and the end. Rounds alternate the order of the modes so a
 shared machine's drift does not land on one. A worker is this file run with ``--worker MODE``.
 """

@@ -224,6 +224,8 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
     progress = [line for line in result.stdout.splitlines() if line.startswith("search: trial ")]
     assert len(progress) == len(state["processed"]) and sum("reached batch 9 " in line for line in progress) == 4
     assert all(" | best: trial " in line for line in progress), progress
+    assert all(" | ETA at most " in line for line in progress), progress  # 4 trials of 16 batches at most
+    assert progress[-1].endswith(" | ETA at most 0s"), progress
     for trial in stopped:
         run_dir = Path(trial["dir"])
         assert json.loads((run_dir / "run.json").read_text())["state"] == "paused"
@@ -232,6 +234,33 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
         log = run_dir.with_name(run_dir.name + ".log").read_text()
         assert log.count("RESULT {") == 1, log[-2000:]  # fit returned; the script went on to its end
     assert_equals_a_straight_run(completed[0], tmp_path, model_dir=script_dir, length=16)
+    assert_the_run_commands_read_the_search(tmp_path, "asha", state)
+
+
+def assert_the_run_commands_read_the_search(cwd: Path, search_dir: str, state: Dict) -> None:
+    """``hookdet runs`` lists the trials under their search with the search's states (a stopped
+    trial's own run.json says ``paused``); ``show``, ``compare`` and ``plot`` take the search."""
+    def hookdet(*args: str) -> str:
+        done = subprocess.run([*HOOKDET, *args], cwd=cwd, env=env(cwd), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        return done.stdout
+
+    trials = [state["trials"][rid] for rid in state["order"]]
+    listing = hookdet("runs", ".").splitlines()  # runs outside the search first, then the search
+    [at] = [index for index, line in enumerate(listing) if line.startswith(f"search {search_dir}: ")]
+    heading, rows = listing[at], listing[at + 1:]
+    assert heading.startswith(f"search {search_dir}: async_halving search on validation_loss, {len(trials)} trials")
+    assert all(row.startswith("  ") for row in rows) and len(rows) == len(trials) + 1  # its header, its trials
+    for trial in trials:
+        [row] = [line for line in rows if line.split()[0] == Path(trial["dir"]).name]
+        assert row.startswith("  ") and row.split()[1] == trial["state"], listing
+    shown = hookdet("show", search_dir)
+    assert shown.splitlines()[0] == heading[len("search "):]
+    assert "best: trial " in shown and "summary.csv" in shown
+    compared = hookdet("compare", search_dir).splitlines()
+    assert compared[0].split() == [Path(trial["dir"]).name for trial in trials]
+    hookdet("plot", search_dir, "-o", "search.png")
+    assert (cwd / "search.png").stat().st_size > 1000
 
 
 SCRIPT_RANDOM = """\

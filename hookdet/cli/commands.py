@@ -310,27 +310,54 @@ def command_export(args: argparse.Namespace) -> int:
 
 
 def command_runs(args: argparse.Namespace) -> int:
-    """``runs``, ``show``, ``compare`` and ``plot``: see :mod:`hookdet.runs.index`."""
+    """``runs``, ``show``, ``compare`` and ``plot``: see :mod:`hookdet.runs.index`; a search
+    directory is read by :mod:`hookdet.search.report`."""
     from hookdet.runs import index as run_index
+    from hookdet.search import report
 
     try:
         if args.command == "runs":
-            print(run_index.list_runs(Path(args.directory)))
+            groups = {folder: (f"search {report.heading(folder)}", report.trial_states(folder))
+                      for folder in report.find_searches(Path(args.directory))}
+            print(run_index.list_runs(Path(args.directory), groups))
         elif args.command == "show":
-            print(run_index.show_run(run_index.resolve_run(args.run)))
+            shown = Path(args.run)
+            print(report.show_search(shown) if report.is_search_dir(shown)
+                  else run_index.show_run(run_index.resolve_run(args.run)))
         elif args.command == "compare":
-            print(run_index.compare_runs([run_index.resolve_run(run) for run in args.runs]))
+            print(run_index.compare_runs(_runs_named(args.runs)))
         else:
-            from hookdet.runs.plot import PlotUnavailableError, plot_runs
-
-            try:
-                plot_runs([run_index.resolve_run(run) for run in args.runs], Path(args.output))
-            except PlotUnavailableError as error:
-                raise UsageError(str(error)) from None
+            _plot(args.runs, Path(args.output))
             print(f"wrote {args.output}")
-    except run_index.RunNotFoundError as error:
+    except (run_index.RunNotFoundError, report.SearchReadError) as error:
         raise UsageError(str(error)) from None
     return 0
+
+
+def _runs_named(given: List[str]) -> List[Path]:
+    """The run directories the user named: a search directory stands for its trials."""
+    from hookdet.runs import index as run_index
+    from hookdet.search import report
+
+    paths: List[Path] = []
+    for name in given:
+        paths += report.trial_dirs(Path(name)) if report.is_search_dir(Path(name)) else [run_index.resolve_run(name)]
+    return paths
+
+
+def _plot(given: List[str], output: Path) -> None:
+    """One search directory: its searcher metric, a line per trial; else the runs' metrics."""
+    from hookdet.runs.plot import PlotUnavailableError, plot_runs
+    from hookdet.search import report
+
+    try:
+        if len(given) == 1 and report.is_search_dir(Path(given[0])):
+            if report.plot_search(Path(given[0]), output) is None:
+                raise PlotUnavailableError("plotting needs matplotlib: pip install 'hookdet[plot]'")
+            return
+        plot_runs(_runs_named(given), output)
+    except PlotUnavailableError as error:
+        raise UsageError(str(error)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -372,11 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", help="list the runs in a folder: state, batches, best metric")
     runs.add_argument("directory", nargs="?", default="runs", help="where to look (default: ./runs)")
     show = commands.add_parser("show", help="one run: state, config changes, metrics, checkpoints")
-    show.add_argument("run", help="a run directory (or its name under ./runs)")
+    show.add_argument("run", help="a run directory (or its name under ./runs), or a search directory")
     compare = commands.add_parser("compare", help="two or more runs' metrics side by side")
-    compare.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run directories (a search directory: its trials)")
     plot = commands.add_parser("plot", help="a PNG of the metrics of one or more runs (hookdet[plot])")
-    plot.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="run directories, or one search directory")
     plot.add_argument("-o", "--output", required=True, help="the PNG file to write")
     for command in (runs, show, compare, plot):
         command.set_defaults(handler=command_runs)

@@ -92,7 +92,7 @@ class DistributedContext:
     def any_rank_soon(self, flag: bool) -> bool:
         """Like :meth:`any_rank`, but an agreement that may lag behind, for the loop's per-batch
         stop check: a backend may start agreeing on ``flag`` and return, without waiting, what an
-        earlier agreement found (``TorchDistributedContext`` agrees about every 50 ms of
+        earlier agreement found (``TorchDistributedContext`` agrees about every 0.2 s of
         training). Every rank still gets the same answer at the same call, so every rank stops
         at the same batch. A blocking :meth:`any_rank` afterwards includes whatever was still
         being agreed on. This default waits (no lag)."""

@@ -9,13 +9,14 @@ ranks wait for each other and must cost little next to a batch.
 So the agreement is asynchronous and paced by time: an all-reduce (max) of two integers, the
 stop flag and the next pace, is *started* once every ``every`` batches and *collected* when the
 next one starts, having had those batches to arrive. ``every`` is chosen so that an agreement
-starts about every :data:`AGREE_EVERY_SECONDS` of training: for batches of 50 ms or more after
-every batch, for a 9 ms batch every 5, for a 1 ms batch every 50. Starting one costs ~0.2 ms of
-CPU on a busy 2-core machine, which is 2 % of a 9 ms batch if done every batch
-(``benchmarks/ddp_step_time.py``). Each rank proposes the pace of its own recent batches; the
-reduction takes the most frequent, and as every rank collects the same result at the same
-batch, the ranks keep one schedule. A request is honoured after at most ``2 * every - 1``
-batches, about 0.1 s of training (one batch for batches of 50 ms or more); at a boundary at once.
+starts about every :data:`AGREE_EVERY_SECONDS` of training: for batches of 0.2 s or more after
+every batch, for a 9 ms batch every 22, for batches under 0.8 ms every 256. Starting one costs
+0.2-0.4 ms of CPU on a busy 2-core machine (a cProfile of ``benchmarks/ddp_step_time.py``),
+3-4 % of a 9 ms batch if done after every batch. Each rank proposes the pace of its own recent
+batches; the reduction takes the most frequent, and as every rank collects the same result at
+the same batch, the ranks keep one schedule. A request is honoured after at most
+``2 * every - 1`` batches, under half a second of training (one batch for batches of 0.2 s or
+more); at a boundary at once. Determined checks only at boundaries.
 
 The group is a gloo group of its own: on the training group the all-reduce would queue behind
 DDP's gradient all-reduce.
@@ -29,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 #: About how much training time passes between two starts of the stop agreement.
-AGREE_EVERY_SECONDS = 0.05
+AGREE_EVERY_SECONDS = 0.2
 #: The most batches between two starts, whatever their pace.
-MOST_BATCHES_BETWEEN = 64
+MOST_BATCHES_BETWEEN = 256
 
 
 class StopAgreement:

@@ -144,17 +144,38 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 # ------------------------------------------------------------------------------ hookdet runs
 
 
-def list_runs(root: Path) -> str:
-    """The ``hookdet runs`` table for the runs under ``root``."""
+#: Runs listed apart: a folder, the heading above its runs, and the state the group gives each
+#: run (a search's trials, with their state in the search; see hookdet.search.report).
+Groups = Dict[Path, Tuple[str, Dict[Path, str]]]
+
+
+def list_runs(root: Path, groups: Optional[Groups] = None) -> str:
+    """The ``hookdet runs`` table for the runs under ``root``; the runs of each of ``groups``
+    follow, under its heading, with the state it gives them."""
+    groups = groups or {}
     summaries = [summarise(path) for path in find_runs(root)]
     if not summaries:
         return f"no runs under {root}"
     summaries.sort(key=lambda summary: (summary.started, str(summary.path)))
+
+    def group_of(path: Path) -> Optional[Path]:
+        return next((folder for folder in groups if path.resolve().is_relative_to(folder.resolve())), None)
+
+    loose = [summary for summary in summaries if group_of(summary.path) is None]
+    parts = [_runs_table(loose, {})] if loose else []
+    for folder, (title, states) in groups.items():
+        members = [summary for summary in summaries if group_of(summary.path) == folder]
+        parts.append(title + ("\n" + _indent(_runs_table(members, states)) if members else ""))
+    return "\n\n".join(parts)
+
+
+def _runs_table(summaries: List[RunSummary], states: Dict[Path, str]) -> str:
     rows = [["NAME", "STATE", "BATCHES", "BEST", "STARTED", "DIRECTORY"]]
     for summary in summaries:
         batches = str(summary.batches) + (f"/{summary.max_batches}" if summary.max_batches else "")
         best = "-" if summary.best is None else f"{summary.metric}={_number(summary.best)}"
-        rows.append([summary.name, summary.state, batches, best, summary.started.replace("T", " ")[:19] or "-",
+        state = states.get(summary.path.resolve(), summary.state)
+        rows.append([summary.name, state, batches, best, summary.started.replace("T", " ")[:19] or "-",
                      str(summary.path)])
     return table(rows)
 

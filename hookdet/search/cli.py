@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-META_FILE = "search.json"
+from hookdet.search.report import META_FILE
 
 
 def add_run_options(run_parser: argparse.ArgumentParser) -> None:
@@ -103,7 +103,9 @@ def run_search(args: argparse.Namespace) -> int:
     lock_search_directory(search_dir)
     storage = args.storage or meta["storage"]
     study = meta.get("study", LEGACY_STUDY_NAME)
-    (search_dir / META_FILE).write_text(json.dumps(dict(meta, storage=storage, study=study), indent=1))
+    meta.update(storage=storage, study=study, searcher=settings.name, metric=settings.metric,
+                smaller_is_better=settings.smaller_is_better)
+    (search_dir / META_FILE).write_text(json.dumps(meta, indent=1))
     model_dir = Path(args.model_dir).resolve() if args.model_dir else config_path.parent
     slots = config.resources.slots_per_trial
     queue = Queue(storage, study, create=True, smaller_is_better=settings.smaller_is_better)

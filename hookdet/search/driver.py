@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hookdet.search import methods
+from hookdet.search.report import STATE_FILE
 from hookdet.search.settings import SearchSettings
 from hookdet.search.space import MasterRandom
 from hookdet.search.store import Queue, StoreError, sequence_number, worker_id
 from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
-STATE_FILE = "search-state.json"
 #: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
 STALE_SECONDS = 60.0
 
@@ -67,6 +67,8 @@ class Driver:
                                       "finished": False, "next_seq": 1}
         self.stopping = False
         self.runners: List[SegmentRunner] = []
+        # When this process began driving, and the batches trained by then: its pace, for the ETA.
+        self._started_at, self._batches_at_start = time.monotonic(), 0
 
     # ------------------------------------------------------------------------------ state
 
@@ -268,7 +270,30 @@ class Driver:
         if best is not None:
             line += (f" | best: trial {best['number']}, {metric} {best['best']:.6g}, "
                      f"{json.dumps(best['hparams'], sort_keys=True)}")
+        eta = self.eta_seconds()
+        if eta is not None:
+            line += f" | ETA at most {_duration(eta)}"
         return line
+
+    def _batches_trained(self) -> int:
+        return sum(int(trial.get("batches") or 0) for trial in self.state["trials"].values())
+
+    def eta_seconds(self) -> Optional[float]:
+        """An upper bound of the time left: the batches every open and future trial could still
+        train (to the search's length; ASHA stops most of them sooner) at the pace this driver
+        has seen. None without a length, or before a batch was trained here."""
+        length = self.settings.max_length
+        if length is None or self.settings.unit != "batches":
+            return None
+        trials = self.state["trials"].values()
+        elapsed = time.monotonic() - self._started_at
+        done_here = self._batches_trained() - (self._batches_at_start)
+        if done_here <= 0 or elapsed <= 0:
+            return None
+        open_trials = [trial for trial in trials if trial["state"] in ("queued", "paused")]
+        to_come = max(methods.most_trials(self.method, len(self.state["order"])) - len(self.state["order"]), 0)
+        left = sum(length - int(trial.get("batches") or 0) for trial in open_trials) + to_come * length
+        return left * elapsed / done_here
 
     def best_trial(self) -> Optional[Dict[str, Any]]:
         """The trial with the best searcher metric so far (with it as ``best``), or None."""
@@ -330,6 +355,8 @@ class Driver:
         it was told to stop (resume it with ``--resume``)."""
         done = threading.Event()
         threads = []
+        self._started_at = time.monotonic()
+        self._batches_at_start = self._batches_trained()
         if workers:  # this process's local workers: their death is the search's, not a trial's
             drivers = self.state.setdefault("drivers", [])
             if worker_id() not in drivers:
@@ -367,3 +394,12 @@ class Driver:
         self.stopping = True
         for runner in self.runners:
             runner.terminate()
+
+
+def _duration(seconds: float) -> str:
+    """``45s``, ``12m``, ``3h05m``."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"

@@ -407,3 +407,13 @@ def rungs_of(method: Any) -> List[List[int]]:
     if isinstance(method, AsyncHalvingSearch):
         return [[rung["units"] for rung in method.state["rungs"]]]
     return [[]]
+
+
+def most_trials(method: Any, created: int) -> int:
+    """The most trials ``method`` will have created by its end (``created`` so far): its
+    ``max_trials`` (per bracket, summed), or a grid's points. InvalidHP replacements aside."""
+    if isinstance(method, AdaptiveASHASearch):
+        return sum(bracket.max_trials for bracket in method.brackets)
+    if isinstance(method, GridSearch):
+        return created + len(method.state["remaining"])
+    return method.max_trials

@@ -281,7 +281,7 @@ def test_uneven_shards_sigterm_and_exact_resume(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_stop_requested_on_one_rank_stops_every_rank_one_batch_later(tmp_path: Path) -> None:
     """Ranks agree on stopping without a blocking collective per batch. With batches over the
-    agreement's 50 ms, it is started after every batch: the flag set during batch 2 on rank 1
+    agreement's 0.2 s, it is started after every batch: the flag set during batch 2 on rank 1
     alone is all-reduced while batch 3 trains, so both ranks stop after batch 3 (a reporting
     boundary would have caught it at once; there is none here)."""
     config = write_config(
@@ -301,7 +301,7 @@ def test_a_stop_requested_on_one_rank_stops_every_rank_one_batch_later(tmp_path:
 
 @pytest.mark.slow
 def test_with_quick_batches_the_ranks_still_stop_together_soon_after_the_request(tmp_path: Path) -> None:
-    """Batches of well under 50 ms: the agreement is started only every several batches (13
+    """Batches of well under 0.2 s: the agreement is started only every several batches (13
     batches were trained here on a quiet machine), so the stop asked for during batch 2 on rank 1
     may come later than one batch, but on both ranks after the same batch, within the bound the
     pacing allows, long before the end; the weights stay equal."""

@@ -177,14 +177,15 @@ def test_sigterm_at_any_batch_then_resume_gives_the_uninterrupted_history(tmp_pa
 @pytest.mark.slow
 def test_sigterm_between_reports_on_two_ranks_then_resume_gives_the_uninterrupted_history(tmp_path: Path) -> None:
     """The same on 2 gloo ranks: each rank carries its own batches, averaged across ranks at the
-    resumed run's next report as they would have been."""
+    resumed run's next report as they would have been. (Batches of 0.25 s, so the ranks agree
+    on the stop after every batch: it lands after batch 8, between two reports.)"""
     fields = dict(scheduling_unit=5, min_validation_period={"batches": 10}, min_checkpoint_period={"batches": 10},
                   resources={"slots_per_trial": 2},
                   searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
                             "max_length": {"batches": 15}})
     straight = trained(write_config(tmp_path / "straight.yaml", **fields), tmp_path / "straight", "2 ranks, straight")
     run_dir = tmp_path / "stopped"
-    status, _, stderr = run(["run", str(write_config(tmp_path / "stop.yaml", {"sigterm_at": 7}, **fields)),
+    status, _, stderr = run(["run", str(write_config(tmp_path / "stop.yaml", {"sigterm_at": 7, "sleep": 0.25}, **fields)),
                              "--run-dir", str(run_dir)], "2 ranks, SIGTERM after batch 7", fault=False)
     assert status == 75, stderr[-3000:]
     stopped = [json.loads(line)["steps_completed"] for line in (run_dir / METRICS_FILE).read_text().splitlines()]

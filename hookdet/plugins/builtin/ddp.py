@@ -19,10 +19,10 @@ process group from them (gloo on CPU, nccl on CUDA) and then:
   the whole ``train_batch`` is wrapped (a ``hookdet_train_batch`` wrapper), not just the backward;
 - makes every rank stop at the same batch without a blocking collective per batch: the loop's
   per-batch stop check is :meth:`TorchDistributedContext.any_rank_soon`, an asynchronous
-  all-reduce on a gloo group of its own, started about every 50 ms of training and collected
+  all-reduce on a gloo group of its own, started about every 0.2 s of training and collected
   when the next starts (:mod:`hookdet.distributed.stop_agreement`). A stop request or a signal
-  on any rank stops every rank after the same batch, about 0.1 s of training later (one batch
-  for batches of 50 ms or more), or at once at a reporting, validation, checkpoint or epoch
+  on any rank stops every rank after the same batch, within half a second of training (one batch
+  for batches of 0.2 s or more), or at once at a reporting, validation, checkpoint or epoch
   boundary. Its cost is measured by ``benchmarks/ddp_step_time.py``;
 - keeps validation free of collectives inside the model: before validation the chief's buffers
   are broadcast once (what DDP's next forward would have done), then the DDP wrappers stop

@@ -1,0 +1,110 @@
+"""A search directory read back for the run commands: ``hookdet show``, ``plot`` and ``compare``
+of a search, and ``hookdet runs`` listing a search's trials under it.
+
+A search directory holds ``search.json`` (what started it: the config, the store, the searcher
+and its metric), ``search-state.json`` (the driver's state: every trial, its state in the search
+and its run directory) and one run directory per trial. A trial's own ``run.json`` says how its
+last process ended (``paused`` when the searcher stopped it at a rung); the search's state says
+what the search made of it (``stopped``), and that is what these commands show.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+#: The file that makes a directory a search directory.
+META_FILE = "search.json"
+#: The driver's state, replaced whole after every decision.
+STATE_FILE = "search-state.json"
+
+
+class SearchReadError(Exception):
+    """A search directory whose files cannot be read; the message names the file."""
+
+
+def is_search_dir(path: Path) -> bool:
+    return (Path(path) / META_FILE).is_file()
+
+
+def find_searches(root: Path, depth: int = 3) -> List[Path]:
+    """Search directories at or below ``root`` (up to ``depth`` levels), by path."""
+    root = Path(root)
+    if is_search_dir(root):
+        return [root]
+    found = [Path(meta).parent for level in range(1, depth + 1)
+             for meta in root.glob("/".join(["*"] * level) + "/" + META_FILE)]
+    return sorted(found)
+
+
+def read_search(search_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(``search.json``, ``search-state.json``) of ``search_dir``; a search killed before its
+    first decision has an empty state."""
+    meta = _read_json(Path(search_dir) / META_FILE)
+    state_path = Path(search_dir) / STATE_FILE
+    state = _read_json(state_path) if state_path.exists() else {"order": [], "trials": {}}
+    return meta, state
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise SearchReadError(f"{path}: unreadable ({type(error).__name__}: {error})") from None
+    if not isinstance(value, dict):
+        raise SearchReadError(f"{path}: not a search file hookdet wrote")
+    return value
+
+
+def metric_of(meta: Dict[str, Any]) -> Tuple[str, bool]:
+    """(searcher metric, smaller is better) as the search recorded them."""
+    return meta.get("metric") or "validation_loss", bool(meta.get("smaller_is_better", True))
+
+
+def trial_dirs(search_dir: Path) -> List[Path]:
+    """The search's trials' run directories, in creation order."""
+    _, state = read_search(search_dir)
+    return [Path(state["trials"][rid]["dir"]) for rid in state["order"]]
+
+
+def heading(search_dir: Path) -> str:
+    """One line: the search, its searcher and metric, its trials by state, its best trial."""
+    from hookdet.search import summary
+
+    meta, state = read_search(search_dir)
+    metric, smaller = metric_of(meta)
+    counts = Counter(trial["state"] for trial in state["trials"].values())
+    tally = ", ".join(f"{state_name} {count}" for state_name, count in sorted(counts.items())) or "no trials yet"
+    best = summary.best_line(summary.rows(state, smaller, metric), state, metric, smaller)
+    searcher = meta.get("searcher", "search")
+    return f"{Path(search_dir).name}: {searcher} search on {metric}, {len(state['order'])} trials ({tally}); {best}"
+
+
+def show_search(search_dir: Path) -> str:
+    """``hookdet show SEARCH_DIR``: the heading, the trials' table and where the files are."""
+    from hookdet.search import summary
+
+    meta, state = read_search(search_dir)
+    metric, smaller = metric_of(meta)
+    lines = [heading(search_dir), "", summary.format_table(summary.rows(state, smaller, metric), metric), ""]
+    lines.append(f"config: {meta.get('config', '-')}")
+    lines.append(f"store: {meta.get('storage', '-')} (study {meta.get('study', '-')})")
+    for name in ("summary.csv", "searcher-metric.png"):
+        if (Path(search_dir) / name).exists():
+            lines.append(f"{name}: {Path(search_dir) / name}")
+    return "\n".join(lines)
+
+
+def plot_search(search_dir: Path, output: Path) -> Optional[Path]:
+    """``hookdet plot SEARCH_DIR``: the searcher metric against batches, a line per trial."""
+    from hookdet.search import summary
+
+    meta, state = read_search(search_dir)
+    return summary.plot(state, metric_of(meta)[0], Path(output))
+
+
+def trial_states(search_dir: Path) -> Dict[Path, str]:
+    """Each trial's run directory and its state in the search (``stopped``, ``completed``, ...)."""
+    _, state = read_search(search_dir)
+    return {Path(trial["dir"]).resolve(): trial["state"] for trial in state["trials"].values()}
