@@ -176,15 +176,29 @@ def assert_equals_a_straight_run(trial: dict, tmp_path: Path, model_dir: Path = 
     assert segmented[-1][1] == length
 
 
-SCRIPT_ASHA = """\
-name: script-asha
-entrypoint: python3 train.py --batches 16 --validate-every 3
-hyperparameters:
-  learning_rate: {type: log, minval: -1.5, maxval: 0.3, base: 10}
-  global_batch_size: 32
-  n_hidden: 32
-  dropout: 0.25
-searcher:
+def script_experiment(name: str, batches: int, searcher: str) -> str:
+    """A tutorial-shaped experiment file: ``train.py`` (a Trainer-API script) trained
+    ``batches`` batches, validating every 3, under the ``searcher`` block given as YAML lines."""
+    return (f"name: {name}\nentrypoint: python3 train.py --batches {batches} --validate-every 3\n"
+            "hyperparameters:\n"
+            "  learning_rate: {type: log, minval: -1.5, maxval: 0.3, base: 10}\n"
+            "  global_batch_size: 32\n  n_hidden: 32\n  dropout: 0.25\n"
+            f"searcher:\n{searcher}reproducibility:\n  experiment_seed: 11\n")
+
+
+SCRIPT_DIR = Path(__file__).parent / "fixtures" / "trainer_script"
+
+
+def search_script(tmp_path: Path, file_name: str, experiment: str, run_dir: str, workers: int) -> subprocess.CompletedProcess:
+    """``hookdet run`` of a script experiment written to ``file_name``, as a user types it."""
+    config = tmp_path / file_name
+    config.write_text(experiment)
+    return subprocess.run([*HOOKDET, "run", str(config), "--run-dir", run_dir, "--model-dir", str(SCRIPT_DIR),
+                           "--workers", str(workers)], cwd=tmp_path, env=env(tmp_path), capture_output=True,
+                          text=True, timeout=800)
+
+
+SCRIPT_ASHA = script_experiment("script-asha", 16, """\
   name: async_halving
   metric: validation_loss
   num_rungs: 2
@@ -193,9 +207,7 @@ searcher:
   max_concurrent_trials: 2
   time_metric: batches
   max_time: 16
-reproducibility:
-  experiment_seed: 11
-"""
+""")
 
 
 @pytest.mark.slow
@@ -206,12 +218,7 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
     validation at or past 8 (batch 9), as Determined decides; a stopped trial trains 9 batches,
     not 16; ``Trainer.fit`` returns and the script ends; a continued trial equals one run
     straight through."""
-    script_dir = Path(__file__).parent / "fixtures" / "trainer_script"
-    config = tmp_path / "adaptive.yaml"
-    config.write_text(SCRIPT_ASHA)
-    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "asha", "--model-dir", str(script_dir),
-                             "--workers", "2"], cwd=tmp_path, env=env(tmp_path), capture_output=True,
-                            text=True, timeout=800)
+    result = search_script(tmp_path, "adaptive.yaml", SCRIPT_ASHA, "asha", workers=2)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads((tmp_path / "asha" / "search-state.json").read_text())
     trials = list(state["trials"].values())
@@ -233,7 +240,7 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
         assert [r["steps_completed"] for r in reports if r["group"] == "validation"] == [3, 6, 9]
         log = run_dir.with_name(run_dir.name + ".log").read_text()
         assert log.count("RESULT {") == 1, log[-2000:]  # fit returned; the script went on to its end
-    assert_equals_a_straight_run(completed[0], tmp_path, model_dir=script_dir, length=16)
+    assert_equals_a_straight_run(completed[0], tmp_path, model_dir=SCRIPT_DIR, length=16)
     assert_the_run_commands_read_the_search(tmp_path, "asha", state)
 
 
@@ -263,21 +270,11 @@ def assert_the_run_commands_read_the_search(cwd: Path, search_dir: str, state: D
     assert (cwd / "search.png").stat().st_size > 1000
 
 
-SCRIPT_RANDOM = """\
-name: script-random
-entrypoint: python3 train.py --batches 6 --validate-every 3
-hyperparameters:
-  learning_rate: {type: log, minval: -1.5, maxval: 0.3, base: 10}
-  global_batch_size: 32
-  n_hidden: 32
-  dropout: 0.25
-searcher:
+SCRIPT_RANDOM = script_experiment("script-random", 6, """\
   name: random
   metric: validation_loss
   max_trials: 2
-reproducibility:
-  experiment_seed: 11
-"""
+""")
 
 
 @pytest.mark.slow
@@ -285,12 +282,7 @@ reproducibility:
 def test_a_random_search_without_a_length_trains_each_trial_the_length_its_script_sets(tmp_path: Path) -> None:
     """Determined's tutorial ``dist_random.yaml`` has no ``max_length``: the script's
     ``Trainer.fit(max_length=...)`` is the trial's length, in one segment."""
-    script_dir = Path(__file__).parent / "fixtures" / "trainer_script"
-    config = tmp_path / "dist_random.yaml"
-    config.write_text(SCRIPT_RANDOM)
-    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "random", "--model-dir", str(script_dir),
-                             "--workers", "1"], cwd=tmp_path, env=env(tmp_path), capture_output=True,
-                            text=True, timeout=500)
+    result = search_script(tmp_path, "dist_random.yaml", SCRIPT_RANDOM, "random", workers=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warning" not in result.stderr
     state = json.loads((tmp_path / "random" / "search-state.json").read_text())

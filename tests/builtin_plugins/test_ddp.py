@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -278,38 +278,14 @@ def test_uneven_shards_sigterm_and_exact_resume(tmp_path: Path) -> None:
     assert combined == _reports(tmp_path / "full")
 
 
-@pytest.mark.slow
-def test_a_stop_requested_on_one_rank_stops_every_rank_one_batch_later(tmp_path: Path) -> None:
-    """Ranks agree on stopping without a blocking collective per batch. With batches over the
-    agreement's 0.2 s, it is started after every batch: the flag set during batch 2 on rank 1
-    alone is all-reduced while batch 3 trains, so both ranks stop after batch 3 (a reporting
-    boundary would have caught it at once; there is none here)."""
+def _two_ranks_with_a_stop_asked_on_rank_1_at_batch_2(tmp_path: Path, records: int, length: int, **hparams: Any) -> List[int]:
+    """Train 2 ranks with no boundary before ``length``, rank 1 alone asking to stop during
+    batch 2; check both ranks trained the same batches to equal weights; return them."""
     config = write_config(
         tmp_path / "experiment.yaml",
-        dict(HPARAMS, records=64, stop_rank=1, stop_batch=2, sleep=1.5 * AGREE_EVERY_SECONDS),
+        dict(HPARAMS, records=records, stop_rank=1, stop_batch=2, **hparams),
         searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
-                  "max_length": {"batches": 12}},
-        scheduling_unit=100,
-        min_validation_period={"batches": 100},
-        resources={"slots_per_trial": 2},
-    )
-    _check_launch(run_command(hookdet_command(config, tmp_path / "run"), timeout=LAUNCH_TIMEOUT))
-    ranks = [read_rank(tmp_path / "run", rank) for rank in (0, 1)]
-    assert ranks[0]["batches"] == ranks[1]["batches"] == [0, 1, 2, 3]
-    assert torch.equal(read_weight(tmp_path / "run", 0), read_weight(tmp_path / "run", 1))
-
-
-@pytest.mark.slow
-def test_with_quick_batches_the_ranks_still_stop_together_soon_after_the_request(tmp_path: Path) -> None:
-    """Batches of well under 0.2 s: the agreement is started only every several batches (13
-    batches were trained here on a quiet machine), so the stop asked for during batch 2 on rank 1
-    may come later than one batch, but on both ranks after the same batch, within the bound the
-    pacing allows, long before the end; the weights stay equal."""
-    config = write_config(
-        tmp_path / "experiment.yaml",
-        dict(HPARAMS, records=4096, stop_rank=1, stop_batch=2),
-        searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
-                  "max_length": {"batches": 2000}},
+                  "max_length": {"batches": length}},
         scheduling_unit=100000,
         min_validation_period={"batches": 100000},
         resources={"slots_per_trial": 2},
@@ -317,9 +293,27 @@ def test_with_quick_batches_the_ranks_still_stop_together_soon_after_the_request
     _check_launch(run_command(hookdet_command(config, tmp_path / "run"), timeout=LAUNCH_TIMEOUT))
     ranks = [read_rank(tmp_path / "run", rank) for rank in (0, 1)]
     assert ranks[0]["batches"] == ranks[1]["batches"]
-    stop_batch = len(ranks[0]["batches"])
-    assert 4 <= stop_batch <= 2 + 2 * MOST_BATCHES_BETWEEN, stop_batch
     assert torch.equal(read_weight(tmp_path / "run", 0), read_weight(tmp_path / "run", 1))
+    return ranks[0]["batches"]
+
+
+@pytest.mark.slow
+def test_a_stop_requested_on_one_rank_stops_every_rank_one_batch_later(tmp_path: Path) -> None:
+    """Ranks agree on stopping without a blocking collective per batch. With batches over the
+    agreement's 0.2 s, it is started after every batch: the flag set during batch 2 on rank 1
+    alone is all-reduced while batch 3 trains, so both ranks stop after batch 3 (a reporting
+    boundary would have caught it at once; there is none here)."""
+    batches = _two_ranks_with_a_stop_asked_on_rank_1_at_batch_2(tmp_path, 64, 12, sleep=1.5 * AGREE_EVERY_SECONDS)
+    assert batches == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_with_quick_batches_the_ranks_still_stop_together_soon_after_the_request(tmp_path: Path) -> None:
+    """Batches of well under 0.2 s: the agreement is started only every several batches, so
+    the stop asked for during batch 2 on rank 1 may come later than one batch, but on both ranks
+    after the same batch, within the bound the pacing allows, long before the end."""
+    batches = _two_ranks_with_a_stop_asked_on_rank_1_at_batch_2(tmp_path, 4096, 2000)
+    assert 4 <= len(batches) <= 2 + 2 * MOST_BATCHES_BETWEEN, len(batches)
 
 
 # ---------------------------------------------------------------------------------------------
