@@ -4,8 +4,8 @@ trial, a Trainer-API fit and each trial of a search.
 
 The trial (``OneWeightTrial``) sees the same batch every step, so where in the data a run starts
 does not change its arithmetic: a run warm-started from the checkpoint at batch 4 and trained 4
-batches must end exactly where one run trained 8 batches straight ends, momentum and a halving
-learning rate included, while counting its own batches from 0.
+batches must end exactly where one run trained 8 batches straight ends, its halving learning
+rate (a StepLR, restored from the checkpoint) included, while counting its own batches from 0.
 """
 from __future__ import annotations
 

@@ -287,7 +287,7 @@ class Driver:
             return None
         trials = self.state["trials"].values()
         elapsed = time.monotonic() - self._started_at
-        done_here = self._batches_trained() - (self._batches_at_start)
+        done_here = self._batches_trained() - self._batches_at_start
         if done_here <= 0 or elapsed <= 0:
             return None
         open_trials = [trial for trial in trials if trial["state"] in ("queued", "paused")]

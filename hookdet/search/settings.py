@@ -150,9 +150,6 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         unit, max_length = _length(raw, where)
     except SearchConfigError as error:
         problems.append(str(error))
-    if raw.get("source_trial_id") is not None:
-        problems.append(f"{where}.source_trial_id: hookdet has no cluster-wide trial ids to "
-                        "warm-start from; name the checkpoint with source_checkpoint_uuid instead")
     if problems:
         raise SearchConfigError("\n  ".join(problems))
     settings = SearchSettings(
