@@ -317,8 +317,7 @@ def command_runs(args: argparse.Namespace) -> int:
 
     try:
         if args.command == "runs":
-            groups = {folder: (f"search {report.heading(folder)}", report.trial_states(folder))
-                      for folder in report.find_searches(Path(args.directory))}
+            groups = {folder: report.runs_group(folder) for folder in report.find_searches(Path(args.directory))}
             print(run_index.list_runs(Path(args.directory), groups))
         elif args.command == "show":
             shown = Path(args.run)
@@ -353,7 +352,7 @@ def _plot(given: List[str], output: Path) -> None:
     try:
         if len(given) == 1 and report.is_search_dir(Path(given[0])):
             if report.plot_search(Path(given[0]), output) is None:
-                raise PlotUnavailableError("plotting needs matplotlib: pip install 'hookdet[plot]'")
+                raise PlotUnavailableError("hookdet plot needs matplotlib: pip install 'hookdet[plot]'")
             return
         plot_runs(_runs_named(given), output)
     except PlotUnavailableError as error:

@@ -24,7 +24,7 @@ DDP's gradient all-reduce.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -45,10 +45,9 @@ class StopAgreement:
         self._batches_since_start = 0
         self._requested = False  # a request on this rank since the last start
         self._started_at = 0.0
-        self._in_flight: Optional[Tuple[Any, torch.Tensor]] = None
-        # Two tensors used in turn: one may be in flight while the other is filled.
-        self._tensors = (torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
-        self._starts = 0
+        # One tensor does: the agreement in flight is always collected before the next starts.
+        self._tensor = torch.zeros(2, dtype=torch.int64)
+        self._in_flight: Optional[Any] = None
 
     def after_batch(self, requested: bool) -> bool:
         """Called by every rank after every batch between boundaries: whether the ranks agreed
@@ -71,10 +70,9 @@ class StopAgreement:
         stop. Called by every rank at the same points (after a batch above, and at boundaries)."""
         if self._in_flight is None:
             return False
-        work, tensor = self._in_flight
+        self._in_flight.wait()
         self._in_flight = None
-        work.wait()
-        stop, negative_every = tensor.tolist()
+        stop, negative_every = self._tensor.tolist()
         self.every = -negative_every
         return bool(stop)
 
@@ -87,10 +85,7 @@ class StopAgreement:
         return max(1, min(wanted, MOST_BATCHES_BETWEEN))
 
     def _start(self, pace: int) -> None:
-        tensor = self._tensors[self._starts % 2]
-        self._starts += 1
         # max of (flag, -pace): any rank's request, and the smallest pace (the most frequent).
-        tensor.copy_(torch.tensor((int(self._requested), -pace)))
+        self._tensor[0], self._tensor[1] = int(self._requested), -pace
         self._requested = False
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self._in_flight = (work, tensor)
+        self._in_flight = dist.all_reduce(self._tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)

@@ -68,17 +68,28 @@ def trial_dirs(search_dir: Path) -> List[Path]:
     return [Path(state["trials"][rid]["dir"]) for rid in state["order"]]
 
 
-def heading(search_dir: Path) -> str:
-    """One line: the search, its searcher and metric, its trials by state, its best trial."""
+def _heading(search_dir: Path, meta: Dict[str, Any], state: Dict[str, Any], table: List[Dict[str, Any]]) -> str:
+    """One line: the search, its searcher and metric, its trials by state, its best trial
+    (``table``: the search's :func:`hookdet.search.summary.rows`)."""
+    from hookdet.search import summary
+
+    metric, smaller = metric_of(meta)
+    counts = Counter(trial["state"] for trial in state["trials"].values())
+    tally = ", ".join(f"{state_name} {count}" for state_name, count in sorted(counts.items())) or "no trials yet"
+    best = summary.best_line(table, state, metric, smaller)
+    searcher = meta.get("searcher", "search")
+    return f"{Path(search_dir).name}: {searcher} search on {metric}, {len(state['order'])} trials ({tally}); {best}"
+
+
+def runs_group(search_dir: Path) -> Tuple[str, Dict[Path, str]]:
+    """For ``hookdet runs``: the heading above the search's trials, and each trial's run
+    directory with its state in the search (``stopped``, ``completed``, ...)."""
     from hookdet.search import summary
 
     meta, state = read_search(search_dir)
     metric, smaller = metric_of(meta)
-    counts = Counter(trial["state"] for trial in state["trials"].values())
-    tally = ", ".join(f"{state_name} {count}" for state_name, count in sorted(counts.items())) or "no trials yet"
-    best = summary.best_line(summary.rows(state, smaller, metric), state, metric, smaller)
-    searcher = meta.get("searcher", "search")
-    return f"{Path(search_dir).name}: {searcher} search on {metric}, {len(state['order'])} trials ({tally}); {best}"
+    states = {Path(trial["dir"]).resolve(): trial["state"] for trial in state["trials"].values()}
+    return f"search {_heading(search_dir, meta, state, summary.rows(state, smaller, metric))}", states
 
 
 def show_search(search_dir: Path) -> str:
@@ -87,7 +98,8 @@ def show_search(search_dir: Path) -> str:
 
     meta, state = read_search(search_dir)
     metric, smaller = metric_of(meta)
-    lines = [heading(search_dir), "", summary.format_table(summary.rows(state, smaller, metric), metric), ""]
+    table = summary.rows(state, smaller, metric)
+    lines = [_heading(search_dir, meta, state, table), "", summary.format_table(table, metric), ""]
     lines.append(f"config: {meta.get('config', '-')}")
     lines.append(f"store: {meta.get('storage', '-')} (study {meta.get('study', '-')})")
     for name in ("summary.csv", "searcher-metric.png"):
@@ -102,9 +114,3 @@ def plot_search(search_dir: Path, output: Path) -> Optional[Path]:
 
     meta, state = read_search(search_dir)
     return summary.plot(state, metric_of(meta)[0], Path(output))
-
-
-def trial_states(search_dir: Path) -> Dict[Path, str]:
-    """Each trial's run directory and its state in the search (``stopped``, ``completed``, ...)."""
-    _, state = read_search(search_dir)
-    return {Path(trial["dir"]).resolve(): trial["state"] for trial in state["trials"].values()}
