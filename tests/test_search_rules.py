@@ -505,10 +505,10 @@ def test_stop_once_is_ignored_as_determined_0_38_does_and_promotion_is_hookdets_
     asha = {"name": "async_halving", "metric": "loss", "num_rungs": 2, "max_trials": 3,
             "time_metric": "batches", "max_time": 8}
     ignored = read_settings({"searcher": {**asha, "stop_once": False}}, "exp.yaml")
-    assert not ignored.promote and not ignored.build().promote
+    assert not ignored.promote and not ignored.build({}).promote
     assert ignored.warnings == ["the `stop_once` field of the searcher config has been deprecated and will "
                                 "be removed in a future release."]
     promoting = read_settings({"searcher": {**asha, "promote": True}}, "exp.yaml")
-    assert promoting.promote and promoting.build().promote and promoting.warnings == []
+    assert promoting.promote and promoting.build({}).promote and promoting.warnings == []
     with pytest.raises(SearchConfigError, match=r"exp.yaml: searcher.promote must be true or false; got 'yes'"):
         read_settings({"searcher": {**asha, "promote": "yes"}}, "exp.yaml")

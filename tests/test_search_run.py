@@ -605,3 +605,32 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
     worker = subprocess.run([*HOOKDET, "search", "worker", "--storage", url], cwd=tmp_path, env=env(tmp_path),
                             capture_output=True, text=True, timeout=120)
     assert worker.returncode == 2 and "holds 2 searches" in worker.stderr and "--study" in worker.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_tpe_search_with_hyperband_ends_alike_with_two_workers_and_a_driver_kill(tmp_path: Path) -> None:
+    """``searcher: {name: optuna, sampler: tpe, pruner: hyperband}`` through ``hookdet run``: the
+    pruner stops a trial at its first rung, TPE draws from the trials that ended, and the summary
+    (trials, hyperparameters, seeds, states, lengths, metrics) is the same with ``--workers 1``
+    as with ``--workers 2`` and a SIGKILL of the driver after its first decision, then
+    ``--resume``; the best-trial line names the summary's best."""
+    one = search(tmp_path, "optuna.yaml", "--run-dir", "one", "--workers", "1")
+    assert one.returncode == 0, one.stderr[-3000:]
+    expected = summary(tmp_path / "one")
+    assert {row["state"] for row in expected} == {"completed", "stopped"}, expected  # the pruner decided
+    assert {row["batches"] for row in expected if row["state"] == "stopped"} == {"4"}  # at the first rung
+    best = min((row for row in expected if row["best"]), key=lambda row: float(row["best"]))
+    assert f"best: trial {best['trial']} (completed), validation_loss {float(best['best']):.6g}" in one.stdout
+
+    command = [*HOOKDET, "run", str(FIXTURES / "optuna.yaml"), "--workers", "2"]
+    driver = subprocess.Popen(command + ["--run-dir", "killed"], cwd=tmp_path, env=env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in driver.stdout:
+        if line.startswith("search: trial"):  # its first decision is saved: kill it now
+            break
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    resumed = search(tmp_path, "optuna.yaml", "--resume", "killed", "--workers", "2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(tmp_path / "killed") == expected

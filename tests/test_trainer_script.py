@@ -124,6 +124,27 @@ def test_two_ranks_under_the_horovod_launch_layer(tmp_path: Path) -> None:
     assert [meta["steps_completed"] for _, meta in checkpoints] == [8]  # an epoch: 256 records, 32 a batch
 
 
+def test_a_rank_aborting_after_its_training_ended_does_not_fail_the_run(tmp_path: Path) -> None:
+    """Rank 1 of ``distributed.yaml`` aborts (SIGABRT) as it exits, after training: the run is
+    complete (exit 0, its checkpoint there) and one warning names the rank and the signal. An
+    abort before training ended still fails the run, naming the rank."""
+    launched = run([str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "run")],
+                   tmp_path, TRAIN_ABORT_AT_EXIT_RANK="1")
+    warnings = [line for line in launched.stderr.splitlines() if line.startswith("hookdet: warning: rank 1")]
+    assert len(warnings) == 1 and "was killed by SIGABRT after its training ended" in warnings[0], launched.stderr
+    assert "hookdet: entrypoint exited with status 0" in launched.stdout
+    assert [meta["steps_completed"] for _, meta in lookup.find_checkpoints(tmp_path / "run" / "checkpoints")] == [8]
+
+    failed = subprocess.run(
+        [str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "failed")],
+        cwd=model_dir(tmp_path), env=environment(tmp_path, TRAIN_ABORT_AT_START_RANK="1"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert failed.returncode != 0
+    assert any(line.startswith("hookdet: error: rank 1 (pid ") and line.endswith("was killed by SIGABRT")
+               for line in failed.stderr.splitlines()), failed.stderr[-3000:]
+
+
 def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
     tmp_path: Path, const_run: Dict[str, Any]
 ) -> None:

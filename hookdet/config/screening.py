@@ -54,7 +54,11 @@ CLUSTER_ONLY_FIELDS: Tuple[str, ...] = (
     "searcher.num_rungs",
     "searcher.population_size",
     "searcher.promote",  # hookdet's own ASHA field: read by `hookdet search`, not by a trial
+    "searcher.pruner",  # hookdet's own optuna searcher's fields: read by the search too
+    "searcher.pruner_options",
     "searcher.replace_function",
+    "searcher.sampler",
+    "searcher.sampler_options",
     "searcher.stop_once",
     "searcher.time_metric",
     "searcher.train_stragglers",

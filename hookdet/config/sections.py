@@ -148,6 +148,7 @@ class SearcherConfig(Section):
         "adaptive_simple",
         "sync_halving",
         "custom",
+        "optuna",  # hookdet's own: Optuna's samplers and pruners (hookdet.search.optuna_search)
     ] = "single"
     metric: str = "validation_loss"
     smaller_is_better: bool = True

@@ -223,12 +223,23 @@ class TorchDistributedContext(DistributedContext):
         return self._stop_agreement.after_batch(flag)
 
     def close(self) -> None:
-        """Leave the process group (destroying it when this plugin created it).
+        """Leave the process group: destroy the groups this context made (the default group too
+        when this plugin created it) and let go of them, so that their gloo threads end now and
+        not while the interpreter exits, where a gloo thread that needs the GIL aborts the
+        process after it trained well. A stop agreement still in flight (a rank failed between
+        two agreements) keeps its group: ending it would wait for peers that may be gone.
 
         Not collective: a rank that failed must be able to leave without waiting for the others.
         """
-        if self._owns_group and dist.is_initialized():
+        if not dist.is_initialized():
+            return
+        own = [group for group in (self._cpu_group, self._stop_agreement.release()) if group is not None]
+        if self._owns_group:
             dist.destroy_process_group()
+        else:
+            for group in own:
+                dist.destroy_process_group(group)
+        self._cpu_group = None
 
 
 class HorovodDistributedContext(DistributedContext):

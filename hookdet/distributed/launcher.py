@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from hookdet.errors import UsageError
 
@@ -42,6 +42,23 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _TORCHRUN_LOG = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/")
 _TORCHRUN_EXCEPTIONS = ("ChildFailedError", "SignalException")
+#: The lines of torchrun's failure summary that say which rank ended how.
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+#: The line :func:`filter_launcher_stderr` makes of a rank torchrun saw die of a signal.
+KILLED_RANK = re.compile(r"^hookdet: error: rank (\d+) \(pid \d+\) was killed by (\w+)")
+#: Signals a rank dies of when it crashes by itself (not stopped by a launcher or a person).
+CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
+
+
+def killed_ranks(said: Iterable[str]) -> Dict[int, Tuple[str, str]]:
+    """The ranks ``said`` names as killed by a signal: rank -> (the signal's name, the line)."""
+    killed = {}
+    for line in said:
+        match = KILLED_RANK.match(line)
+        if match:
+            killed[int(match.group(1))] = (match.group(2), line)
+    return killed
 #: The packages the launchers' own frames are in, by which their tracebacks are told from a rank's.
 _LAUNCHER_PACKAGES = {"torchrun": "/torch/distributed/", "horovodrun": "/horovod/runner/"}
 #: The lines Python prints between chained tracebacks.
@@ -119,16 +136,23 @@ def filter_launcher_stderr(lines: Iterable[str]) -> Iterator[str]:
 
     A traceback of the launcher's own (every frame in the launcher's package) becomes one line,
     naming its last exception when exceptions were chained; torchrun's ``ChildFailedError`` and
-    ``SignalException`` become none (the ranks' statuses tell it). A rank's traceback passes on
-    whole.
+    ``SignalException`` become none (the ranks' statuses tell it), and its failure summary one
+    line per rank it saw die of a signal (a crash after the rank's last word, such as an abort
+    while its interpreter exits, is told nowhere else). A rank's traceback passes on whole.
     """
     pending: List[str] = []
     deferred: Optional[str] = None  # the launcher's one line, held while a chained one may follow
     in_banner = False
+    summary_rank: Optional[str] = None
     for line in lines:
         stripped = line.rstrip("\n")
         if in_banner:
             in_banner = not stripped.startswith("=" * 20)
+            rank, ended = _SUMMARY_RANK.match(stripped), _SUMMARY_EXIT.match(stripped)
+            summary_rank = rank.group(1) if rank else summary_rank
+            if ended and summary_rank is not None and int(ended.group(1)) < 0:
+                yield (f"hookdet: error: rank {summary_rank} (pid {ended.group(2)}) was killed by "
+                       f"{signal_name(-int(ended.group(1)))}\n")
             continue
         if stripped.startswith("=" * 20):
             in_banner = True
@@ -195,11 +219,16 @@ def launcher_death_line(launcher: str, status: int, ranks_reported: Optional[int
 
 def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = None) -> threading.Thread:
     """Copy ``source`` (torchrun's stderr) to ``sink`` through the filter, in a thread; the
-    launcher's own one-line failures are also appended to ``said``."""
+    launcher's own one-line failures are also appended to ``said``, and the lines naming a rank
+    killed by a signal go there only (see :func:`killed_ranks`)."""
 
     def pump() -> None:
         lines = (raw.decode(errors="replace") for raw in iter(source.readline, b""))
         for line in filter_launcher_stderr(lines):
+            if KILLED_RANK.match(line):  # the caller tells it, knowing whether the rank had finished
+                if said is not None:
+                    said.append(line.rstrip("\n"))
+                continue
             sink.write(line)
             sink.flush()
             if said is not None and line.startswith("hookdet: error: "):
@@ -241,9 +270,12 @@ def record_rank_message(status_dir: str, rank: int, message: str) -> None:
     partial.replace(path)
 
 
-def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int) -> List[str]:
+def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
+                  killed: Optional[Dict[int, Tuple[str, str]]] = None) -> List[str]:
     """One line per distinct failure: the ranks that said it, and what they said; a rank that
-    that ended without a word (no status, no message) is named as having died."""
+    ended without a word (no status, no message) is named as having died, by the signal that
+    killed it where ``killed`` (:func:`killed_ranks`) knows it."""
+    killed = killed or {}
     by_message: Dict[str, List[int]] = {}
     for path in sorted(Path(status_dir).glob("rank-*.message")):
         rank = path.name[len("rank-"):-len(".message")]
@@ -257,11 +289,14 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int) 
     reported = set(statuses) | {rank for ranks in by_message.values() for rank in ranks}
     silent = [rank for rank in range(local_ranks) if rank not in reported]
     if silent and reported:
-        who = "rank" if len(silent) == 1 else "ranks"
-        lines.append(
-            f"hookdet: error: {who} {', '.join(map(str, silent))} ended without a status "
-            "(killed by a signal, or out of memory); the other ranks were stopped"
-        )
+        lines.extend(killed[rank][1] + "; the other ranks were stopped" for rank in silent if rank in killed)
+        unknown = [rank for rank in silent if rank not in killed]
+        if unknown:
+            who = "rank" if len(unknown) == 1 else "ranks"
+            lines.append(
+                f"hookdet: error: {who} {', '.join(map(str, unknown))} ended without a status "
+                "(killed by a signal, or out of memory); the other ranks were stopped"
+            )
     return lines
 
 

@@ -76,6 +76,14 @@ class StopAgreement:
         self.every = -negative_every
         return bool(stop)
 
+    def release(self) -> Optional[Any]:
+        """Let go of the group (returned, for its owner to destroy) unless an agreement is still
+        in flight on it; then None. No agreement can be started after."""
+        if self._in_flight is not None:
+            return None
+        group, self.group = self.group, None
+        return group
+
     def _proposed_every(self, now: float) -> int:
         """Batches that take about ``AGREE_EVERY_SECONDS`` at this rank's recent pace."""
         if not self._started_at:

@@ -173,7 +173,7 @@ def preview(config_path: Path, count: Optional[int] = None, options: Sequence[st
     from hookdet.search.space import MasterRandom
 
     config, _, settings, space = load_search(config_path, options)
-    method = settings.build()
+    method = settings.build(space)
     ctx = methods.Context(MasterRandom(config.reproducibility.experiment_seed), space)
     creates = method.initial_trials(ctx)
     length = (f"{settings.max_length} {settings.unit}" if settings.max_length
@@ -191,6 +191,10 @@ def preview(config_path: Path, count: Optional[int] = None, options: Sequence[st
     elif isinstance(method, methods.AsyncHalvingSearch):
         units = [r["units"] for r in method.state["rungs"]]
         lines.append(f"  {method.max_trials} trials, rungs at {units} {settings.unit}")
+    elif settings.name == "optuna":
+        rungs = f", rungs at {method.rungs} {settings.unit} ({settings.pruner} pruner)" if method.rungs else ""
+        lines.append(f"  {method.max_trials} trials, at most {method.max_concurrent} at once, "
+                     f"{settings.sampler} sampler{rungs}")
     elif isinstance(method, methods.GridSearch):
         points = len(creates) + len(method.state["remaining"])
         lines.append(f"  {points} grid points, {trained}"

@@ -60,7 +60,7 @@ class Driver:
                  experiment_seed: int) -> None:
         self.search_dir, self.settings, self.space = Path(search_dir), settings, space
         self.raw_config, self.model_dir, self.queue = raw_config, Path(model_dir), queue
-        self.method = settings.build()
+        self.method = settings.build(space)
         self.rand = MasterRandom(experiment_seed)
         self.ctx = methods.Context(self.rand, space)
         self.state: Dict[str, Any] = {"trials": {}, "order": [], "processed": [], "pending": [],

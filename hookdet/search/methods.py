@@ -406,7 +406,7 @@ def rungs_of(method: Any) -> List[List[int]]:
         return [[rung["units"] for rung in b.state["rungs"]] for b in method.brackets]
     if isinstance(method, AsyncHalvingSearch):
         return [[rung["units"] for rung in method.state["rungs"]]]
-    return [[]]
+    return [list(getattr(method, "rungs", []))]  # an Optuna search with a pruner has rungs too
 
 
 def most_trials(method: Any, created: int) -> int:

@@ -5,8 +5,9 @@ a search reads the whole block here. Errors name the file and field, as the load
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from hookdet.errors import HookdetError
 from hookdet.search import methods
@@ -16,7 +17,7 @@ REMOVED = {
     name: f"the '{name}' searcher has been removed and is not valid for new experiments"
     for name in ("custom", "adaptive", "adaptive_simple", "sync_halving")
 }
-SEARCHERS = ("single", "random", "grid", "adaptive_asha", "async_halving")
+SEARCHERS = ("single", "random", "grid", "adaptive_asha", "async_halving", "optuna")
 #: ``time_metric`` values a search can train to (a trial is trained in segments to each rung).
 TIME_UNITS = ("batches", "epochs", "records")
 _FIELDS = {
@@ -27,6 +28,9 @@ _FIELDS = {
                       "time_metric", "max_time", "promote"},
     "adaptive_asha": {"max_trials", "mode", "divisor", "max_rungs", "max_concurrent_trials",
                       "stop_once", "time_metric", "max_time", "bracket_rungs", "promote"},
+    # hookdet's own: Optuna's samplers and pruners (hookdet.search.optuna_search).
+    "optuna": {"sampler", "pruner", "sampler_options", "pruner_options", "max_trials",
+               "max_concurrent_trials", "time_metric", "max_time", "num_rungs", "divisor"},
 }
 #: Determined 0.38's words for the fields it still reads but has deprecated (a warning, not an error).
 DEPRECATED = {
@@ -62,22 +66,34 @@ class SearchSettings:
     num_rungs: int = 1
     bracket_rungs: List[int] = field(default_factory=list)
     promote: bool = False
+    sampler: str = "tpe"
+    pruner: str = "none"
+    sampler_options: Dict[str, Any] = field(default_factory=dict)
+    pruner_options: Dict[str, Any] = field(default_factory=dict)
     max_restarts: int = 5
     warnings: List[str] = field(default_factory=list)
 
     @property
     def staged(self) -> bool:
-        """Whether trials train rung by rung (ASHA), a decision at each rung."""
-        return self.name in ("adaptive_asha", "async_halving")
+        """Whether trials train rung by rung (ASHA, or an Optuna pruner), a decision at each rung."""
+        return self.name in ("adaptive_asha", "async_halving") or self.pruner != "none"
 
-    def build(self) -> Any:
-        """The search method (:mod:`hookdet.search.methods`) these settings describe."""
+    def build(self, space: Mapping[str, Any]) -> Any:
+        """The search method (:mod:`hookdet.search.methods`) these settings describe, over the
+        hyperparameter ``space``."""
         if self.name in ("single", "random"):
             single = self.name == "single"
             return methods.RandomSearch(1 if single else self.max_trials,
                                         1 if single else self.max_concurrent_trials, single=single)
         if self.name == "grid":
             return methods.GridSearch(self.max_concurrent_trials)
+        if self.name == "optuna":
+            from hookdet.search.optuna_search import OptunaSearch
+
+            rungs = methods.rung_units(self.num_rungs, self.divisor, self.max_length) if self.staged else []
+            return OptunaSearch(self.sampler, self.pruner, self.max_trials, self.max_concurrent_trials,
+                                self.smaller_is_better, space, rungs, self.divisor,
+                                self.sampler_options, self.pruner_options)
         if self.name == "async_halving":
             return methods.AsyncHalvingSearch(
                 self.num_rungs, self.max_length, self.max_trials, self.divisor,
@@ -107,6 +123,9 @@ def _length(raw: Mapping, where: str) -> tuple:
         raise SearchConfigError(f"{where}: the `{name}` searcher requires `max_time` and "
                                 "`time_metric` to be set (as Determined 0.38 does; e.g. "
                                 "time_metric: batches, max_time: 1000)")
+    if name == "optuna" and raw.get("pruner", "none") != "none" and raw.get("max_time") is None:
+        raise SearchConfigError(f"{where}: a pruner needs `max_time` and `time_metric` (trials train "
+                                "rung by rung to it; e.g. time_metric: batches, max_time: 1000)")
     if raw.get("max_time") is not None or raw.get("time_metric") is not None:
         metric = raw.get("time_metric")
         if metric not in TIME_UNITS:
@@ -160,7 +179,7 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         max_length=max_length,
         max_restarts=_whole(data, "max_restarts", 5, 0, f"{source}: experiment"),
     )
-    if name in ("random", "adaptive_asha", "async_halving"):
+    if name in ("random", "adaptive_asha", "async_halving", "optuna"):
         settings.max_trials = _whole(raw, "max_trials", None, 1, where)
     if name != "single":
         settings.max_concurrent_trials = _whole(raw, "max_concurrent_trials", 16, 0, where)
@@ -180,8 +199,46 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
                                     f"got {mode!r}")
         settings.mode = mode
         settings.bracket_rungs = list(raw.get("bracket_rungs") or [])
+    if name == "optuna":
+        read_optuna_fields(settings, raw, where)
     settings.warnings = [DEPRECATED[key] for key in DEPRECATED if raw.get(key) is not None]
     return settings
+
+
+def read_optuna_fields(settings: SearchSettings, raw: Mapping[str, Any], where: str) -> None:
+    """The ``optuna`` searcher's own fields into ``settings``; the sampler and pruner are built
+    once here, so a wrong option is refused before anything runs."""
+    from hookdet.search import optuna_search
+
+    problems = []
+    for key, known in (("sampler", optuna_search.SAMPLERS), ("pruner", optuna_search.PRUNERS)):
+        value = raw.get(key, "tpe" if key == "sampler" else "none")
+        if value not in known:
+            problems.append(f"{where}.{key} must be one of {', '.join(known)}; got {value!r}")
+        options = raw.get(f"{key}_options") or {}
+        if not isinstance(options, Mapping):
+            problems.append(f"{where}.{key}_options must be a mapping of {key} arguments; got {options!r}")
+        elif set(options) & optuna_search.RESERVED_OPTIONS:
+            taken = sorted(set(options) & optuna_search.RESERVED_OPTIONS)[0]
+            problems.append(f"{where}.{key}_options.{taken} is set by hookdet (the seed from "
+                            "reproducibility.experiment_seed, rungs from num_rungs and divisor)")
+        setattr(settings, key, value)
+        setattr(settings, f"{key}_options", dict(options) if isinstance(options, Mapping) else {})
+    if problems:
+        raise SearchConfigError("\n  ".join(problems))
+    settings.num_rungs = _whole(raw, "num_rungs", 4, 2 if settings.pruner != "none" else 1, where)
+    settings.divisor = float(_whole(raw, "divisor", 3, 2, where))
+    needed = optuna_search.SAMPLERS[settings.sampler][1]
+    if needed is not None and importlib.util.find_spec(needed) is None:
+        raise SearchConfigError(f"{where}.sampler {settings.sampler} needs the {needed} package: "
+                                "pip install 'hookdet[search]'")
+    for key, make in (("sampler", lambda: optuna_search.make_sampler(settings.sampler, 0, settings.sampler_options)),
+                      ("pruner", lambda: optuna_search.make_pruner(settings.pruner, [1, 2], settings.divisor,
+                                                                   settings.pruner_options))):
+        try:
+            make()
+        except (TypeError, ValueError) as error:
+            raise SearchConfigError(f"{where}.{key}_options: Optuna's {key} refuses them: {error}") from None
 
 
 def _flag(raw: Mapping, key: str, where: str) -> bool:

@@ -36,7 +36,8 @@ def study_name(search_dir: Path) -> str:
     return f"hookdet:{Path(resolved).name}:{digest}"
 
 
-def _optuna() -> Any:
+def load_optuna() -> Any:
+    """Optuna, quiet below warnings; without it, the extra to install."""
     try:
         import optuna
     except ImportError:
@@ -77,7 +78,7 @@ class StoreError(HookdetError):
 
 def open_storage(url: str) -> Any:
     """An Optuna storage for ``url`` (an RDB URL or ``journal:PATH``)."""
-    optuna = _optuna()
+    optuna = load_optuna()
     check_driver(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
@@ -122,7 +123,7 @@ class Queue:
 
     def __init__(self, storage_url: str, study: Optional[str] = None, create: bool = False,
                  smaller_is_better: bool = True) -> None:
-        optuna = _optuna()
+        optuna = load_optuna()
         self.optuna = optuna
         self.url = storage_url
         try:

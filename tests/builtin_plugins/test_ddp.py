@@ -417,6 +417,44 @@ def test_a_rank_that_left_its_message_but_no_status_is_not_called_dead(tmp_path:
         "hookdet: error: rank 1 ended without a status (killed by a signal, or out of memory); the other ranks were stopped",
     ]
     assert hookdet_launcher.failure_lines(tmp_path / "none", {}, 2) == []  # nobody said anything: no guess
+    # A death torchrun's summary told names the signal instead.
+    killed = hookdet_launcher.killed_ranks(["hookdet: error: rank 1 (pid 7) was killed by SIGKILL"])
+    assert killed == {1: ("SIGKILL", "hookdet: error: rank 1 (pid 7) was killed by SIGKILL")}
+    assert hookdet_launcher.failure_lines(tmp_path, {}, 2, killed) == [
+        lines[0], "hookdet: error: rank 1 (pid 7) was killed by SIGKILL; the other ranks were stopped"]
+
+
+TORCHRUN_SUMMARY = """\
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+======================================================
+train.py FAILED
+------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_01:28:49
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 12577)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 12577
+======================================================
+"""
+
+
+def test_a_rank_torchrun_saw_die_of_a_signal_is_one_line() -> None:
+    """A rank aborting after its last word (as it exits) is told by torchrun's summary only: it
+    becomes one line naming the rank, its pid and the signal; a status-only failure none."""
+    lines = list(hookdet_launcher.filter_launcher_stderr(TORCHRUN_SUMMARY.splitlines(keepends=True)))
+    assert lines == ["hookdet: error: rank 1 (pid 12577) was killed by SIGABRT\n"]
+    assert hookdet_launcher.KILLED_RANK.match(lines[0]).group(1) == "1"
+    exited = TORCHRUN_SUMMARY.replace("-6 (pid: 12577)  (SIGABRT)", "1 (pid: 12577)")
+    assert list(hookdet_launcher.filter_launcher_stderr(exited.splitlines(keepends=True))) == []
 
 
 def test_torchrun_options_are_refused_for_horovod(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
