@@ -17,6 +17,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,7 +99,11 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         for method in args.methods:
-            results.append(run_search(method, seed, args.out, args.workers))
+            done = args.out / f"{method}-{seed}.json"  # a search already measured is read back
+            if not done.exists():
+                shutil.rmtree(args.out / f"{method}-{seed}", ignore_errors=True)
+                done.write_text(json.dumps(run_search(method, seed, args.out, args.workers)))
+            results.append(json.loads(done.read_text()))
             print(json.dumps(results[-1]), flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(table(results))

@@ -18,6 +18,7 @@ from typing import Dict, List
 import pytest
 
 from tests.support.postgres_fixture import postgres_server
+from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
 pytest.importorskip("optuna")
 
@@ -392,7 +393,7 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
                 time.sleep(0.2)
         first = False
         try:
-            driver.wait(timeout=rng.uniform(1.5, 5))
+            driver.wait(timeout=rng.uniform(1.0, 3.0))
             break  # finished before the kill
         except subprocess.TimeoutExpired:
             pass
@@ -406,7 +407,7 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
                     continue
                 killed_trials += trial_death_recorded(tmp_path / "killed", pid) == -signal.SIGKILL
             try:
-                driver.wait(timeout=rng.uniform(1, 3))
+                driver.wait(timeout=rng.uniform(0.5, 2.0))
                 break
             except subprocess.TimeoutExpired:
                 pass
@@ -634,3 +635,77 @@ def test_a_tpe_search_with_hyperband_ends_alike_with_two_workers_and_a_driver_ki
     resumed = search(tmp_path, "optuna.yaml", "--resume", "killed", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(tmp_path / "killed") == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_workers_that_share_only_postgresql_and_s3_finish_a_search(tmp_path: Path, s3_server: Dict[str, str]) -> None:
+    """Two ``hookdet search worker --work-dir`` processes, each in a directory and HOME of its
+    own with its own copy of the model code, share only a PostgreSQL store and an S3 bucket with
+    the driver: worker 0 is stopped (SIGTERM) while it trains, worker 1 resumes that trial from its
+    checkpoint in S3, both finish the search, and the summary equals one worker's on one disk."""
+    import shutil
+
+    import yaml
+
+    config = yaml.safe_load((FIXTURES / "asha.yaml").read_text())
+    config["checkpoint_storage"] = {"type": "s3", "bucket": s3_server["bucket"], "prefix": "search",
+                                    "endpoint_url": s3_server["endpoint_url"]}
+    homes = {}
+    for name in ("driver", "one", "w0", "w1"):
+        homes[name] = tmp_path / name
+        shutil.copytree(FIXTURES, homes[name] / "model", ignore=shutil.ignore_patterns("*.yaml", "__pycache__"))
+    (homes["driver"] / "model" / "asha-s3.yaml").write_text(yaml.safe_dump(config))
+
+    def env_of(name: str) -> Dict[str, str]:
+        return {**env(tmp_path), "HOME": str(homes[name]), "SEARCH_TEST_SECONDS_PER_BATCH": "0.2"}
+
+    experiment = str(homes["driver"] / "model" / "asha-s3.yaml")
+    one = subprocess.run([*HOOKDET, "run", experiment, "--run-dir", str(homes["one"] / "search"), "--workers", "1"],
+                         cwd=homes["one"], env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+
+    def worker(name: str) -> subprocess.Popen:
+        return subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--work-dir", "trials",
+                                 "--model-dir", "model"], cwd=homes[name], env=env_of(name),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    with postgres_server() as url:
+        driver = subprocess.Popen([*HOOKDET, "run", experiment, "--run-dir", "search", "--workers", "0",
+                                   "--storage", url], cwd=homes["driver"], env=env_of("driver"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert driver.stdout.readline().startswith("hookdet: async_halving search in"), driver.stderr.read()[-3000:]
+        first = worker("w0")
+        for line in driver.stdout:  # a first decision: worker 0 has trained a segment, and trains the next
+            if line.startswith("search: trial"):
+                break
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=300) == 75, first.stderr.read()[-3000:]
+        second = worker("w1")
+        deadline = time.time() + 120
+        while not [s for s in segments_of(url) if s.state.name == "RUNNING"] and time.time() < deadline:
+            time.sleep(0.2)  # worker 1 takes the preempted segment first (the lowest number)
+        again = worker("w0")
+        driver.communicate(timeout=600)
+        assert driver.returncode == 0
+        for each in (second, again):
+            assert each.wait(timeout=300) == 0, each.stderr.read()[-3000:]
+        done = segments_of(url)
+    assert summary(homes["driver"] / "search") == summary(homes["one"] / "search")
+    by_trial: Dict[int, List[dict]] = {}
+    for segment in sorted(done, key=lambda s: s.number):
+        by_trial.setdefault(segment.user_attrs["trial"], []).append(segment.user_attrs)
+    moved = [number for number, attrs in by_trial.items()
+             if len({a.get("worker") for a in attrs}) > 1 and any(a.get("resumed_at") for a in attrs)]
+    assert moved, by_trial  # a trial resumed on another worker, from S3
+    assert {a["worker"].rsplit(":", 1)[1] for attrs in by_trial.values() for a in attrs if a.get("exit_code") == 0} \
+        >= {str(second.pid), str(again.pid)}
+    # Nothing of the trials' training reached the driver's directory; each worker's is its own.
+    assert not list((homes["driver"] / "search").rglob("metrics.jsonl"))
+    assert list((homes["w1"] / "trials").rglob("metrics.jsonl"))
+
+
+def segments_of(url: str) -> list:
+    from hookdet.search.store import Queue
+
+    return Queue(url).segments()

@@ -53,7 +53,14 @@ def write_identity(run: Any, parent: Optional[Dict[str, Any]] = None) -> None:
         "storage": run.storage.locator() if run.storage is not None else None,
         "parent": parent if parent is not None else previous.get("parent"),
     }
-    path = Path(run.run_dir) / IDENTITY_FILE
+    adopt_identity(run.run_dir, identity)
+
+
+def adopt_identity(run_dir: Union[str, Path], identity: Dict[str, Any]) -> None:
+    """Write ``identity`` (another run directory's, :func:`read_identity`) into ``run_dir``, so
+    ``--resume run_dir`` finds that run's checkpoints in the storage it records: how a search
+    worker on another machine continues a trial whose checkpoints are in S3."""
+    path = Path(run_dir) / IDENTITY_FILE
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(identity, indent=2, sort_keys=True), encoding="utf-8")
     os.replace(partial, path)

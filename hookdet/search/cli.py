@@ -223,6 +223,10 @@ def add_search_command(commands: Any) -> None:
                         "holds several searches (search.json names it)")
     worker.add_argument("--index", type=int, default=0, help="this worker's slot on the machine")
     worker.add_argument("--of", type=int, default=1, help="workers on this machine")
+    worker.add_argument("--work-dir", type=Path, help="train in this directory, sharing only the store "
+                        "and the checkpoint storage (e.g. S3) with the driver and other workers")
+    worker.add_argument("--model-dir", type=Path, help="with --work-dir: this machine's copy of the "
+                        "model directory (default: the driver's path)")
     worker.set_defaults(handler=command_worker)
 
 
@@ -242,4 +246,6 @@ def command_worker(args: argparse.Namespace) -> int:
             raise _usage_error("hookdet search worker needs a search directory or --storage URL")
         meta = json.loads((Path(args.search_dir) / META_FILE).read_text())
         storage, study = meta["storage"], meta.get("study", LEGACY_STUDY_NAME)
-    return main_worker(storage, args.index, args.of, study)
+    if args.model_dir is not None and args.work_dir is None:
+        raise _usage_error("hookdet search worker: --model-dir goes with --work-dir")
+    return main_worker(storage, args.index, args.of, study, args.work_dir, args.model_dir)

@@ -166,6 +166,7 @@ class Driver:
             "run_dir": trial["dir"], "model_dir": str(self.model_dir),
             "metric": self.settings.metric, "hparams": trial["hparams"],
             "unit": self.settings.unit, "seq": trial.get("seq"),
+            "identity": trial.get("identity"),  # its run id and checkpoint storage, once it has them
         })
 
     def _segment_config(self, segment: Dict[str, Any]) -> Dict[str, Any]:
@@ -195,8 +196,10 @@ class Driver:
                 continue
             path = Path(segment["config"])
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self._segment_config(segment), indent=1))
-            self.queue.add(segment)
+            experiment = self._segment_config(segment)
+            path.write_text(json.dumps(experiment, indent=1))
+            # Carried in the store too, for workers that see only the store (--work-dir).
+            self.queue.add(dict(segment, experiment=experiment))
         self.state["pending"] = []
         self.save()
 
@@ -212,6 +215,7 @@ class Driver:
         trial = self.state["trials"][attrs["request_id"]]
         code = attrs.get("exit_code")
         rid = trial["request_id"]
+        trial["identity"] = attrs.get("identity") or trial.get("identity")
         if code == 0 and attrs.get("metric") is not None:
             target = attrs["target"] or 0
             units = target if self.settings.unit not in (None, "batches") else int(attrs["batches"])

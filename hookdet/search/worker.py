@@ -8,10 +8,15 @@ checkpoint's step, so a segment that died after its last checkpoint leaves no du
 
 Workers started by the driver (``--workers N``) are threads of it; ``hookdet search worker``
 runs the same loop in a process of its own, on this machine or another one that sees the search
-directory and the store.
+directory and the store. With ``--work-dir`` a worker shares nothing but the store (and the
+checkpoint storage, e.g. S3): it writes each segment's experiment file (carried in the store)
+and the trial's run directory into its own directory, gives the run directory the trial's
+identity (its run id and checkpoint storage, carried in the store too), and so resumes a trial
+from the newest checkpoint in that storage, whichever worker wrote it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -20,11 +25,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
-from hookdet.runs.identity import newest_checkpoint_steps
+from hookdet.runs.identity import adopt_identity, newest_checkpoint_steps, read_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
 from hookdet.search.store import Queue
@@ -91,13 +96,30 @@ def _set_parent_death_signal() -> None:
 
 
 class SegmentRunner:
-    """Runs segments for one worker; :meth:`terminate` preempts the running one."""
+    """Runs segments for one worker; :meth:`terminate` preempts the running one. ``work_dir``
+    (and ``model_dir``): a worker of its own directory (see the module's docstring)."""
 
-    def __init__(self, queue: Queue, slot: Slot) -> None:
+    def __init__(self, queue: Queue, slot: Slot, work_dir: Optional[Path] = None,
+                 model_dir: Optional[Path] = None) -> None:
         self.queue, self.slot = queue, slot
+        self.work_dir, self.model_dir = work_dir, model_dir
         self.process: Optional[subprocess.Popen] = None
         self._lock = threading.Lock()
         self.stopping = False
+
+    def place(self, attrs: Dict[str, Any]) -> Tuple[Path, str, str]:
+        """(run directory, experiment file, model directory) of a segment on this worker: the
+        search directory's, or with a work directory its own copies there."""
+        model_dir = str(self.model_dir or attrs["model_dir"])
+        if self.work_dir is None:
+            return Path(attrs["run_dir"]), attrs["config"], model_dir
+        run_dir = self.work_dir / Path(attrs["run_dir"]).name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if attrs.get("identity") and read_identity(run_dir) is None:
+            adopt_identity(run_dir, attrs["identity"])
+        config = self.work_dir / f"{run_dir.name}-{Path(attrs['config']).name}"
+        config.write_text(json.dumps(attrs["experiment"], indent=1))
+        return run_dir, str(config), model_dir
 
     def terminate(self) -> None:
         with self._lock:
@@ -111,14 +133,14 @@ class SegmentRunner:
         if self.stopping:  # claimed as the search was told to stop: hand it back untouched
             self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
             return
-        run_dir = Path(attrs["run_dir"])
+        run_dir, config, model_dir = self.place(attrs)
         steps = newest_checkpoint_steps(run_dir)
         if steps is None:
             forget_attempt(run_dir)
         else:
             drop_reports_after(run_dir, steps)
-        command = [sys.executable, "-m", "hookdet", "run", attrs["config"], "--run-dir", str(run_dir),
-                   "--model-dir", attrs["model_dir"]]
+        command = [sys.executable, "-m", "hookdet", "run", config, "--run-dir", str(run_dir),
+                   "--model-dir", model_dir]
         if steps is not None:
             command += ["--resume", str(run_dir)]
         env = dict(os.environ, **self.slot.env())
@@ -138,7 +160,7 @@ class SegmentRunner:
                     os.sched_setaffinity(0, cpus)
 
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=child_setup, cwd=attrs["model_dir"])
+                                            preexec_fn=child_setup, cwd=model_dir)
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
@@ -150,7 +172,8 @@ class SegmentRunner:
         outcome = {"exit_code": status, "started": started, "ended": time.time(),
                    "resumed_at": steps, "slot": self.slot.describe(),
                    "metric": found[-1][1] if found else None,
-                   "batches": found[-1][0] if found else None}
+                   "batches": found[-1][0] if found else None,
+                   "identity": read_identity(run_dir)}  # where any worker finds its checkpoints
         self.queue.finish(trial_id, outcome, ok=status == 0)
 
     def _wait(self, trial_id: int) -> int:
@@ -178,11 +201,12 @@ def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float
                            type(error).__name__, error)
 
 
-def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optional[str] = None) -> int:
+def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optional[str] = None,
+                work_dir: Optional[Path] = None, model_dir: Optional[Path] = None) -> int:
     """``hookdet search worker``: join a search's store and work until the search ends."""
     queue = Queue(storage_url, study)
     slot = Slot(index, count, int(queue.info().get("slots_per_trial", 1)))
-    runner = SegmentRunner(queue, slot)
+    runner = SegmentRunner(queue, slot, work_dir and work_dir.resolve(), model_dir and model_dir.resolve())
     done = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
