@@ -49,16 +49,6 @@ _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 KILLED_RANK = re.compile(r"^hookdet: error: rank (\d+) \(pid \d+\) was killed by (\w+)")
 #: Signals a rank dies of when it crashes by itself (not stopped by a launcher or a person).
 CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
-
-
-def killed_ranks(said: Iterable[str]) -> Dict[int, Tuple[str, str]]:
-    """The ranks ``said`` names as killed by a signal: rank -> (the signal's name, the line)."""
-    killed = {}
-    for line in said:
-        match = KILLED_RANK.match(line)
-        if match:
-            killed[int(match.group(1))] = (match.group(2), line)
-    return killed
 #: The packages the launchers' own frames are in, by which their tracebacks are told from a rank's.
 _LAUNCHER_PACKAGES = {"torchrun": "/torch/distributed/", "horovodrun": "/horovod/runner/"}
 #: The lines Python prints between chained tracebacks.
@@ -268,6 +258,16 @@ def record_rank_message(status_dir: str, rank: int, message: str) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(message, encoding="utf-8")
     partial.replace(path)
+
+
+def killed_ranks(said: Iterable[str]) -> Dict[int, Tuple[str, str]]:
+    """The ranks ``said`` names as killed by a signal: rank -> (the signal's name, the line)."""
+    killed = {}
+    for line in said:
+        match = KILLED_RANK.match(line)
+        if match:
+            killed[int(match.group(1))] = (match.group(2), line)
+    return killed
 
 
 def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
