@@ -143,7 +143,10 @@ def test_larger_is_better_makes_a_maximising_study() -> None:
     assert settings().build(SPACE).study().direction.name == "MINIMIZE"
 
 
-@pytest.mark.parametrize("searcher, message", [
+BASE = {"name": "optuna", "metric": "loss", "max_trials": 4, "time_metric": "batches", "max_time": 8}
+
+
+@pytest.mark.parametrize("change, message", [
     ({"sampler": "bayes"}, "searcher.sampler must be one of tpe, cmaes, gp, random; got 'bayes'"),
     ({"pruner": "asha"}, "searcher.pruner must be one of none, median, hyperband; got 'asha'"),
     ({"sampler_options": {"seed": 3}}, "searcher.sampler_options.seed is set by hookdet"),
@@ -152,13 +155,10 @@ def test_larger_is_better_makes_a_maximising_study() -> None:
     ({"pruner": "median", "max_time": None, "time_metric": None}, "a pruner needs `max_time` and `time_metric`"),
     ({"max_trials": None}, "searcher.max_trials is required by the 'optuna' searcher"),
 ])
-def test_a_wrong_optuna_searcher_is_one_line_naming_the_field(searcher: Dict[str, Any], message: str) -> None:
-    block = {key: value for key, value in searcher.items() if value is not None}
+def test_a_wrong_optuna_searcher_is_one_line_naming_the_field(change: Dict[str, Any], message: str) -> None:
+    block = {key: value for key, value in {**BASE, **change}.items() if value is not None}
     with pytest.raises(SearchConfigError) as refused:
-        settings(**block) if None not in searcher.values() else read_settings(
-            {"searcher": {"name": "optuna", "metric": "loss", "max_trials": 4,
-                          **{k: v for k, v in searcher.items() if k not in ("max_time", "time_metric")},
-                          **({} if "max_trials" not in searcher else {"max_trials": None})}}, "exp.yaml")
+        read_settings({"searcher": block}, "exp.yaml")
     assert "exp.yaml: searcher" in str(refused.value) and message in str(refused.value), str(refused.value)
 
 
