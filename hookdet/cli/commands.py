@@ -190,7 +190,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
-    from hookdet.distributed.launcher import KILLED_RANK, combined_exit_status, failure_lines, killed_ranks, launcher_death_line, read_rank_statuses, run_passing_signals
+    from hookdet.distributed.launcher import combined_exit_status, failure_lines, killed_ranks, launcher_death_line, read_rank_statuses, run_passing_signals
     from hookdet.plugins.selection import Launch, select_plugins
     from hookdet.loop.trainer import default_run_dir
 
@@ -212,15 +212,15 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         env[RANK_STATUS_DIR_ENV] = status_dir
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_said: List[str] = []
-        launcher_status = run_passing_signals(command, env, launcher_said)
+        killed_lines: List[str] = []
+        launcher_status = run_passing_signals(command, env, launcher_said, killed_lines)
         statuses = read_rank_statuses(Path(status_dir))
-        killed = killed_ranks(launcher_said)
+        killed = killed_ranks(killed_lines)
         lines = failure_lines(Path(status_dir), statuses, local_ranks, killed)
         if not lines and not statuses:  # no rank had a word: what torchrun saw is all there is
             lines = [line for _, line in killed.values()]
-        said = [line for line in launcher_said if not KILLED_RANK.match(line)]
         died = launcher_death_line(launcher, launcher_status, len(statuses))
-        for line in lines + ([died] if died and not lines and not said else []):
+        for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)
     return combined_exit_status(launcher_status, statuses, local_ranks)
 

@@ -38,7 +38,7 @@ from hookdet.trial_api import cluster_info
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import resume_target, torchrun_command
 from hookdet.distributed.launcher import (
-    CRASH_SIGNALS, KILLED_RANK, RANK_ENTRY, killed_ranks, launcher_death_line, pump_filtered, signal_name,
+    CRASH_SIGNALS, RANK_ENTRY, killed_ranks, launcher_death_line, pump_filtered, signal_name,
     stop_signals_passed_on,
 )
 
@@ -158,19 +158,11 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     env[cluster_info.CLUSTER_INFO_ENV] = str(info_path)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     logger.info("running %s in %s (run directory %s)", shlex.join(command), model_dir, run_dir)
-    said: List[str] = []
-    status = run_passing_signals(command, env, model_dir, to_group=not is_launcher, said=said)
+    killed_lines: List[str] = []
+    status = run_passing_signals(command, env, model_dir, to_group=not is_launcher, killed=killed_lines)
     outcomes = cluster_info.read_outcomes(info_dir)
-    killed = killed_ranks(said)
     ranks = slots if is_launcher else 1
-    if crashed_after_training(outcomes, ranks, killed):
-        for _, line in (entry for entry in killed.values() if entry[0] in CRASH_SIGNALS):
-            print(line.replace("hookdet: error:", "hookdet: warning:") + " after its training ended (a crash "
-                  "as it exited); the run's training and checkpoints are complete", file=sys.stderr, flush=True)
-        status = 0
-    for killed_by, line in killed.values():
-        if status != 0 and killed_by not in ("SIGTERM", "SIGINT"):  # not the launcher stopping the others
-            print(line, file=sys.stderr, flush=True)
+    status = tell_killed_ranks(status, outcomes, ranks, killed_ranks(killed_lines))
     final = exit_status(status, outcomes, ranks, is_launcher)
     print(f"hookdet: entrypoint {how_it_ended(status, final)}", flush=True)
     print(f"  run directory: {run_dir.resolve()}", flush=True)
@@ -204,6 +196,22 @@ def check_script_exists(entrypoint: str, model_dir: Path, source: str) -> None:
         )
 
 
+def tell_killed_ranks(status: int, outcomes: Dict[int, Optional[str]], ranks: int,
+                      killed: Dict[int, Tuple[str, str]]) -> int:
+    """Print the ranks torchrun saw die of a signal, and return the launch's status: 0 when they
+    only crashed after training (:func:`crashed_after_training`, a warning each), else ``status``
+    (an error each, but for the SIGTERM/SIGINT of the launcher stopping the others)."""
+    if crashed_after_training(outcomes, ranks, killed):
+        for _, line in (entry for entry in killed.values() if entry[0] in CRASH_SIGNALS):
+            print(line.replace("hookdet: error:", "hookdet: warning:") + " after its training ended (a crash "
+                  "as it exited); the run's training and checkpoints are complete", file=sys.stderr, flush=True)
+        return 0
+    for killed_by, line in killed.values():
+        if status != 0 and killed_by not in ("SIGTERM", "SIGINT"):
+            print(line, file=sys.stderr, flush=True)
+    return status
+
+
 def crashed_after_training(outcomes: Dict[int, Optional[str]], ranks: int, killed: Dict[int, Tuple[str, str]]) -> bool:
     """Whether every rank's training ended (each recorded its outcome) and the only failures are
     ranks that crashed by themselves afterwards (an abort in the process group's teardown as the
@@ -227,7 +235,7 @@ def exit_status(status: int, outcomes: Dict[int, Optional[str]], ranks: int, is_
 
 
 def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, to_group: bool,
-                        said: Optional[List[str]] = None) -> int:
+                        killed: Optional[List[str]] = None) -> int:
     """Run ``command`` in its own session, passing stop signals on; its exit status.
 
     ``to_group``: signals go to the whole process group (a ``sh -c`` command's children too), and
@@ -235,13 +243,13 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, 
     checkpoint is waited for even when the shell above it has died. Otherwise ``command`` is a
     launcher: its stderr goes through :func:`hookdet.distributed.launcher.filter_launcher_stderr`, and its
     death by a signal is said in one line; the lines naming ranks killed by a signal are appended
-    to ``said``, for the caller to tell.
+    to ``killed``, for the caller to tell.
     """
     launcher = not to_group
     process = subprocess.Popen(list(command), env=env, cwd=str(cwd), start_new_session=True,
                                stderr=subprocess.PIPE if launcher else None)
-    said = [] if said is None else said
-    pump = pump_filtered(process.stderr, sys.stderr, said) if launcher else None
+    said: List[str] = []
+    pump = pump_filtered(process.stderr, sys.stderr, said, killed) if launcher else None
 
     def send(signum: int) -> None:
         try:
@@ -261,7 +269,7 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, 
         if pump is not None:
             pump.join(timeout=5)
             died = launcher_death_line(_launcher_name(command), status)
-            if died is not None and not [line for line in said if not KILLED_RANK.match(line)]:
+            if died is not None and not said:
                 print(died, file=sys.stderr, flush=True)
         return status
     finally:

@@ -207,17 +207,18 @@ def launcher_death_line(launcher: str, status: int, ranks_reported: Optional[int
     return None
 
 
-def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = None) -> threading.Thread:
+def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = None,
+                  killed: Optional[List[str]] = None) -> threading.Thread:
     """Copy ``source`` (torchrun's stderr) to ``sink`` through the filter, in a thread; the
-    launcher's own one-line failures are also appended to ``said``, and the lines naming a rank
-    killed by a signal go there only (see :func:`killed_ranks`)."""
+    launcher's own one-line failures are also appended to ``said``. The lines naming a rank
+    killed by a signal go to ``killed`` instead of ``sink`` (read them with
+    :func:`killed_ranks`): the caller tells them, knowing whether the rank had finished."""
 
     def pump() -> None:
         lines = (raw.decode(errors="replace") for raw in iter(source.readline, b""))
         for line in filter_launcher_stderr(lines):
-            if KILLED_RANK.match(line):  # the caller tells it, knowing whether the rank had finished
-                if said is not None:
-                    said.append(line.rstrip("\n"))
+            if killed is not None and KILLED_RANK.match(line):
+                killed.append(line.rstrip("\n"))
                 continue
             sink.write(line)
             sink.flush()
@@ -389,14 +390,16 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str]) -> int:
+def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str],
+                        killed: Optional[List[str]] = None) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status.
-    The launcher's own failures, each one line, are appended to ``said``."""
+    The launcher's own failures, each one line, are appended to ``said``; the lines naming ranks
+    killed by a signal to ``killed``."""
     process = subprocess.Popen(
         list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
         preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
     )
-    pump = pump_filtered(process.stderr, sys.stderr, said)
+    pump = pump_filtered(process.stderr, sys.stderr, said, killed)
 
     def send(signum: int) -> None:
         if process.poll() is None:
