@@ -1,7 +1,8 @@
 """A search worker: claims segments from the queue and trains each with an ordinary ``hookdet run``.
 
 A segment runs ``hookdet run SEGMENT_CONFIG --run-dir TRIAL_DIR`` (``--resume TRIAL_DIR`` when
-the trial already has a checkpoint) in a process of its own, so any trial ``hookdet run``
+the trial already has a checkpoint) in a process of its own, forked from a process that has
+already imported torch and hookdet (:mod:`hookdet.search.warm_start`), so any trial ``hookdet run``
 accepts can be searched, with its hyperparameters in the config and its seed in
 ``HOOKDET_TRIAL_SEED``. Before a resume the trial's ``metrics.jsonl`` is cut back to the
 checkpoint's step, so a segment that died after its last checkpoint leaves no duplicate lines.
@@ -20,8 +21,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from hookdet.runs.identity import adopt_identity, newest_checkpoint_steps, read_
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
 from hookdet.search.store import Queue
+from hookdet.search.warm_start import SegmentProcess, start_segment
 
 logger = logging.getLogger("hookdet")
 HEARTBEAT_SECONDS = 2.0
@@ -85,16 +85,6 @@ def visible_gpus() -> List[int]:
         return []
 
 
-def _set_parent_death_signal() -> None:
-    """In the child: get SIGTERM (checkpoint and stop) if the worker dies without a word."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 class SegmentRunner:
     """Runs segments for one worker; :meth:`terminate` preempts the running one. ``work_dir``
     (and ``model_dir``): a worker of its own directory (see the module's docstring)."""
@@ -103,7 +93,7 @@ class SegmentRunner:
                  model_dir: Optional[Path] = None) -> None:
         self.queue, self.slot = queue, slot
         self.work_dir, self.model_dir = work_dir, model_dir
-        self.process: Optional[subprocess.Popen] = None
+        self.process: Optional[SegmentProcess] = None
         self._lock = threading.Lock()
         self.stopping = False
 
@@ -124,7 +114,7 @@ class SegmentRunner:
     def terminate(self) -> None:
         with self._lock:
             self.stopping = True
-            if self.process is not None and self.process.poll() is None:
+            if self.process is not None:
                 self.process.send_signal(signal.SIGTERM)
 
     def run(self, segment: Any) -> None:
@@ -139,10 +129,9 @@ class SegmentRunner:
             forget_attempt(run_dir)
         else:
             drop_reports_after(run_dir, steps)
-        command = [sys.executable, "-m", "hookdet", "run", config, "--run-dir", str(run_dir),
-                   "--model-dir", model_dir]
+        argv = ["run", config, "--run-dir", str(run_dir), "--model-dir", model_dir]
         if steps is not None:
-            command += ["--resume", str(run_dir)]
+            argv += ["--resume", str(run_dir)]
         env = dict(os.environ, **self.slot.env())
         env.update({TRIAL_SEED_ENV: str(attrs["seed"]), TRIAL_ID_ENV: str(attrs["trial"])})
         env.pop("HOOKDET_RUN_DIR", None)
@@ -151,16 +140,9 @@ class SegmentRunner:
             env[SEGMENT_END_ENV] = f"{attrs['target']} {attrs.get('unit') or 'batches'}"
         run_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        with open(run_dir.parent / f"{run_dir.name}.log", "a") as log, self._lock:
-            cpus = self.slot.cpus
-
-            def child_setup() -> None:
-                _set_parent_death_signal()
-                if cpus and hasattr(os, "sched_setaffinity"):
-                    os.sched_setaffinity(0, cpus)
-
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=child_setup, cwd=model_dir)
+        with self._lock:
+            self.process = start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
+                                         self.slot.cpus)
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
@@ -179,10 +161,10 @@ class SegmentRunner:
     def _wait(self, trial_id: int) -> int:
         assert self.process is not None
         while True:
-            try:
-                return self.process.wait(timeout=HEARTBEAT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.queue.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+            status = self.process.wait(timeout=HEARTBEAT_SECONDS)
+            if status is not None:
+                return status
+            self.queue.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
 
 
 def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float = 0.5) -> None:
