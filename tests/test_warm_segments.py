@@ -1,0 +1,123 @@
+"""Warm trial processes (``hookdet/search/warm_start.py``): a search's segments are forked from a
+process that has imported torch and hookdet, train bit for bit as segments started as new
+interpreters (``HOOKDET_COLD_SEGMENTS=1``), and stay processes of their own. Real ``hookdet run``
+drivers, real trial processes, a real Optuna store."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch
+
+from tests.test_search_run import FIXTURES, HOOKDET, env, summary
+
+pytest.importorskip("optuna")
+
+
+def run_search(workdir: Path, config: Path, *args: str, cold: bool = False) -> Dict[str, Any]:
+    """Run search ``config`` in ``workdir/search`` (trial log ``workdir/trials.log``); its
+    driver's pid and the trials' start records."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    environment = env(workdir)
+    if cold:
+        environment["HOOKDET_COLD_SEGMENTS"] = "1"
+    else:
+        environment.pop("HOOKDET_COLD_SEGMENTS", None)
+    driver = subprocess.Popen([*HOOKDET, "run", str(config), "--run-dir", "search", *args],
+                              cwd=workdir, env=environment, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0, err[-3000:]
+    starts = [json.loads(line) for line in (workdir / "trials.log").read_text().splitlines()]
+    return {"pid": driver.pid, "starts": [r for r in starts if r["event"] == "start"], "stderr": err}
+
+
+#: What a checkpoint holds of the training (the plugins' part names checkpoints by their ids).
+TRAINING_STATE = ("models_state_dict", "optimizers_state_dict", "lr_schedulers_state_dict",
+                  "callbacks", "trial_state", "rng_state")
+
+
+def newest_state(trial_dir: Path) -> Dict[str, Any]:
+    """The newest checkpoint's training state (weights, optimizer, every RNG stream, the trial's
+    position) of a trial."""
+    metadata = max((trial_dir / "checkpoints").glob("*/metadata.json"),
+                   key=lambda path: json.loads(path.read_text())["steps_completed"])
+    state = torch.load(metadata.parent / "state_dict.pth", weights_only=True)
+    state["trial_state"].pop("latest_checkpoint")  # an id, new for every checkpoint written
+    return {key: state[key] for key in TRAINING_STATE}
+
+
+def assert_identical(a: Any, b: Any, where: str = "") -> None:
+    """``a`` and ``b`` equal bit for bit, tensors by ``torch.equal``."""
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{index}]")
+    else:
+        assert a == b, where
+
+
+def reports(trial_dir: Path) -> List[tuple]:
+    records = [json.loads(line) for line in (trial_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["group"], r["steps_completed"], r["metrics"]) for r in records]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_warm_segments_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
+    """An ASHA search (trials continued from their rung-0 checkpoints) run warm and cold: the
+    same decisions, every trial's metrics.jsonl and its newest checkpoint (weights, optimizer,
+    every RNG stream) equal bit for bit. Warm segments are children of one fork server, not of
+    the driver; cold ones are the driver's own."""
+    warm = run_search(tmp_path / "warm", FIXTURES / "asha.yaml", "--workers", "1")
+    cold = run_search(tmp_path / "cold", FIXTURES / "asha.yaml", "--workers", "1", cold=True)
+    assert summary(tmp_path / "warm" / "search") == summary(tmp_path / "cold" / "search")
+    trials = sorted(path.name for path in (tmp_path / "warm" / "search").glob("trial-*") if path.is_dir())
+    assert len(trials) == 4
+    for name in trials:
+        warm_dir, cold_dir = tmp_path / "warm" / "search" / name, tmp_path / "cold" / "search" / name
+        assert reports(warm_dir) == reports(cold_dir), name
+        assert_identical(newest_state(warm_dir), newest_state(cold_dir), name)
+    assert len(warm["starts"]) == len(cold["starts"]) > len(trials)  # continued trials started twice
+    fork_servers = {record["ppid"] for record in warm["starts"]}
+    assert len(fork_servers) == 1 and warm["pid"] not in fork_servers
+    assert {record["ppid"] for record in cold["starts"]} == {cold["pid"]}
+    assert len({record["pid"] for record in warm["starts"]}) == len(warm["starts"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_trial_that_leaks_a_global_or_segfaults_touches_no_other(tmp_path: Path) -> None:
+    """One worker runs a grid in order: a trial that leaves a global in torch, one that dies of
+    SIGSEGV, then an ordinary one. The segfault fails its own trial only (its exit status is the
+    signal's); no later trial sees the leaked global."""
+    config = tmp_path / "misbehave.yaml"
+    config.write_text(
+        "name: misbehave\nentrypoint: search_trial:LineTrial\nmax_restarts: 0\n"
+        "hyperparameters:\n  global_batch_size: 8\n  optimizer: {lr: 0.05}\n"
+        "  misbehave: {type: categorical, vals: [none, segfault, leak]}\n"
+        "searcher: {name: grid, metric: validation_loss, max_concurrent_trials: 1, max_length: {batches: 4}}\n"
+        "min_validation_period: {batches: 4}\n")
+    result = run_search(tmp_path, config, "--workers", "1", "--model-dir", str(FIXTURES))
+    rows = {row["hp.misbehave"]: row["state"] for row in summary(tmp_path / "search")}
+    assert rows == {"leak": "completed", "segfault": "errored", "none": "completed"}
+    # Determined's grid order (the last value first): the leak comes before the other two.
+    assert [record["hparams"]["misbehave"] for record in result["starts"]] == ["leak", "segfault", "none"]
+    assert not any(record["leak_seen"] for record in result["starts"])
+    segfaulted = (tmp_path / "search" / "trial-002.log").read_text()
+    assert "Traceback" not in segfaulted
+    from tests.test_search_run import segments
+
+    statuses = [s.user_attrs.get("exit_code") for s in segments(tmp_path / "search")]
+    assert -signal.SIGSEGV in statuses
