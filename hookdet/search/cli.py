@@ -79,7 +79,6 @@ def _default_workers(slots_per_trial: int) -> int:
 
 def run_search(args: argparse.Namespace) -> int:
     """Run (or, with ``--resume SEARCH_DIR``, continue) the search ``args.config`` describes."""
-    from hookdet.search.driver import Driver
     from hookdet.search.store import LEGACY_STUDY_NAME, Queue, default_storage, study_name
 
     config_path = Path(args.config).resolve()
@@ -108,6 +107,15 @@ def run_search(args: argparse.Namespace) -> int:
     (search_dir / META_FILE).write_text(json.dumps(meta, indent=1))
     model_dir = Path(args.model_dir).resolve() if args.model_dir else config_path.parent
     slots = config.resources.slots_per_trial
+    workers = args.workers if args.workers is not None else _default_workers(slots)
+    if settings.max_concurrent_trials > 0:
+        workers = min(workers, settings.max_concurrent_trials)
+    if workers > 0:  # the warm process imports torch while this one opens the store and decides
+        from hookdet.search.warm_start import warm_up
+
+        warm_up(model_dir, raw.get("entrypoint"))
+    from hookdet.search.driver import Driver  # imports torch: after the warm process is on its way
+
     queue = Queue(storage, study, create=True, smaller_is_better=settings.smaller_is_better)
     driver = Driver(search_dir, settings, space, raw, model_dir, queue,
                     config.reproducibility.experiment_seed)
@@ -117,9 +125,6 @@ def run_search(args: argparse.Namespace) -> int:
     else:  # fresh, or killed before its first decision was saved (nothing was queued then)
         queue.set_info({"search_dir": str(search_dir), "slots_per_trial": slots, "finished": False})
         driver.start()
-    workers = args.workers if args.workers is not None else _default_workers(slots)
-    if settings.max_concurrent_trials > 0:
-        workers = min(workers, settings.max_concurrent_trials)
     print(f"hookdet: {settings.name} search in {search_dir} ({max(workers, 0)} local workers; "
           f"store {storage})", flush=True)
     status = driver.run(max(workers, 0), slots)

@@ -375,10 +375,11 @@ class Driver:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             while True:
+                seen = self.queue.generation()
                 over = self.poll()
                 if over or (self.stopping and not any(t.is_alive() for t in threads)):
                     break
-                time.sleep(poll)
+                self.queue.wait_for_change(seen, poll)  # a local worker's finish wakes it at once
         finally:
             done.set()
             for sig, handler in previous.items():

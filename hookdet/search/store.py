@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -141,6 +142,27 @@ class Queue:
             raise StoreError(f"search store {_shown(storage_url)} cannot be read: "
                              f"{_first_line(error)}") from None
         self.study_id = self.storage.get_study_id_from_name(self.study.study_name)
+        self._changes = threading.Condition()
+        self._generation = 0
+
+    # The driver and its local worker threads share one Queue: each tells the others when it
+    # queued or finished a segment, so none of them waits out a polling interval for it.
+    # Workers in other processes see the store's changes at their next poll.
+
+    def generation(self) -> int:
+        """How many segments this process has queued or finished so far."""
+        return self._generation
+
+    def wait_for_change(self, seen: int, timeout: float) -> None:
+        """Wait until this process queues or finishes a segment after :meth:`generation` was
+        ``seen``, or ``timeout`` seconds pass."""
+        with self._changes:
+            self._changes.wait_for(lambda: self._generation != seen, timeout)
+
+    def _changed(self) -> None:
+        with self._changes:
+            self._generation += 1
+            self._changes.notify_all()
 
     def _only_study(self) -> str:
         """The name of the store's one study; a store shared by searches needs the name."""
@@ -168,6 +190,7 @@ class Queue:
         trial = self.optuna.trial.create_trial(
             state=self.optuna.trial.TrialState.WAITING, user_attrs=segment)
         self.study.add_trial(trial)
+        self._changed()
 
     def keys(self) -> set:
         return {t.user_attrs.get("key") for t in self.segments()}
@@ -221,3 +244,4 @@ class Queue:
             self.storage.set_trial_state_values(trial_id, state=state.COMPLETE, values=[value])
         else:
             self.storage.set_trial_state_values(trial_id, state=state.FAIL)
+        self._changed()

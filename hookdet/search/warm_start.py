@@ -4,9 +4,10 @@ A cold segment is ``python -m hookdet run ...`` in a new interpreter, which spen
 seconds on an idle machine (and several under load) importing torch, ``torch._dynamo`` and
 hookdet before it trains a batch, again for every segment of every trial. A search worker
 instead keeps one *fork server* (the standard library's :mod:`multiprocessing` ``forkserver``,
-started on first use) that has imported torch, hookdet's run path and the default plugins, and
-nothing of the user's code; each segment is a process forked from it that runs the same
-``hookdet run`` command line through :func:`hookdet.cli.commands.main`.
+started on first use) that has imported torch, hookdet's run path, the default plugins and the
+installed libraries the trial's module imports (scikit-learn, pandas, ...: read from its source,
+not run), and nothing of the user's code; each segment is a process forked from it that runs the
+same ``hookdet run`` command line through :func:`hookdet.cli.commands.main`.
 
 What a segment keeps from the cold way:
 
@@ -29,7 +30,10 @@ the benchmark that compares the two, and as an escape hatch).
 """
 from __future__ import annotations
 
+import ast
 import atexit
+import importlib.util
+import logging
 import multiprocessing
 import os
 import signal
@@ -37,15 +41,18 @@ import subprocess
 import sys
 import traceback
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 #: Set to ``1`` to start each segment as a new interpreter instead of a fork of the warm process.
 COLD_ENV = "HOOKDET_COLD_SEGMENTS"
 
 #: What the warm process imports besides the default plugins: torch (with ``torch._dynamo``,
-#: which every optimizer pulls in) and the modules a ``hookdet run`` of a trial class goes through.
-PRELOAD = ("torch", "torch.optim", "torch._dynamo", "hookdet.cli.commands",
-           "hookdet.loop.trainer", "hookdet.trial_api.context", "hookdet.search.worker")
+#: which every optimizer pulls in, and its TensorBoard writer, which the default ``tensorboard``
+#: plugin opens as a run starts) and the modules a ``hookdet run`` of a trial class goes through.
+PRELOAD = ("torch", "torch.optim", "torch._dynamo", "torch.utils.tensorboard",
+           "hookdet.cli.commands", "hookdet.loop.trainer", "hookdet.trial_api.context",
+           "hookdet.search.worker")
 
 
 def cold() -> bool:
@@ -53,24 +60,71 @@ def cold() -> bool:
     return os.environ.get(COLD_ENV, "") not in ("", "0")
 
 
-def preload_modules() -> List[str]:
-    """:data:`PRELOAD` and the modules of the default plugins, read from their entry points
-    (no plugin is imported to find them)."""
+def preload_modules(libraries: Sequence[str] = ()) -> List[str]:
+    """:data:`PRELOAD`, the modules of the default plugins (read from their entry points: no
+    plugin is imported to find them) and ``libraries``."""
     from hookdet.plugins.selection import DEFAULT_PLUGINS
 
     plugins = {ep.name: ep.module for ep in entry_points(group="hookdet.plugins")}
-    return list(PRELOAD) + [plugins[name] for name in DEFAULT_PLUGINS if name in plugins]
+    return list(PRELOAD) + [plugins[name] for name in DEFAULT_PLUGINS if name in plugins] + list(libraries)
 
 
+def libraries_of(model_dir: Path, entrypoint: Optional[str]) -> List[str]:
+    """The installed modules that a ``module:Class`` entrypoint's module imports at its top level,
+    directly or through other modules of the model directory, read from the source (nothing is
+    run). Modules of the model directory are the user's code and are left out."""
+    if not entrypoint or ":" not in entrypoint:
+        return []
+    found: List[str] = []
+    pending, seen = [entrypoint.split(":", 1)[0]], set()
+    while pending:
+        module = pending.pop()
+        source = model_dir / (module.replace(".", "/") + ".py")
+        if module in seen or not source.is_file():
+            continue
+        seen.add(module)
+        for name in top_level_imports(source):
+            top = name.split(".", 1)[0]
+            if (model_dir / top).exists() or (model_dir / f"{top}.py").exists():
+                pending.append(name)
+            elif name not in found and importlib.util.find_spec(top) is not None:
+                found.append(name)
+    return found
+
+
+def top_level_imports(source: Path) -> List[str]:
+    """Absolute module names imported by the statements at the top level of ``source`` (also
+    inside a top-level ``try`` or ``if``)."""
+    try:
+        tree = ast.parse(source.read_text(), str(source))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: List[str] = []
+    statements = list(tree.body)
+    while statements:
+        statement = statements.pop(0)
+        if isinstance(statement, ast.Import):
+            names += [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
+            names.append(statement.module)
+        elif isinstance(statement, (ast.Try, ast.If)):
+            statements += statement.body + statement.orelse
+    return names
+
+
+logger = logging.getLogger("hookdet")
 _context: Optional[multiprocessing.context.BaseContext] = None
+#: Set when the warm process could not start: the worker's later segments start cold.
+_warm_failed = False
 
 
-def forkserver() -> multiprocessing.context.BaseContext:
-    """The ``forkserver`` context whose server has :func:`preload_modules` imported."""
+def forkserver(libraries: Sequence[str] = ()) -> multiprocessing.context.BaseContext:
+    """The ``forkserver`` context whose server has :func:`preload_modules` imported (with the
+    ``libraries`` of the first segment's trial: one server serves one worker's search)."""
     global _context
     if _context is None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(preload_modules())
+        context.set_forkserver_preload(preload_modules(libraries))
         _context = context
     return _context
 
@@ -104,25 +158,50 @@ class SegmentProcess:
         return self.process.exitcode
 
 
-def start_segment(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,
-                  cpus: Sequence[int]) -> SegmentProcess:
-    """Start ``hookdet <argv>`` in ``cwd`` with exactly ``env``, its output appended to
-    ``log_path``, pinned to ``cpus`` (all when empty): forked from the warm process, or as a new
-    interpreter when :func:`cold`."""
-    if cold():
-        def child_setup() -> None:
-            set_parent_death_signal()
-            if cpus and hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(0, cpus)
+def warm_up(model_dir: Path, entrypoint: Optional[str]) -> None:
+    """Start the warm process now (it imports while the caller goes on), for trials of
+    ``entrypoint`` in ``model_dir``; nothing when segments start cold."""
+    if cold() or _warm_failed:
+        return
+    forkserver(libraries_of(model_dir, entrypoint))
+    from multiprocessing import forkserver as server
 
-        with open(log_path, "a") as log:
-            return SegmentProcess(subprocess.Popen(
-                [sys.executable, "-m", "hookdet", *argv], env=env, cwd=cwd, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=child_setup))
-    process = forkserver().Process(target=run_segment, name="hookdet-segment",
-                                   args=(list(argv), dict(env), cwd, log_path, list(cpus)))
-    process.start()
-    return SegmentProcess(process)
+    server.ensure_running()
+
+
+def start_segment(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,
+                  cpus: Sequence[int], entrypoint: Optional[str] = None) -> SegmentProcess:
+    """Start ``hookdet <argv>`` in ``cwd`` (the model directory) with exactly ``env``, its output
+    appended to ``log_path``, pinned to ``cpus`` (all when empty): forked from the warm process
+    (which imports the libraries of ``entrypoint``'s module when it starts), or as a new
+    interpreter when :func:`cold` or when the warm process cannot start."""
+    global _warm_failed
+    if not cold() and not _warm_failed:
+        try:
+            process = forkserver(libraries_of(Path(cwd), entrypoint)).Process(
+                target=run_segment, name="hookdet-segment",
+                args=(list(argv), dict(env), cwd, log_path, list(cpus)))
+            process.start()
+            return SegmentProcess(process)
+        except (OSError, EOFError) as error:  # e.g. a library that crashed the server as it loaded
+            _warm_failed = True
+            logger.warning("hookdet: warning: the warm process for trials failed to start (%s: %s);"
+                           " starting each trial as a new process", type(error).__name__, error)
+    return start_cold(argv, env, cwd, log_path, cpus)
+
+
+def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,
+               cpus: Sequence[int]) -> SegmentProcess:
+    """:func:`start_segment` as a new interpreter: ``python -m hookdet <argv>``."""
+    def child_setup() -> None:
+        set_parent_death_signal()
+        if cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
+
+    with open(log_path, "a") as log:
+        return SegmentProcess(subprocess.Popen(
+            [sys.executable, "-m", "hookdet", *argv], env=env, cwd=cwd, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=child_setup))
 
 
 def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,

@@ -49,6 +49,14 @@ def validations(run_dir: Path, metric: str) -> List[List[float]]:
     ]
 
 
+def entrypoint_of(config: str) -> Optional[str]:
+    """The ``entrypoint`` of a segment's experiment file (JSON, as the driver writes it)."""
+    try:
+        return json.loads(Path(config).read_text()).get("entrypoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class Slot:
     """One worker's share of the machine: CPU cores and threads, GPUs."""
 
@@ -142,7 +150,7 @@ class SegmentRunner:
         started = time.time()
         with self._lock:
             self.process = start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
-                                         self.slot.cpus)
+                                         self.slot.cpus, entrypoint_of(config))
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
@@ -170,11 +178,12 @@ class SegmentRunner:
 def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float = 0.5) -> None:
     """Claim and run segments until ``done`` is set (by the driver, or the study's end)."""
     while not done.is_set() and not runner.stopping:
+        seen = queue.generation()
         segment = queue.claim()
         if segment is None:
             if queue.info().get("finished"):
                 return
-            done.wait(poll)
+            queue.wait_for_change(seen, poll)  # a segment this process queues wakes it at once
             continue
         try:
             runner.run(segment)
