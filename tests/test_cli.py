@@ -129,6 +129,7 @@ entrypoint: {module}:Trial
 hyperparameters:
   global_batch_size: 2
 searcher:
+  name: single
   max_length:
     batches: 4
 plugins: {{only: [callbacks, checkpoint, metrics_log]}}
@@ -157,12 +158,12 @@ def expect_error(capsys: pytest.CaptureFixture, args: List[str], *fragments: str
 
 def test_malformed_yaml_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     args = run_cli(tmp_path, edit=lambda text: text + "searcher: [unclosed\n")
-    expect_error(capsys, args, "exp.yaml:9:1: malformed YAML", "started on line 8")
+    expect_error(capsys, args, "exp.yaml:10:1: malformed YAML", "started on line 9")
 
 
 def test_unknown_field_suggests_the_right_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     args = run_cli(tmp_path, edit=lambda text: text.replace("max_length:", "max_lenght:"))
-    expect_error(capsys, args, "exp.yaml:5", "max_lenght", "did you mean 'max_length'")
+    expect_error(capsys, args, "exp.yaml:6", "max_lenght", "did you mean 'max_length'")
 
 
 def test_unknown_plugin_lists_installed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -258,7 +258,7 @@ def test_hookdet_run_refuses_what_a_script_cannot_do_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture, extra: List[str], message: str
 ) -> None:
     config = tmp_path / "const.yaml"
-    config.write_text("entrypoint: python3 train.py\nsearcher: {metric: validation_loss}\n")
+    config.write_text("entrypoint: python3 train.py\nsearcher: {name: single, metric: validation_loss}\n")
     assert main(["run", str(config), "--run-dir", str(tmp_path / "run"), *extra]) == 2
     error = capsys.readouterr().err
     assert error.startswith(f"hookdet: error: {config}: ") and message.split(": ", 1)[1] in error

@@ -157,7 +157,7 @@ def test_every_cluster_only_field_is_accepted_and_recorded() -> None:
 
 def test_a_searcher_other_than_single_is_noted_as_ignored() -> None:
     config = parse_experiment_config(
-        {"searcher": {"name": "random", "max_trials": 5, "max_length": 100}}
+        {"searcher": {"name": "random", "max_trials": 5, "max_length": {"batches": 100}}}
     )
 
     assert config.searcher.name == "random"
@@ -218,6 +218,7 @@ def test_null_means_the_default_as_in_determined(tmp_path: Path) -> None:
             tmp_path,
             """\
             searcher:
+              name: single
               smaller_is_better: null
               metric:
             optimizations:
@@ -230,6 +231,18 @@ def test_null_means_the_default_as_in_determined(tmp_path: Path) -> None:
     assert config.searcher.metric == "validation_loss"
     assert config.optimizations.aggregation_frequency == 1
     assert config.checkpoint_policy == "best"
+
+
+def test_a_searcher_block_without_a_name_is_refused_in_a_file_as_determined_refuses_it(tmp_path: Path) -> None:
+    """Determined's master refuses an experiment whose searcher names no searcher (or names
+    ``null``); hookdet trained it as ``single``. The Python API's ``exp_conf`` is not held to it,
+    as Determined's local ``pytorch.init`` does not check its ``exp_conf``."""
+    for block in ("searcher:\n  metric: loss\n", "searcher:\n  name: null\n  metric: loss\n"):
+        error = load_error(tmp_path, block)
+        assert error.line == 1
+        assert error.message == ("searcher.name is required (as Determined requires it): single, "
+                                 "random, grid, adaptive_asha, async_halving or optuna")
+    assert parse_experiment_config({"searcher": {"metric": "loss"}}).searcher.name == "single"
 
 
 def test_a_zero_period_means_no_period() -> None:
@@ -381,12 +394,13 @@ def test_a_wrong_type_names_the_field_and_its_line(tmp_path: Path) -> None:
         tmp_path,
         """\
         searcher:
+          name: single
           metric: validation_loss
           smaller_is_better: maybe
         """,
     )
 
-    assert error.line == 3
+    assert error.line == 4
     assert error.message == "searcher.smaller_is_better: expected true or false; got 'maybe'"
 
 
@@ -597,7 +611,6 @@ def test_scalars_are_read_as_yaml_1_2_like_determined(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        (937, Length(unit="batches", value=937)),
         ({"batches": 5}, Length(unit="batches", value=5)),
         ({"epochs": 3}, Length(unit="epochs", value=3)),
         ({"records": 6400}, Length(unit="records", value=6400)),
@@ -619,10 +632,12 @@ def test_max_length_takes_every_determined_form(raw: object, expected: Length) -
         ({"batches": 0}, "the number of batches must be at least 1; got 0"),
         ({"epochs": 1.5}, "the number of epochs must be a whole number; got 1.5"),
         ({"records": True}, "the number of records must be a whole number; got true"),
+        ("937", "expected a length like {batches: 100}, {epochs: 2} or {records: 6400}; got '937'"),
         (
-            "937",
-            "expected a length like {batches: 100}, {epochs: 2} or {records: 6400} "
-            "or a number of batches",
+            937,
+            "a bare number has no unit: write {batches: 937}, {epochs: 937} or {records: 937} "
+            "(Determined reads a plain 937 as a length without a unit, and its harness stops "
+            "with 'unrecognized searcher unit None')",
         ),
     ],
 )
@@ -963,6 +978,7 @@ def test_declared_plugin_options_are_checked_with_the_file_every_problem_with_it
     path.write_text(
         "searcher:\n"
         "  max_lenght: {batches: 4}\n"
+        "  name: single\n"
         "plugin_config:\n"
         "  progress:\n"
         "    log_evry_s: 5\n"
@@ -975,9 +991,9 @@ def test_declared_plugin_options_are_checked_with_the_file_every_problem_with_it
         load_experiment_config(path)
     assert str(raised.value).splitlines() == [
         f"{path}:2: unknown field 'searcher.max_lenght'; did you mean 'max_length'?",
-        f"  {path}:5: plugin_config.progress.log_evry_s: unknown option 'log_evry_s'; did you mean 'log_every_s'?",
-        f"  {path}:7: plugin_config.tensorboard.write_every_s: must be at least 0.0; got -1",
-        f"  {path}:9: plugin_config.checkpoint.async: expected true or false; got 'no'",
+        f"  {path}:6: plugin_config.progress.log_evry_s: unknown option 'log_evry_s'; did you mean 'log_every_s'?",
+        f"  {path}:8: plugin_config.tensorboard.write_every_s: must be at least 0.0; got -1",
+        f"  {path}:10: plugin_config.checkpoint.async: expected true or false; got 'no'",
     ]
 
 

@@ -264,6 +264,43 @@ def test_bracket_sizes_equal_determineds() -> None:
     assert methods.bracket_max_concurrent(0, 4.0, [40, 10]) == [10, 10]
 
 
+def test_bracket_splits_sum_weights_as_go_does_whatever_the_python(go_program: Path) -> None:
+    """Adaptive ASHA's trials per bracket equal Go's for every divisor, mode and bracket count
+    below, and for every max_trials up to 2,000 where a compensated sum of the weights (Python
+    3.12's ``sum()``, here ``math.fsum``) would move a trial to another bracket; the weights are
+    summed by :func:`go_math.sum_in_order`, not ``sum()``."""
+    cases = []
+    for divisor in (1.5, 2.0, 2.5, 3.0, 4.0, 4.5, 7.0):
+        for mode in ("standard", "conservative"):
+            for max_rungs in range(2, 10):
+                brackets = methods.bracket_rungs(mode, max_rungs)
+                weights = [go_math.pow(divisor, rungs - 1) / rungs for rungs in brackets]
+                in_order, compensated = go_math.sum_in_order(weights), math.fsum(weights)
+                cases.append((20, divisor, brackets))
+                cases += [(max_trials, divisor, brackets) for max_trials in range(1, 2001)
+                          if [int(w / in_order * max_trials) for w in weights]
+                          != [int(w / compensated * max_trials) for w in weights]]
+    moved = [case for case in cases if case[0] != 20]
+    assert len(moved) >= 20  # the splits a compensated sum would have changed
+    lines = [f"split {bits(float(max_trials))} {bits(divisor)} " + " ".join(bits(float(r)) for r in brackets)
+             for max_trials, divisor, brackets in cases]
+    expected = go_split(go_program, lines)
+    assert len(expected) == len(cases)
+    ours = [",".join(map(str, methods.bracket_max_trials(max_trials, divisor, brackets)))
+            for max_trials, divisor, brackets in cases]
+    wrong = [(case, got, want) for case, got, want in zip(cases, ours, expected) if got != want]
+    assert not wrong, wrong[:5]
+
+
+def go_split(program: Path, lines: list) -> list:
+    """Go's answer to each ``split ...`` line."""
+    import subprocess
+
+    done = subprocess.run([str(program)], input="\n".join(lines) + "\n", capture_output=True,
+                          text=True, check=True, timeout=120)
+    return done.stdout.split()
+
+
 def test_brackets_equal_determineds_make_brackets() -> None:
     # adaptive_asha_test.go TestMakeBrackets (first two cases)
     assert methods.make_brackets(10, 100, mode="standard", max_concurrent_trials=2) == [

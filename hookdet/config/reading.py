@@ -119,7 +119,7 @@ def load_experiment_config(
         )
     lines: Dict[FieldPath, int] = {}
     index_lines(root, (), lines, source)
-    return _build(data, Reporter(source, LineIndex(lines)), overrides)
+    return _build(data, Reporter(source, LineIndex(lines)), overrides, experiment_file=True)
 
 
 def read_experiment_text(path: Union[str, Path]) -> str:
@@ -179,8 +179,12 @@ def with_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any], source
 
 
 def _build(
-    data: Any, reporter: Reporter, overrides: Optional[Mapping[str, Any]]
+    data: Any, reporter: Reporter, overrides: Optional[Mapping[str, Any]],
+    experiment_file: bool = False,
 ) -> ExperimentConfig:
+    """Validate and default ``data`` (with ``overrides``). An ``experiment_file`` is held to
+    what Determined's master requires of one (a searcher block names its searcher); a Python
+    ``exp_conf`` is not, as Determined's local ``pytorch.init`` does not check it."""
     if not isinstance(data, Mapping):
         raise reporter.error(
             (), f"expected a mapping of experiment fields; got a {yaml_kind(data)}"
@@ -195,6 +199,8 @@ def _build(
         _merge_into(merged, nested, (), reporter.index.overridden)
     ignored: List[str] = []
     problems: List[ConfigError] = []
+    if experiment_file:
+        problems += _unnamed_searcher(merged, reporter)
     screened = screen(merged, ExperimentConfig, (), ignored, reporter, problems)
     try:
         config = ExperimentConfig.model_validate(screened)
@@ -209,6 +215,16 @@ def _build(
     lines = {name: reporter.index.line_of(("plugin_config", name)) for name in config.plugin_config}
     config.note_origin(reporter.source, ignored, {name: line for name, line in lines.items() if line is not None})
     return config
+
+
+def _unnamed_searcher(data: Mapping[str, Any], reporter: Reporter) -> List[ConfigError]:
+    """A ``searcher`` block without a ``name`` (or with ``name: null``): Determined refuses the
+    experiment; hookdet used to train it as ``single``."""
+    searcher = data.get("searcher")
+    if not isinstance(searcher, Mapping) or searcher.get("name") is not None:
+        return []
+    return [reporter.error(("searcher",), "searcher.name is required (as Determined requires it): "
+                           "single, random, grid, adaptive_asha, async_halving or optuna")]
 
 
 def _plugin_option_problems(config: ExperimentConfig, reporter: Reporter) -> List[ConfigError]:

@@ -46,16 +46,13 @@ class Length(BaseModel):
         return f"{self.value} {self.unit}"
 
     @classmethod
-    def parse(cls, raw: Any, *, allow_bare_int: bool = False, minimum: int = 0) -> "Length":
-        """Read Determined's forms: ``{batches: n}``, ``{epochs: n}``, ``{records: n}``, and
-        (where Determined allows it, ``searcher.max_length``) a bare int meaning batches.
+    def parse(cls, raw: Any, *, minimum: int = 0) -> "Length":
+        """Read Determined's forms: ``{batches: n}``, ``{epochs: n}``, ``{records: n}``.
 
         Raises ValueError with a message fit for the user on any other shape.
         """
         if isinstance(raw, Length):
             value, unit = raw.value, raw.unit
-        elif allow_bare_int and isinstance(raw, int) and not isinstance(raw, bool):
-            value, unit = raw, "batches"
         elif isinstance(raw, Mapping):
             if len(raw) != 1:
                 keys = ", ".join(str(key) for key in raw) or "none"
@@ -73,14 +70,20 @@ class Length(BaseModel):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"the number of {unit} must be a whole number; got {as_written(value)}")
         else:
-            also = " or a number of batches" if allow_bare_int else ""
             raise ValueError(
-                "expected a length like {batches: 100}, {epochs: 2} or {records: 6400}"
-                f"{also}; got {as_written(raw)}"
+                "expected a length like {batches: 100}, {epochs: 2} or {records: 6400}; "
+                f"got {as_written(raw)}"
             )
         if value < minimum:
             raise ValueError(f"the number of {unit} must be at least {minimum}; got {value}")
         return cls(unit=unit, value=value)
+
+
+def bare_length_refusal(value: int) -> str:
+    """Why ``searcher.max_length: <value>`` is refused, and what to write instead."""
+    return (f"a bare number has no unit: write {{batches: {value}}}, {{epochs: {value}}} or "
+            f"{{records: {value}}} (Determined reads a plain {value} as a length without a unit, "
+            "and its harness stops with 'unrecognized searcher unit None')")
 
 
 def length_in_batches(
@@ -161,7 +164,9 @@ class SearcherConfig(Section):
     @field_validator("max_length", mode="before")
     @classmethod
     def _read_max_length(cls, raw: Any) -> Length:
-        return Length.parse(raw, allow_bare_int=True, minimum=1)
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raise ValueError(bare_length_refusal(raw))
+        return Length.parse(raw, minimum=1)
 
     @field_validator("source_trial_id")
     @classmethod

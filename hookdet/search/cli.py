@@ -83,28 +83,6 @@ def run_search(args: argparse.Namespace) -> int:
 
     config_path = Path(args.config).resolve()
     config, raw, settings, space = load_search(config_path, args.config_overrides or ())
-    if args.resume:
-        search_dir = Path(args.resume)
-        if not (search_dir / META_FILE).exists():
-            raise _usage_error(f"{search_dir} is not a search directory (no {META_FILE} in it)")
-        meta = json.loads((search_dir / META_FILE).read_text())
-    else:
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "experiment").strip("-") or "search"
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        search_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{name}-search-{stamp}"
-        if (search_dir / META_FILE).exists():
-            raise _usage_error(f"{search_dir} already holds a search; continue it with "
-                               f"--resume {search_dir}")
-        search_dir.mkdir(parents=True, exist_ok=True)
-        meta = {"config": str(config_path), "storage": args.storage or default_storage(search_dir),
-                "study": study_name(search_dir)}
-    search_dir = search_dir.resolve()
-    lock_search_directory(search_dir)
-    storage = args.storage or meta["storage"]
-    study = meta.get("study", LEGACY_STUDY_NAME)
-    meta.update(storage=storage, study=study, searcher=settings.name, metric=settings.metric,
-                smaller_is_better=settings.smaller_is_better)
-    (search_dir / META_FILE).write_text(json.dumps(meta, indent=1))
     model_dir = Path(args.model_dir).resolve() if args.model_dir else config_path.parent
     slots = config.resources.slots_per_trial
     workers = args.workers if args.workers is not None else _default_workers(slots)
@@ -116,6 +94,29 @@ def run_search(args: argparse.Namespace) -> int:
         warm_up(model_dir, raw.get("entrypoint"))
     from hookdet.search.driver import Driver  # imports torch: after the warm process is on its way
 
+    if args.resume:
+        search_dir = Path(args.resume)
+        if not (search_dir / META_FILE).exists():
+            raise _usage_error(f"{search_dir} is not a search directory (no {META_FILE} in it)")
+        meta = json.loads((search_dir / META_FILE).read_text())
+        refuse_another_experiment(search_dir, meta, config_path, as_stored(raw))
+    else:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "experiment").strip("-") or "search"
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        search_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{name}-search-{stamp}"
+        if (search_dir / META_FILE).exists():
+            raise _usage_error(f"{search_dir} already holds a search; continue it with "
+                               f"--resume {search_dir}")
+        search_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"config": str(config_path), "storage": args.storage or default_storage(search_dir),
+                "study": study_name(search_dir), "experiment": as_stored(raw)}
+    search_dir = search_dir.resolve()
+    lock_search_directory(search_dir)
+    storage = args.storage or meta["storage"]
+    study = meta.get("study", LEGACY_STUDY_NAME)
+    meta.update(storage=storage, study=study, searcher=settings.name, metric=settings.metric,
+                smaller_is_better=settings.smaller_is_better)
+    (search_dir / META_FILE).write_text(json.dumps(meta, indent=1))
     queue = Queue(storage, study, create=True, smaller_is_better=settings.smaller_is_better)
     driver = Driver(search_dir, settings, space, raw, model_dir, queue,
                     config.reproducibility.experiment_seed)
@@ -133,6 +134,29 @@ def run_search(args: argparse.Namespace) -> int:
     if status == 0 and trials and all(t["state"] == "errored" for t in trials):
         return 1
     return status
+
+
+def as_stored(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """The experiment (file content with ``--config`` options applied) as ``search.json`` keeps it."""
+    return json.loads(json.dumps(raw, default=str))
+
+
+def refuse_another_experiment(search_dir: Path, meta: Dict[str, Any], config_path: Path,
+                              experiment: Dict[str, Any]) -> None:
+    """A search resumes with the experiment it was started with: another file, or other
+    ``--config`` options, is refused naming the first field that differs."""
+    from hookdet.runs.index import config_differences
+
+    started_with = meta.get("experiment")
+    if started_with is None or started_with == experiment:  # a search from before it was kept
+        return
+    differences = config_differences(started_with, experiment)
+    field, before, after = differences[0]
+    more = f" (and {len(differences) - 1} more field(s))" if len(differences) > 1 else ""
+    raise _usage_error(
+        f"cannot resume search {search_dir} with {config_path}: {field} is {json.dumps(after)} here "
+        f"but was {json.dumps(before)} when the search started{more}; resume with the experiment "
+        f"file and --config options it was started with ({meta.get('config')})")
 
 
 #: The search directory's lock, held for the driver's life (the kernel drops it at its exit).

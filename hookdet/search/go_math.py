@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import struct
 from fractions import Fraction
+from typing import Iterable
 
 #: Whether ``exp`` follows Go's fused multiply-add path (a master on a CPU with AVX and FMA).
 MASTER_HAS_FMA = True
@@ -225,3 +226,13 @@ def _float_bits(value: float) -> int:
 
 def _float_from_bits(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+
+def sum_in_order(values: Iterable[float]) -> float:
+    """``total += value`` for each value in order, as a Go loop adds float64s: one rounding per
+    addition. Python's ``sum()`` of floats is compensated from 3.12 on and can differ from this
+    in the last bit, enough to move a trial between adaptive ASHA's brackets."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total

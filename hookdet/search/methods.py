@@ -311,7 +311,7 @@ def bracket_rungs(mode: str, max_rungs: int) -> List[int]:
 def bracket_max_trials(max_trials: int, divisor: float, brackets: List[int]) -> List[int]:
     """Trials per bracket, weighted ``divisor**(rungs-1) / rungs``; the remainder to the first."""
     weights = [go_math.pow(divisor, rungs - 1) / rungs for rungs in brackets]
-    total = sum(weights)
+    total = go_math.sum_in_order(weights)
     trials = [max(int(weight / total * max_trials), 1) for weight in weights]
     trials[0] += max(max_trials - sum(trials), 0)
     return trials

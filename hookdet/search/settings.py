@@ -9,6 +9,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from hookdet.config.sections import bare_length_refusal
 from hookdet.errors import HookdetError
 from hookdet.search import methods
 
@@ -106,7 +107,9 @@ class SearchSettings:
 
 
 def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: str) -> int:
-    value = raw.get(key, default)
+    value = raw.get(key)
+    if value is None:  # absent or null: not set, so Determined's default
+        value = default
     if value is None:
         raise SearchConfigError(f"{where}.{key} is required by the '{raw['name']}' searcher")
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -137,7 +140,7 @@ def _length(raw: Mapping, where: str) -> tuple:
     if length is None:
         return None, None
     if isinstance(length, int) and not isinstance(length, bool):
-        return "batches", _whole(raw, "max_length", None, 1, where)
+        raise SearchConfigError(f"{where}.max_length: {bare_length_refusal(length)}")
     if isinstance(length, Mapping) and len(length) == 1:
         (unit, units), = length.items()
         if unit in TIME_UNITS and isinstance(units, int) and units >= 1:
@@ -153,7 +156,11 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
     raw = data.get("searcher") or {}
     if not isinstance(raw, Mapping):
         raise SearchConfigError(f"{where} must be a mapping; got {raw!r}")
-    name = raw.get("name", "single")
+    raw = {key: value for key, value in raw.items() if value is not None}  # null: not set
+    if "name" not in raw:
+        raise SearchConfigError(f"{where}.name is required (as Determined requires it): "
+                                f"{', '.join(SEARCHERS)}")
+    name = raw["name"]
     if name in REMOVED:
         raise SearchConfigError(f"{where}.name: {REMOVED[name]}")
     if name not in SEARCHERS:
@@ -174,7 +181,7 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
     settings = SearchSettings(
         name=name,
         metric=raw["metric"],
-        smaller_is_better=bool(raw.get("smaller_is_better", True)),
+        smaller_is_better=_flag(raw, "smaller_is_better", where, default=True),
         unit=unit,
         max_length=max_length,
         max_restarts=_whole(data, "max_restarts", 5, 0, f"{source}: experiment"),
@@ -198,7 +205,7 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
             raise SearchConfigError(f"{where}.mode must be aggressive, standard or conservative; "
                                     f"got {mode!r}")
         settings.mode = mode
-        settings.bracket_rungs = list(raw.get("bracket_rungs") or [])
+        settings.bracket_rungs = _bracket_rungs(raw, where)
     if name == "optuna":
         read_optuna_fields(settings, raw, where)
     settings.warnings = [DEPRECATED[key] for key in DEPRECATED if raw.get(key) is not None]
@@ -241,8 +248,19 @@ def read_optuna_fields(settings: SearchSettings, raw: Mapping[str, Any], where: 
             raise SearchConfigError(f"{where}.{key}_options: Optuna's {key} refuses them: {error}") from None
 
 
-def _flag(raw: Mapping, key: str, where: str) -> bool:
-    value = raw.get(key, False)
+def _bracket_rungs(raw: Mapping, where: str) -> List[int]:
+    """``bracket_rungs``: a list of whole numbers of rungs, one per bracket (Determined's
+    schema: an array of integers)."""
+    rungs = raw.get("bracket_rungs", [])
+    if not isinstance(rungs, list) or not all(
+            isinstance(count, int) and not isinstance(count, bool) and count >= 1 for count in rungs):
+        raise SearchConfigError(f"{where}.bracket_rungs must be a list of whole numbers of rungs "
+                                f"(at least 1 each), one per bracket, e.g. [3, 2]; got {rungs!r}")
+    return list(rungs)
+
+
+def _flag(raw: Mapping, key: str, where: str, default: bool = False) -> bool:
+    value = raw.get(key, default)
     if not isinstance(value, bool):
         raise SearchConfigError(f"{where}.{key} must be true or false; got {value!r}")
     return value
