@@ -564,9 +564,10 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
                                  "--storage", url, *options], cwd=tmp_path, env=env(tmp_path),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    larger = start("larger", "--config", "searcher.smaller_is_better=false", "--config", "hyperparameters.sleep=0.2")
+    larger_options = ("--config", "searcher.smaller_is_better=false", "--config", "hyperparameters.sleep=0.2")
+    larger = start("larger", *larger_options)
     assert larger.stdout.readline().startswith("hookdet: random search in")
-    second = search(tmp_path, "random.yaml", "--resume", "larger")
+    second = search(tmp_path, "random.yaml", "--resume", "larger", *larger_options)
     assert second.returncode == 2 and len(not_warnings(second.stderr)) == 1, second.stderr
     assert "larger is running (pid" in second.stderr and "hookdet search worker" in second.stderr
     smaller = start("smaller")
@@ -600,7 +601,7 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
     (tmp_path / "garbage.db").write_bytes(b"this is not a database" * 100)
     meta = json.loads((tmp_path / "larger" / "search.json").read_text())
     (tmp_path / "larger" / "search.json").write_text(json.dumps(dict(meta, storage=f"sqlite:///{tmp_path / 'garbage.db'}")))
-    unreadable = search(tmp_path, "random.yaml", "--resume", "larger")
+    unreadable = search(tmp_path, "random.yaml", "--resume", "larger", *larger_options)
     assert unreadable.returncode == 2 and len(not_warnings(unreadable.stderr)) == 1, unreadable.stderr
     assert "garbage.db cannot be read" in unreadable.stderr
     worker = subprocess.run([*HOOKDET, "search", "worker", "--storage", url], cwd=tmp_path, env=env(tmp_path),

@@ -116,8 +116,9 @@ def run_search(args: argparse.Namespace) -> int:
     study = meta.get("study", LEGACY_STUDY_NAME)
     meta.update(storage=storage, study=study, searcher=settings.name, metric=settings.metric,
                 smaller_is_better=settings.smaller_is_better)
-    (search_dir / META_FILE).write_text(json.dumps(meta, indent=1))
     queue = Queue(storage, study, create=True, smaller_is_better=settings.smaller_is_better)
+    # Written once the study exists: whoever finds search.json (a worker, a --resume) finds it.
+    (search_dir / META_FILE).write_text(json.dumps(meta, indent=1))
     driver = Driver(search_dir, settings, space, raw, model_dir, queue,
                     config.reproducibility.experiment_seed)
     if args.resume and driver.state_path.exists():

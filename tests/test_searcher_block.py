@@ -1,0 +1,129 @@
+"""The searcher block as Determined 0.38 reads it, through the commands a user types: ``hookdet
+run``, ``hookdet run --resume SEARCH_DIR`` and ``hookdet search preview`` (real drivers and trial
+processes). A ``null`` is "not set"; what Determined refuses is refused in one line naming the
+field; a search resumes only with the experiment it was started with."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import List
+
+import pytest
+import yaml
+
+from tests.test_search_run import FIXTURES, HOOKDET, env, not_warnings, summary
+
+pytest.importorskip("optuna")
+
+
+def hookdet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HOOKDET, *args], cwd=tmp_path, env=env(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+
+
+def experiment(tmp_path: Path, file: str, searcher: dict, **fields: object) -> Path:
+    """An experiment file of the line-fitting search trial with this ``searcher`` block."""
+    path = tmp_path / file
+    path.write_text(yaml.safe_dump({
+        "name": "line", "entrypoint": "search_trial:LineTrial",
+        "hyperparameters": {"global_batch_size": 8,
+                            "optimizer": {"lr": {"type": "categorical", "vals": [0.3, 0.01]}}},
+        "min_validation_period": {"batches": 2}, "searcher": searcher, **fields}))
+    return path
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one line a refusal prints (warnings aside), with no traceback."""
+    lines: List[str] = not_warnings(result.stderr)
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+GRID = {"name": "grid", "metric": "validation_loss", "max_length": {"batches": 2}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_null_is_not_set_so_a_search_minimises_and_takes_determineds_defaults(tmp_path: Path) -> None:
+    """``smaller_is_better: null`` is Determined's default (smaller is better): the search
+    minimises, its best trial is the lowest loss; ``max_concurrent_trials: null`` and
+    ``max_restarts: null`` are their defaults too. The same through preview and --resume."""
+    config = experiment(tmp_path, "nulls.yaml", {**GRID, "smaller_is_better": None,
+                                                 "max_concurrent_trials": None}, max_restarts=None)
+    preview = hookdet(tmp_path, "search", "preview", str(config))
+    assert preview.returncode == 0, preview.stderr
+    assert "(smaller is better)" in preview.stdout
+    ran = hookdet(tmp_path, "run", str(config), "--run-dir", "nulls", "--model-dir", str(FIXTURES))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    rows = summary(tmp_path / "nulls")
+    lowest = min(rows, key=lambda row: float(row["best"]))
+    assert max(float(row["best"]) for row in rows) > float(lowest["best"])  # the trials differ
+    assert f"best: trial {lowest['trial']} (completed)" in ran.stdout
+    assert json.loads((tmp_path / "nulls" / "search.json").read_text())["smaller_is_better"] is True
+    resumed = hookdet(tmp_path, "run", str(config), "--resume", "nulls", "--model-dir", str(FIXTURES))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"best: trial {lowest['trial']} (completed)" in resumed.stdout
+
+
+def test_asha_fields_set_to_null_take_determineds_defaults(tmp_path: Path) -> None:
+    """``divisor: null``, ``max_rungs: null`` and ``mode: null`` preview exactly as the same
+    block without them (divisor 4, 5 rungs at most, standard mode)."""
+    asha = {"name": "adaptive_asha", "metric": "validation_loss", "max_trials": 16,
+            "time_metric": "batches", "max_time": 256}
+    plain = hookdet(tmp_path, "search", "preview", str(experiment(tmp_path, "plain.yaml", asha)))
+    nulls = hookdet(tmp_path, "search", "preview", str(experiment(
+        tmp_path, "nulls.yaml", {**asha, "divisor": None, "max_rungs": None, "mode": None})))
+    assert plain.returncode == 0 and nulls.returncode == 0, plain.stderr + nulls.stderr
+    assert nulls.stdout.replace("nulls.yaml", "plain.yaml") == plain.stdout
+    assert "rungs at [16, 64, 256] batches" in plain.stdout
+
+
+@pytest.mark.parametrize("searcher, expected", [
+    ({"name": "adaptive_asha", "metric": "validation_loss", "max_trials": 4, "time_metric": "batches",
+      "max_time": 8, "bracket_rungs": ["2", "3"]},
+     "searcher.bracket_rungs must be a list of whole numbers of rungs (at least 1 each), one per "
+     "bracket, e.g. [3, 2]; got ['2', '3']"),
+    ({"metric": "validation_loss", "max_trials": 2, "max_length": {"batches": 4}},
+     "searcher.name is required (as Determined requires it)"),
+    ({"name": "random", "metric": "validation_loss", "max_trials": 2, "max_length": 100},
+     "searcher.max_length: a bare number has no unit: write {batches: 100}, {epochs: 100} or "
+     "{records: 100}"),
+])
+def test_what_determined_refuses_is_one_line_naming_the_field(tmp_path: Path, searcher: dict,
+                                                             expected: str) -> None:
+    config = experiment(tmp_path, "bad.yaml", searcher)
+    for command in (["run", str(config), "--run-dir", "bad"], ["search", "preview", str(config)]):
+        line = one_error_line(hookdet(tmp_path, *command))
+        assert line.startswith("hookdet: error: ") and expected in line, line
+    assert not (tmp_path / "bad").exists()  # refused before anything was made
+
+
+def test_a_single_run_refuses_a_bare_max_length_too(tmp_path: Path) -> None:
+    config = experiment(tmp_path, "single.yaml", {"name": "single", "metric": "validation_loss",
+                                                  "max_length": 8})
+    line = one_error_line(hookdet(tmp_path, "run", str(config), "--run-dir", "run", "--model-dir", str(FIXTURES)))
+    assert "single.yaml:" in line and "searcher.max_length: a bare number has no unit" in line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_search_resumes_only_with_the_experiment_it_started_with(tmp_path: Path) -> None:
+    """Another experiment file, or the same without the ``--config`` options the search started
+    with, is refused in one line naming the field that differs; the search is untouched and
+    resumes with what it started with."""
+    config = experiment(tmp_path, "grid.yaml", GRID)
+    options = ("--config", "hyperparameters.global_batch_size=4")
+    started = hookdet(tmp_path, "run", str(config), "--run-dir", "grid", "--model-dir", str(FIXTURES), *options)
+    assert started.returncode == 0, started.stderr[-3000:]
+    meta_before = (tmp_path / "grid" / "search.json").read_text()
+    other = experiment(tmp_path, "other.yaml", {"name": "adaptive_asha", "metric": "validation_loss",
+                                                "max_trials": 2, "time_metric": "batches", "max_time": 4})
+    line = one_error_line(hookdet(tmp_path, "run", str(other), "--resume", "grid", "--model-dir", str(FIXTURES), *options))
+    assert "cannot resume search" in line and "more field(s)" in line
+    assert "searcher.max_length.batches is null here but was 2 when the search started" in line
+    line = one_error_line(hookdet(tmp_path, "run", str(config), "--resume", "grid", "--model-dir", str(FIXTURES)))
+    assert "hyperparameters.global_batch_size is 8 here but was 4 when the search started" in line
+    assert (tmp_path / "grid" / "search.json").read_text() == meta_before
+    again = hookdet(tmp_path, "run", str(config), "--resume", "grid", "--model-dir", str(FIXTURES), *options)
+    assert again.returncode == 0, again.stderr[-3000:]
