@@ -127,3 +127,31 @@ def test_a_search_resumes_only_with_the_experiment_it_started_with(tmp_path: Pat
     assert (tmp_path / "grid" / "search.json").read_text() == meta_before
     again = hookdet(tmp_path, "run", str(config), "--resume", "grid", "--model-dir", str(FIXTURES), *options)
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_a_warm_start_source_that_names_no_checkpoint_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    """Determined refuses the experiment at creation; hookdet started every trial, each failing
+    and retried ``max_restarts`` times."""
+    config = experiment(tmp_path, "warm.yaml", {**GRID, "source_checkpoint_uuid": "no-such-checkpoint"})
+    line = one_error_line(hookdet(tmp_path, "run", str(config), "--run-dir", "warm", "--model-dir", str(FIXTURES)))
+    assert "searcher.source_checkpoint_uuid 'no-such-checkpoint' names no checkpoint" in line
+    assert not (tmp_path / "warm").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_segment_that_hookdet_run_refuses_is_not_retried(tmp_path: Path) -> None:
+    """A usage error (here a warm-start source that is a file, not a checkpoint) fails the same
+    way every time: each trial errors at its first start, with the refusal in the driver's
+    output, instead of being retried ``max_restarts`` times."""
+    config = experiment(tmp_path, "warm.yaml", {**GRID, "source_checkpoint_uuid": "search_trial.py"},
+                        max_restarts=5)
+    result = hookdet(tmp_path, "run", str(config), "--run-dir", "warm", "--model-dir", str(FIXTURES))
+    assert result.returncode == 1, result.stderr[-3000:]  # every trial errored
+    rows = summary(tmp_path / "warm", drop=())
+    assert [(row["state"], row["restarts"]) for row in rows] == [("errored", "0"), ("errored", "0")]
+    for row in rows:
+        log = (tmp_path / "warm" / f"trial-{int(row['trial']):03d}.log").read_text()
+        assert log.count("hookdet: error: search_trial.py is a file") == 1  # started once
+        assert (f"trial {row['trial']}: search_trial.py is a file; give a checkpoint directory or a run "
+                "directory (a usage error: not retried") in result.stderr

@@ -94,6 +94,8 @@ def run_search(args: argparse.Namespace) -> int:
         warm_up(model_dir, raw.get("entrypoint"))
     from hookdet.search.driver import Driver  # imports torch: after the warm process is on its way
 
+    if not args.resume:
+        check_warm_start_source(config, config_path, model_dir)
     if args.resume:
         search_dir = Path(args.resume)
         if not (search_dir / META_FILE).exists():
@@ -135,6 +137,35 @@ def run_search(args: argparse.Namespace) -> int:
     if status == 0 and trials and all(t["state"] == "errored" for t in trials):
         return 1
     return status
+
+
+def check_warm_start_source(config: Any, config_path: Path, model_dir: Path) -> None:
+    """``searcher.source_checkpoint_uuid`` must name a checkpoint before any trial starts from it
+    (Determined refuses the experiment at creation): a checkpoint or run directory (relative to
+    the model directory, where trials run), a checkpoint id of this user's index, or one in the
+    experiment's checkpoint storage."""
+    from hookdet.checkpoints import user_index
+    from hookdet.checkpoints.registry import make_storage
+    from hookdet.checkpoints.storage import CheckpointNotFoundError, StorageError
+
+    source = config.searcher.source_checkpoint_uuid
+    if not source or (model_dir / source).exists() or user_index.lookup(source) is not None:
+        return
+    where = "the experiment's checkpoint storage (none is set)"
+    if "/" not in source and config.checkpoint_storage is not None:
+        try:
+            storage = make_storage(config.checkpoint_storage, Path.cwd())
+            where = storage.describe()
+            storage.read_metadata(source)
+            return
+        except CheckpointNotFoundError:
+            pass
+        except StorageError as error:
+            raise _usage_error(f"{config_path}: searcher.source_checkpoint_uuid {source!r}: {error}") from None
+    raise _usage_error(
+        f"{config_path}: searcher.source_checkpoint_uuid {source!r} names no checkpoint: not a "
+        f"checkpoint or run directory in {model_dir}, and not an id in this user's checkpoint index "
+        f"or in {where}")
 
 
 def as_stored(raw: Dict[str, Any]) -> Dict[str, Any]:

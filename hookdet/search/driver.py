@@ -35,7 +35,7 @@ from hookdet.search.report import STATE_FILE
 from hookdet.search.settings import SearchSettings
 from hookdet.search.space import MasterRandom
 from hookdet.search.store import Queue, StoreError, sequence_number, worker_id
-from hookdet.search.worker import INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
+from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
 #: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
@@ -237,6 +237,11 @@ class Driver:
                          trial["number"], self.settings.metric, trial["dir"])
             self.apply(self.method.trial_exited_early(self.ctx, rid, methods.ERRORED))
             self._close(trial, "errored")
+        elif code == BAD_INPUT:  # hookdet run refused the segment: the same input fails again
+            logger.error("trial %d: %s (a usage error: not retried; its log: %s.log)", trial["number"],
+                         refusal_of(Path(f"{trial['dir']}.log")), trial["dir"])
+            self.apply(self.method.trial_exited_early(self.ctx, rid, methods.ERRORED))
+            self._close(trial, "errored")
         elif code == INVALID_HP:
             trial["state"] = "invalid_hp"
             self.apply(self.method.trial_exited_early(self.ctx, rid, methods.INVALID_HP))
@@ -399,6 +404,19 @@ class Driver:
         self.stopping = True
         for runner in self.runners:
             runner.terminate()
+
+
+def refusal_of(log: Path) -> str:
+    """The last ``hookdet: error:`` line of a segment's log (what it refused), or a pointer to
+    the log when there is none."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(handle.seek(0, os.SEEK_END) - 64 * 1024, 0))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        lines = []
+    said = [line for line in lines if line.startswith("hookdet: error: ")]
+    return said[-1][len("hookdet: error: "):] if said else "hookdet run refused it"
 
 
 def _duration(seconds: float) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
-from hookdet.exit_codes import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
+from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
 from hookdet.runs.identity import adopt_identity, newest_checkpoint_steps, read_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
@@ -37,7 +37,7 @@ from hookdet.search.warm_start import SegmentProcess, start_segment
 logger = logging.getLogger("hookdet")
 HEARTBEAT_SECONDS = 2.0
 #: ``hookdet run``'s exit statuses a worker tells apart.
-PREEMPTED, INVALID_HP = PREEMPTED_EXIT_CODE, INVALID_HP_EXIT_CODE
+PREEMPTED, INVALID_HP, BAD_INPUT = PREEMPTED_EXIT_CODE, INVALID_HP_EXIT_CODE, BAD_INPUT_EXIT_CODE
 
 
 def validations(run_dir: Path, metric: str) -> List[List[float]]:
