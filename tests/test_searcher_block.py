@@ -155,3 +155,45 @@ def test_a_segment_that_hookdet_run_refuses_is_not_retried(tmp_path: Path) -> No
         assert log.count("hookdet: error: search_trial.py is a file") == 1  # started once
         assert (f"trial {row['trial']}: search_trial.py is a file; give a checkpoint directory or a run "
                 "directory (a usage error: not retried") in result.stderr
+
+
+def tree_digest(root: Path) -> dict:
+    """Every file under ``root`` with its size and contents' digest."""
+    import hashlib
+
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob("*")) if path.is_file() and not path.name.endswith("-lock")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_copied_search_directory_resumes_on_its_own_store_and_trials(tmp_path: Path) -> None:
+    """A search stopped (SIGTERM) while its second trial trains, copied elsewhere, and the copy
+    resumed to the end: the copy uses its own store and trial directories (its trials resume
+    from their own checkpoints) and leaves the original byte for byte as it was."""
+    import shutil
+    import signal
+    import time
+
+    config = experiment(tmp_path, "grid.yaml", {**GRID, "max_length": {"batches": 6},
+                                                "max_concurrent_trials": 1})
+    slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.3")
+    driver = subprocess.Popen([*HOOKDET, "run", str(config), "--run-dir", "original", "--model-dir", str(FIXTURES)],
+                              cwd=tmp_path, env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints = tmp_path / "original" / "trial-002" / "checkpoints"
+    deadline = time.time() + 120
+    while not list(checkpoints.glob("*/metadata.json")) and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.05)  # trial 2 has checkpointed once (at batch 2): stop it mid-way
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=120) == 75, driver.communicate()[1][-3000:]
+    shutil.copytree(tmp_path / "original", tmp_path / "copy")
+    before = tree_digest(tmp_path / "original")
+
+    resumed = hookdet(tmp_path, "run", str(config), "--resume", "copy", "--model-dir", str(FIXTURES))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert tree_digest(tmp_path / "original") == before
+    meta = json.loads((tmp_path / "copy" / "search.json").read_text())
+    assert meta["storage"] == f"sqlite:///{(tmp_path / 'copy' / 'search.db').resolve()}"
+    assert [row["state"] for row in summary(tmp_path / "copy")] == ["completed", "completed"]
+    log = (tmp_path / "copy" / "trial-002.log").read_text()
+    assert f"resumed from checkpoint {(tmp_path / 'copy' / 'trial-002' / 'checkpoints').resolve()}/" in log, log[-2000:]

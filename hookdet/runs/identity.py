@@ -36,7 +36,27 @@ def read_identity(run_dir: Union[str, Path]) -> Optional[Dict[str, Any]]:
         identity = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return identity if isinstance(identity, dict) and identity.get("run_id") else None
+    if not isinstance(identity, dict) or not identity.get("run_id"):
+        return None
+    return moved_with_the_run(identity, Path(run_dir))
+
+
+def moved_with_the_run(identity: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
+    """``identity`` as seen from ``run_dir`` when the run directory was copied or moved since it
+    was written: a storage path inside the run directory it was written in (the default storage,
+    ``checkpoints/``) is taken inside ``run_dir``, so a copy resumes from its own checkpoints,
+    never from the original's. Paths outside it (a shared folder, a bucket) stay as they are.
+    (Reached through a symlink instead, the same directory is read under its other name.)"""
+    written_in = identity.get("run_dir")
+    here = str(run_dir.absolute())
+    if not isinstance(written_in, str) or written_in == here or not isinstance(identity.get("storage"), dict):
+        return identity
+    storage = dict(identity["storage"])
+    for key, value in storage.items():
+        if isinstance(value, str) and os.path.isabs(value) and \
+                (value == written_in or value.startswith(written_in.rstrip(os.sep) + os.sep)):
+            storage[key] = here + value[len(written_in.rstrip(os.sep)):]
+    return dict(identity, storage=storage, run_dir=here)
 
 
 def run_id_for(run_dir: Path) -> str:
@@ -52,6 +72,7 @@ def write_identity(run: Any, parent: Optional[Dict[str, Any]] = None) -> None:
         "run_id": run.run_id,
         "storage": run.storage.locator() if run.storage is not None else None,
         "parent": parent if parent is not None else previous.get("parent"),
+        "run_dir": str(Path(run.run_dir).absolute()),  # where the storage paths above were written
     }
     adopt_identity(run.run_dir, identity)
 

@@ -114,6 +114,11 @@ def run_search(args: argparse.Namespace) -> int:
                 "study": study_name(search_dir), "experiment": as_stored(raw)}
     search_dir = search_dir.resolve()
     lock_search_directory(search_dir)
+    moved_from = meta.get("search_dir")
+    moved_from = moved_from if moved_from and moved_from != str(search_dir) else None
+    if moved_from and meta["storage"] == default_storage(Path(moved_from)):
+        meta["storage"] = default_storage(search_dir)  # a copy's own store, not the original's
+    meta["search_dir"] = str(search_dir)
     storage = args.storage or meta["storage"]
     study = meta.get("study", LEGACY_STUDY_NAME)
     meta.update(storage=storage, study=study, searcher=settings.name, metric=settings.metric,
@@ -124,7 +129,8 @@ def run_search(args: argparse.Namespace) -> int:
     driver = Driver(search_dir, settings, space, raw, model_dir, queue,
                     config.reproducibility.experiment_seed)
     if args.resume and driver.state_path.exists():
-        driver.load()
+        driver.load(moved_from)
+        queue.set_info({"search_dir": str(search_dir)})
         driver.flush()
     else:  # fresh, or killed before its first decision was saved (nothing was queued then)
         queue.set_info({"search_dir": str(search_dir), "slots_per_trial": slots, "finished": False})

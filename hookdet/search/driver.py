@@ -82,7 +82,9 @@ class Driver:
         partial.write_text(json.dumps(saved))
         os.replace(partial, self.state_path)
 
-    def load(self) -> None:
+    def load(self, moved_from: Optional[str] = None) -> None:
+        """Read the saved state; ``moved_from``: the directory the search was in when it was
+        saved (a copied or moved search), whose trial directories become this one's."""
         try:
             saved = json.loads(self.state_path.read_text())
             rand_state, method_state = saved.pop("rand"), saved.pop("method")
@@ -98,6 +100,20 @@ class Driver:
         else:
             self.method.state = method_state
         self.state = saved
+        if moved_from:
+            self._moved(moved_from)
+
+    def _moved(self, moved_from: str) -> None:
+        """Trial directories (and the queued segments' files) inside ``moved_from`` as the same
+        names inside this search directory."""
+        def here(path: str) -> str:
+            inside = Path(path).relative_to(moved_from) if Path(path).is_relative_to(moved_from) else None
+            return str(self.search_dir / inside) if inside is not None else path
+
+        for trial in self.state["trials"].values():
+            trial["dir"] = here(trial["dir"])
+        for segment in self.state["pending"]:
+            segment.update(run_dir=here(segment["run_dir"]), config=here(segment["config"]))
 
     def start(self) -> None:
         """A fresh search: Determined's initial trials."""

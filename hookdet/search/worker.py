@@ -110,7 +110,12 @@ class SegmentRunner:
         search directory's, or with a work directory its own copies there."""
         model_dir = str(self.model_dir or attrs["model_dir"])
         if self.work_dir is None:
-            return Path(attrs["run_dir"]), attrs["config"], model_dir
+            run_dir, config = Path(attrs["run_dir"]), attrs["config"]
+            search_dir = self.queue.info().get("search_dir")
+            if search_dir and run_dir.parent != Path(search_dir):  # queued before the search moved
+                run_dir = Path(search_dir) / run_dir.name
+                config = str(run_dir / Path(config).name)
+            return run_dir, config, model_dir
         run_dir = self.work_dir / Path(attrs["run_dir"]).name
         run_dir.mkdir(parents=True, exist_ok=True)
         if attrs.get("identity") and read_identity(run_dir) is None:
