@@ -67,6 +67,7 @@ class Driver:
                                       "finished": False, "next_seq": 1}
         self.stopping = False
         self.runners: List[SegmentRunner] = []
+        self.store_failure: Optional[StoreError] = None
         # When this process began driving, and the batches trained by then: its pace, for the ETA.
         self._started_at, self._batches_at_start = time.monotonic(), 0
 
@@ -390,14 +391,19 @@ class Driver:
         for index in range(workers):
             runner = SegmentRunner(self.queue, Slot(index, workers, slots_per_trial))
             self.runners.append(runner)
-            thread = threading.Thread(target=work, args=(self.queue, runner, done), daemon=True)
+            thread = threading.Thread(target=self._work, args=(runner, done), daemon=True)
             thread.start()
             threads.append(thread)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             while True:
                 seen = self.queue.generation()
-                over = self.poll()
+                try:
+                    over = self.poll()
+                except StoreError as error:
+                    self.store_failure = self.store_failure or error
+                if self.store_failure is not None:
+                    self._stop_for(self.store_failure, threads)
                 if over or (self.stopping and not any(t.is_alive() for t in threads)):
                     break
                 self.queue.wait_for_change(seen, poll)  # a local worker's finish wakes it at once
@@ -415,6 +421,24 @@ class Driver:
             thread.join()
         self.poll()
         return PREEMPTED
+
+    def _work(self, runner: SegmentRunner, done: threading.Event) -> None:
+        """A local worker thread: :func:`work`, its store failure handed to the driver's loop."""
+        try:
+            work(self.queue, runner, done)
+        except StoreError as error:
+            self.store_failure = self.store_failure or error
+            self.queue.wake()
+
+    def _stop_for(self, failure: StoreError, threads: List[threading.Thread]) -> None:
+        """The store is lost or damaged: stop every local segment (each checkpoints), wait for
+        the workers, and end the search with ``failure`` (one line; --resume continues it once
+        the store is back)."""
+        self._on_signal(signal.SIGTERM, None)
+        for thread in threads:
+            thread.join()
+        raise StoreError(f"{failure}; the search stopped: its trials keep their checkpoints, and "
+                         "hookdet run --resume continues it once the store is back")
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stopping = True

@@ -17,6 +17,7 @@ Storage: ``sqlite:///SEARCH_DIR/search.db`` by default (embedded, no server); an
 from __future__ import annotations
 
 import hashlib
+import logging
 import socket
 import threading
 import time
@@ -38,7 +39,8 @@ def study_name(search_dir: Path) -> str:
 
 
 def load_optuna() -> Any:
-    """Optuna, quiet below warnings; without it, the extra to install."""
+    """Optuna, quiet below errors (a store's faults are told once, by :class:`Guarded`, not as
+    Optuna's retries); without it, the extra to install."""
     try:
         import optuna
     except ImportError:
@@ -46,7 +48,7 @@ def load_optuna() -> Any:
             "hookdet: error: a hyperparameter search needs Optuna; install the 'search' extra: "
             "pip install 'hookdet[search]'"
         ) from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     return optuna
 
 
@@ -73,22 +75,104 @@ def check_driver(url: str) -> None:
         ) from None
 
 
+logger = logging.getLogger("hookdet")
+
+
 class StoreError(HookdetError):
     """A search store that cannot be opened; the message says how to fix it."""
 
 
 def open_storage(url: str) -> Any:
-    """An Optuna storage for ``url`` (an RDB URL or ``journal:PATH``)."""
+    """An Optuna storage for ``url`` (an RDB URL or ``journal:PATH``), behind :class:`Guarded`."""
     optuna = load_optuna()
     check_driver(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
         path = url[len("journal:"):]
-        backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path, grace_period=30))
-        return optuna.storages.JournalStorage(backend)
-    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
-                                      if url.startswith("sqlite") else {})
+        lock = JournalFileOpenLock(path, grace_period=30)
+        drop_torn_record(path, lock)
+        backend = JournalFileBackend(path, lock_obj=lock)
+        return Guarded(optuna.storages.JournalStorage(backend), url)
+    return Guarded(optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
+                                              if url.startswith("sqlite") else {}), url)
+
+
+def drop_torn_record(path: str, lock: Any) -> None:
+    """Cut a journal file's torn last record (a writer killed mid-line: no newline, no whole
+    JSON), as a torn ``metrics.jsonl`` line is dropped; under the journal's own lock, so a
+    record being written now is never taken for a torn one."""
+    import json
+    import os
+
+    if not os.path.exists(path):
+        return
+    lock.acquire()
+    try:
+        with open(path, "rb+") as journal:
+            size = journal.seek(0, os.SEEK_END)
+            journal.seek(max(size - 1, 0))
+            if size == 0 or journal.read(1) == b"\n":
+                return
+            tail_start = max(size - 1024 * 1024, 0)
+            journal.seek(tail_start)
+            tail = journal.read()
+            start = tail_start + tail.rfind(b"\n") + 1
+            try:
+                json.loads(tail[start - tail_start:])
+                journal.seek(0, os.SEEK_END)
+                journal.write(b"\n")  # a whole record that only lacks its line end
+                return
+            except ValueError:
+                journal.truncate(start)
+        logger.warning("hookdet: warning: search store %s: dropped a torn last record (%d bytes: a "
+                       "writer stopped mid-write)", path, size - start)
+    finally:
+        lock.release()
+
+
+def _store_failures() -> tuple:
+    """What a lost or damaged store raises from its backend (Optuna's storage error, SQLAlchemy's
+    errors, a journal file's I/O and JSON errors, a study whose record is gone)."""
+    from optuna.exceptions import StorageInternalError
+
+    failures: tuple = (OSError, ValueError, KeyError, StorageInternalError)
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        failures += (SQLAlchemyError,)
+    except ImportError:
+        pass
+    return failures
+
+
+class Guarded:
+    """An Optuna storage (or study) whose failures (the database deleted or damaged, the disk
+    gone) come out as one :class:`StoreError` naming the store, not as a backend traceback.
+    Optuna's own answers (a finished trial refusing an update) pass through unchanged; Optuna
+    itself is given the storage unwrapped (``wrapped``)."""
+
+    def __init__(self, wrapped: Any, url: str) -> None:
+        self.wrapped, self.url, self.failures = wrapped, url, _store_failures()
+
+    def _lost(self, error: BaseException) -> StoreError:
+        cause = getattr(error.__cause__, "orig", None) or error.__cause__ or error  # past Optuna's wrapper
+        return StoreError(f"search store {_shown(self.url)} is lost or damaged ({_first_line(cause)})")
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            attribute = getattr(self.wrapped, name)  # a property (study.user_attrs) reads the store
+        except self.failures as error:
+            raise self._lost(error) from None
+        if not callable(attribute):
+            return attribute
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attribute(*args, **kwargs)
+            except self.failures as error:
+                raise self._lost(error) from None
+        return guarded
 
 
 def _shown(url: str) -> str:
@@ -131,11 +215,12 @@ class Queue:
             self.storage = open_storage(storage_url)
             if create:
                 direction = "minimize" if smaller_is_better else "maximize"
-                self.study = optuna.create_study(study_name=study, storage=self.storage,
-                                                 load_if_exists=True, direction=direction)
+                study_object = optuna.create_study(study_name=study, storage=self.storage.wrapped,
+                                                   load_if_exists=True, direction=direction)
             else:
-                self.study = optuna.load_study(study_name=study or self._only_study(),
-                                               storage=self.storage)
+                study_object = optuna.load_study(study_name=study or self._only_study(),
+                                                 storage=self.storage.wrapped)
+            self.study = Guarded(study_object, storage_url)
         except StoreError:
             raise
         except Exception as error:  # noqa: BLE001 - each driver and backend has its own classes
@@ -163,6 +248,10 @@ class Queue:
         with self._changes:
             self._generation += 1
             self._changes.notify_all()
+
+    def wake(self) -> None:
+        """Wake whoever waits in :meth:`wait_for_change` (something besides a segment changed)."""
+        self._changed()
 
     def _only_study(self) -> str:
         """The name of the store's one study; a store shared by searches needs the name."""

@@ -147,7 +147,7 @@ class SegmentProcess:
         if self.running():
             os.kill(self.pid, signum)
 
-    def wait(self, timeout: float) -> Optional[int]:
+    def wait(self, timeout: Optional[float]) -> Optional[int]:
         """The exit status, or None when it still runs after ``timeout`` seconds."""
         if isinstance(self.process, subprocess.Popen):
             try:

@@ -31,7 +31,7 @@ from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMP
 from hookdet.runs.identity import adopt_identity, newest_checkpoint_steps, read_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
-from hookdet.search.store import Queue
+from hookdet.search.store import Queue, StoreError
 from hookdet.search.warm_start import SegmentProcess, start_segment
 
 logger = logging.getLogger("hookdet")
@@ -177,11 +177,17 @@ class SegmentRunner:
             status = self.process.wait(timeout=HEARTBEAT_SECONDS)
             if status is not None:
                 return status
-            self.queue.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+            try:
+                self.queue.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+            except StoreError:  # the store is gone: the segment checkpoints and stops, then we do
+                self.terminate()
+                self.process.wait(timeout=None)
+                raise
 
 
 def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float = 0.5) -> None:
-    """Claim and run segments until ``done`` is set (by the driver, or the study's end)."""
+    """Claim and run segments until ``done`` is set (by the driver, or the study's end). A lost
+    or damaged store ends it with :class:`StoreError` (its segment stopped first)."""
     while not done.is_set() and not runner.stopping:
         seen = queue.generation()
         segment = queue.claim()
@@ -192,6 +198,8 @@ def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float
             continue
         try:
             runner.run(segment)
+        except StoreError:  # lost or damaged: no segment can be told or taken any more
+            raise
         except Exception as error:  # the store refused an update: the driver reaped it as dead
             logger.warning("segment %s: %s: %s", segment.user_attrs.get("key"),
                            type(error).__name__, error)
