@@ -197,3 +197,30 @@ def test_a_copied_search_directory_resumes_on_its_own_store_and_trials(tmp_path:
     assert [row["state"] for row in summary(tmp_path / "copy")] == ["completed", "completed"]
     log = (tmp_path / "copy" / "trial-002.log").read_text()
     assert f"resumed from checkpoint {(tmp_path / 'copy' / 'trial-002' / 'checkpoints').resolve()}/" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("period, warned", [(None, "trials validate only at their end (no min_validation_period)"),
+                                            ({"batches": 16}, "trials validate every 16 batches (min_validation_period)"),
+                                            ({"batches": 4}, None)])
+def test_an_asha_whose_rungs_can_only_be_decided_at_the_end_is_warned_about(tmp_path: Path, period: object,
+                                                                             warned: object) -> None:
+    """A legacy ASHA file converted to time_metric/max_time whose trials validate only at the
+    end stops nothing: said once, by preview and by the search, naming the fix."""
+    asha = {"name": "adaptive_asha", "metric": "validation_loss", "max_trials": 4, "divisor": 2,
+            "max_rungs": 3, "time_metric": "batches", "max_time": 16}
+    path = experiment(tmp_path, "asha.yaml", asha)
+    data = yaml.safe_load(path.read_text())
+    data.pop("min_validation_period")
+    if period is not None:
+        data["min_validation_period"] = period
+    path.write_text(yaml.safe_dump(data))
+    preview = hookdet(tmp_path, "search", "preview", str(path))
+    assert preview.returncode == 0, preview.stderr
+    said = [line for line in preview.stderr.splitlines() if "no rung can be decided" in line]
+    if warned is None:
+        assert said == []
+    else:
+        assert said == [f"hookdet: warning: {path}: searcher: no rung can be decided before a trial's end, "
+                        f"so no trial stops early: {warned}, and a rung is decided at the first validation "
+                        "at or past it (rungs at [4, 8] batches); set min_validation_period to at most "
+                        "{batches: 4}"]

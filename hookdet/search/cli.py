@@ -65,9 +65,44 @@ def load_search(config_path: Path, options: Sequence[str] = ()) -> tuple:
                 f"{config_path}: searcher.name is grid, but hyperparameter(s) {', '.join(missing)} "
                 "have no count: a grid needs a count of points for every int, double and log "
                 "hyperparameter")
-    for warning in settings.warnings:
+    undecidable = rungs_decided_only_at_the_end(config, settings)
+    for warning in settings.warnings + ([undecidable] if undecidable else []):
         print(f"hookdet: warning: {config_path}: searcher: {warning}", file=sys.stderr, flush=True)
     return config, raw, settings, space
+
+
+def rungs_decided_only_at_the_end(config: Any, settings: Any) -> Optional[str]:
+    """Why a staged search (ASHA, a pruner) can stop no trial early, or None: a rung is decided
+    at the first validation at or past it, and the trial class validates only at its end (no
+    ``min_validation_period``, as a legacy file converted to ``time_metric``/``max_time`` often
+    has) or at a period that passes every rung only at the end. A script sets its own period in
+    ``Trainer.fit``, so it is not judged here."""
+    from hookdet.config import names_trial_class
+    from hookdet.search import methods
+
+    if not settings.staged or not settings.max_length or not names_trial_class(config.entrypoint or ""):
+        return None
+    method = settings.build({})
+    if isinstance(method, methods.AdaptiveASHASearch):
+        rungs = [rung["units"] for bracket in method.brackets for rung in bracket.state["rungs"]]
+    elif isinstance(method, methods.AsyncHalvingSearch):
+        rungs = [rung["units"] for rung in method.state["rungs"]]
+    else:
+        rungs = list(getattr(method, "rungs", []))
+    early = sorted({units for units in rungs if units < settings.max_length})
+    period = config.min_validation_period
+    if not early:
+        return None
+    if period is None:
+        where = "trials validate only at their end (no min_validation_period)"
+    elif period.unit == settings.unit and all(
+            -(-units // period.value) * period.value >= settings.max_length for units in early):
+        where = f"trials validate every {period} (min_validation_period)"
+    else:
+        return None
+    return (f"no rung can be decided before a trial's end, so no trial stops early: {where}, and a "
+            f"rung is decided at the first validation at or past it (rungs at {early} {settings.unit}); "
+            f"set min_validation_period to at most {{{settings.unit}: {early[0]}}}")
 
 
 def _default_workers(slots_per_trial: int) -> int:
