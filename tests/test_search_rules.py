@@ -516,7 +516,9 @@ def test_the_searcher_table_in_the_docs_is_what_hookdet_does(tmp_path: Path, blo
     import subprocess
     import yaml
 
-    experiment = {"name": "rules", "entrypoint": "search_trial:LineTrial", "searcher": block}
+    # Validating every batch: every rung can be decided (else the staged rows warn that none can).
+    experiment = {"name": "rules", "entrypoint": "search_trial:LineTrial", "searcher": block,
+                  "min_validation_period": {"batches": 1}}
     if not no_space:
         experiment["hyperparameters"] = {"lr": {"type": "double", "minval": 0.1, "maxval": 0.2, "count": 2}}
     path = tmp_path / "experiment.yaml"
