@@ -13,6 +13,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
+from tests.support.states import assert_states_equal
 from tests.test_search_run import FIXTURES, HOOKDET, env, summary
 
 pytest.importorskip("optuna")
@@ -51,23 +52,6 @@ def newest_state(trial_dir: Path) -> Dict[str, Any]:
     return {key: state[key] for key in TRAINING_STATE}
 
 
-def assert_identical(a: Any, b: Any, where: str = "") -> None:
-    """``a`` and ``b`` equal bit for bit, tensors by ``torch.equal``."""
-    assert type(a) is type(b), where
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_identical(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for index, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{index}]")
-    else:
-        assert a == b, where
-
-
 def reports(trial_dir: Path) -> List[tuple]:
     records = [json.loads(line) for line in (trial_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["group"], r["steps_completed"], r["metrics"]) for r in records]
@@ -88,7 +72,7 @@ def test_warm_segments_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
     for name in trials:
         warm_dir, cold_dir = tmp_path / "warm" / "search" / name, tmp_path / "cold" / "search" / name
         assert reports(warm_dir) == reports(cold_dir), name
-        assert_identical(newest_state(warm_dir), newest_state(cold_dir), name)
+        assert_states_equal(newest_state(warm_dir), newest_state(cold_dir), name)
     assert len(warm["starts"]) == len(cold["starts"]) > len(trials)  # continued trials started twice
     fork_servers = {record["ppid"] for record in warm["starts"]}
     assert len(fork_servers) == 1 and warm["pid"] not in fork_servers

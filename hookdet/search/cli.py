@@ -114,7 +114,7 @@ def _default_workers(slots_per_trial: int) -> int:
 
 def run_search(args: argparse.Namespace) -> int:
     """Run (or, with ``--resume SEARCH_DIR``, continue) the search ``args.config`` describes."""
-    from hookdet.search.store import LEGACY_STUDY_NAME, Queue, default_storage, study_name
+    from hookdet.search.store import LEGACY_STUDY_NAME, Queue
 
     config_path = Path(args.config).resolve()
     config, raw, settings, space = load_search(config_path, args.config_overrides or ())
@@ -131,29 +131,8 @@ def run_search(args: argparse.Namespace) -> int:
 
     if not args.resume:
         check_warm_start_source(config, config_path, model_dir)
-    if args.resume:
-        search_dir = Path(args.resume)
-        if not (search_dir / META_FILE).exists():
-            raise _usage_error(f"{search_dir} is not a search directory (no {META_FILE} in it)")
-        meta = json.loads((search_dir / META_FILE).read_text())
-        refuse_another_experiment(search_dir, meta, config_path, as_stored(raw))
-    else:
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "experiment").strip("-") or "search"
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        search_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{name}-search-{stamp}"
-        if (search_dir / META_FILE).exists():
-            raise _usage_error(f"{search_dir} already holds a search; continue it with "
-                               f"--resume {search_dir}")
-        search_dir.mkdir(parents=True, exist_ok=True)
-        meta = {"config": str(config_path), "storage": args.storage or default_storage(search_dir),
-                "study": study_name(search_dir), "experiment": as_stored(raw)}
-    search_dir = search_dir.resolve()
+    search_dir, meta, moved_from = search_directory(args, config, config_path, as_stored(raw))
     lock_search_directory(search_dir)
-    moved_from = meta.get("search_dir")
-    moved_from = moved_from if moved_from and moved_from != str(search_dir) else None
-    if moved_from and meta["storage"] == default_storage(Path(moved_from)):
-        meta["storage"] = default_storage(search_dir)  # a copy's own store, not the original's
-    meta["search_dir"] = str(search_dir)
     storage = args.storage or meta["storage"]
     study = meta.get("study", LEGACY_STUDY_NAME)
     meta.update(storage=storage, study=study, searcher=settings.name, metric=settings.metric,
@@ -178,6 +157,37 @@ def run_search(args: argparse.Namespace) -> int:
     if status == 0 and trials and all(t["state"] == "errored" for t in trials):
         return 1
     return status
+
+
+def search_directory(args: argparse.Namespace, config: Any, config_path: Path,
+                     experiment: Dict[str, Any]) -> tuple:
+    """(resolved search directory, its ``search.json`` content, the directory it was in when it
+    was copied or moved since, else None): the one ``--resume`` names (checked to hold a search of
+    the same experiment), or a new one. A copy's default store is its own ``search.db``."""
+    from hookdet.search.store import default_storage, study_name
+
+    if args.resume:
+        search_dir = Path(args.resume)
+        if not (search_dir / META_FILE).exists():
+            raise _usage_error(f"{search_dir} is not a search directory (no {META_FILE} in it)")
+        meta = json.loads((search_dir / META_FILE).read_text())
+        refuse_another_experiment(search_dir, meta, config_path, experiment)
+    else:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "experiment").strip("-") or "search"
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        search_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{name}-search-{stamp}"
+        if (search_dir / META_FILE).exists():
+            raise _usage_error(f"{search_dir} already holds a search; continue it with "
+                               f"--resume {search_dir}")
+        search_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"config": str(config_path), "storage": args.storage or default_storage(search_dir),
+                "study": study_name(search_dir), "experiment": experiment}
+    search_dir = search_dir.resolve()
+    moved_from = meta.get("search_dir") if meta.get("search_dir") not in (None, str(search_dir)) else None
+    if moved_from and meta["storage"] == default_storage(Path(moved_from)):
+        meta["storage"] = default_storage(search_dir)  # a copy's own store, not the original's
+    meta["search_dir"] = str(search_dir)
+    return search_dir, meta, moved_from
 
 
 def check_warm_start_source(config: Any, config_path: Path, model_dir: Path) -> None:

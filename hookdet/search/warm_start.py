@@ -7,7 +7,7 @@ instead keeps one *fork server* (the standard library's :mod:`multiprocessing` `
 started on first use) that has imported torch, hookdet's run path, the default plugins and the
 installed libraries the trial's module imports (scikit-learn, pandas, ...: read from its source,
 not run), and nothing of the user's code; each segment is a process forked from it that runs the
-same ``hookdet run`` command line through :func:`hookdet.cli.commands.main`.
+same command line as the cold way, ``python -m hookdet run ...``, as :mod:`runpy` runs it.
 
 What a segment keeps from the cold way:
 
@@ -36,6 +36,7 @@ import importlib.util
 import logging
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -223,10 +224,9 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
 
         torch.set_num_threads(int(threads))
     sys.argv = ["hookdet", *argv]
-    from hookdet.cli.commands import main
-
     try:
-        status = main(argv)
+        runpy.run_module("hookdet", run_name="__main__", alter_sys=True)  # python -m hookdet ...
+        status = 0
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:  # what a cold interpreter prints for an uncaught exception, and its status

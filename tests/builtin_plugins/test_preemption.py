@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
-import torch
 import yaml
 
 from hookdet.checkpoints import format as fmt
@@ -34,6 +33,7 @@ from hookdet.runs.metrics import read_reports
 from hookdet.plugins.builtin.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugin import run_of
 from tests.support.resume_trials import RegressionTrial
+from tests.support.states import assert_states_equal
 
 TESTS = Path(__file__).resolve().parents[1] / "support"  # the trials' model directory
 REPO = TESTS.parents[1]
@@ -88,21 +88,6 @@ def final_state(run_dir: Path) -> Dict[str, Any]:
     state = fmt.load_state(lookup.resolve_checkpoint_dir(run_dir))
     return {"models": state["models_state_dict"], "optimizers": state["optimizers_state_dict"],
             "batches": state["trial_state"]["batches_trained"]}
-
-
-def assert_states_equal(expected: Any, actual: Any, where: str = "state") -> None:
-    if isinstance(expected, torch.Tensor):
-        assert torch.equal(expected, actual), where
-    elif isinstance(expected, dict):
-        assert set(expected) == set(actual), where
-        for key in expected:
-            assert_states_equal(expected[key], actual[key], f"{where}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(expected) == len(actual), where
-        for index, (left, right) in enumerate(zip(expected, actual)):
-            assert_states_equal(left, right, f"{where}[{index}]")
-    else:
-        assert expected == actual, where
 
 
 def reports(run_dir: Path) -> List[Any]:

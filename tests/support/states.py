@@ -1,0 +1,23 @@
+"""Comparing checkpointed state bit for bit: tensors by ``torch.equal``, containers item by item,
+naming where the first difference is."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def assert_states_equal(expected: Any, actual: Any, where: str = "state") -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor) and expected.dtype == actual.dtype, where
+        assert torch.equal(expected, actual), where
+    elif isinstance(expected, dict):
+        assert set(expected) == set(actual), where
+        for key in expected:
+            assert_states_equal(expected[key], actual[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(expected) == len(actual), where
+        for index, (left, right) in enumerate(zip(expected, actual)):
+            assert_states_equal(left, right, f"{where}[{index}]")
+    else:
+        assert expected == actual, where
