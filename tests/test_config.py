@@ -430,7 +430,10 @@ def test_a_wrong_type_names_the_field_and_its_line(tmp_path: Path) -> None:
             "perform_initial_validation: expected true or false; got 1",
         ),
         ({"searcher": "single"}, "searcher: expected a mapping; got 'single'"),
-        ({"searcher": {"name": "singel"}}, "searcher.name: expected one of 'single', 'random'"),
+        ({"searcher": {"name": "singel"}}, "searcher.name: expected one of single, random, grid, "
+         "adaptive_asha, async_halving, optuna; got 'singel'; did you mean 'single'?"),
+        ({"searcher": {"name": "pbt"}}, "searcher.name: 'pbt' (population-based training) is a searcher "
+         "of Determined's cluster that hookdet does not run"),
         ({"name": 3}, "name: expected a string; got 3"),
         (
             {"hyperparameters": {"global_batch_size": 0}},

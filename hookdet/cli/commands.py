@@ -325,10 +325,14 @@ def command_runs(args: argparse.Namespace) -> int:
             print(run_index.list_runs(Path(args.directory), groups))
         elif args.command == "show":
             shown = Path(args.run)
-            print(report.show_search(shown) if report.is_search_dir(shown)
-                  else run_index.show_run(run_index.resolve_run(args.run)))
+            if report.is_search_dir(shown):
+                print(report.show_search(shown))
+            else:
+                run_dir = run_index.resolve_run(args.run)
+                print(run_index.show_run(run_dir, report.trial_states([run_dir]).get(run_dir.resolve())))
         elif args.command == "compare":
-            print(run_index.compare_runs(_runs_named(args.runs)))
+            run_dirs = _runs_named(args.runs)
+            print(run_index.compare_runs(run_dirs, report.trial_states(run_dirs)))
         else:
             _plot(args.runs, Path(args.output))
             print(f"wrote {args.output}")

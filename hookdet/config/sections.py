@@ -134,25 +134,26 @@ class Section(BaseModel):
         return data
 
 
+#: The searchers hookdet runs (``optuna`` is its own: Optuna's samplers and pruners,
+#: hookdet.search.optuna_search).
+SEARCHERS = ("single", "random", "grid", "adaptive_asha", "async_halving", "optuna")
+#: Searcher names Determined knows that hookdet does not run, each with the reason given.
+NOT_RUN_HERE = {
+    **{name: f"the '{name}' searcher has been removed and is not valid for new experiments "
+             "(Determined 0.38's words)"
+       for name in ("custom", "adaptive", "adaptive_simple", "sync_halving")},
+    "pbt": "'pbt' (population-based training) is a searcher of Determined's cluster that hookdet "
+           "does not run; adaptive_asha, or optuna with a pruner, search by stopping trials early",
+}
+
+
 class SearcherConfig(Section):
     """``searcher``: hookdet runs one trial, so it uses the metric settings and ``max_length``
     (Determined's trial length; deprecated there in 0.38 in favour of ``Trainer.fit``, still
     the way an experiment file says how long to train). The other searchers' fields are
     cluster-only."""
 
-    name: Literal[
-        "single",
-        "random",
-        "grid",
-        "adaptive_asha",
-        "pbt",
-        "async_halving",
-        "adaptive",
-        "adaptive_simple",
-        "sync_halving",
-        "custom",
-        "optuna",  # hookdet's own: Optuna's samplers and pruners (hookdet.search.optuna_search)
-    ] = "single"
+    name: str = "single"
     metric: str = "validation_loss"
     smaller_is_better: bool = True
     max_length: Optional[Length] = None
@@ -160,6 +161,16 @@ class SearcherConfig(Section):
     #: scheduler, callback and RNG state, at batch 0 (a storage id, checkpoint or run directory).
     source_checkpoint_uuid: Optional[str] = None
     source_trial_id: Optional[int] = None
+
+    @field_validator("name")
+    @classmethod
+    def _known_searcher(cls, name: str) -> str:
+        if name in SEARCHERS:
+            return name
+        if name in NOT_RUN_HERE:
+            raise ValueError(NOT_RUN_HERE[name])
+        raise ValueError(f"expected one of {', '.join(SEARCHERS)}; got {as_written(name)}"
+                         f"{did_you_mean(name, list(SEARCHERS))}")
 
     @field_validator("max_length", mode="before")
     @classmethod

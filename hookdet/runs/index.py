@@ -145,7 +145,8 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 
 
 #: Runs listed apart: a folder, the heading above its runs, and the state the group gives each
-#: run (a search's trials, with their state in the search; see hookdet.search.report).
+#: run, in the group's order (a search's trials by number, with their state in the search; see
+#: hookdet.search.report).
 Groups = Dict[Path, Tuple[str, Dict[Path, str]]]
 
 
@@ -165,6 +166,8 @@ def list_runs(root: Path, groups: Optional[Groups] = None) -> str:
     parts = [_runs_table(loose, {})] if loose else []
     for folder, (title, states) in groups.items():
         members = [summary for summary in summaries if group_of(summary.path) == folder]
+        order = {path: index for index, path in enumerate(states)}  # the group's own order (trial number)
+        members.sort(key=lambda summary: order.get(summary.path.resolve(), len(order)))
         parts.append(title + ("\n" + _indent(_runs_table(members, states)) if members else ""))
     return "\n\n".join(parts)
 
@@ -266,11 +269,12 @@ def _relative(path: Path, run_dir: Path) -> str:
         return str(path)
 
 
-def show_run(path: Path) -> str:
-    """The ``hookdet show`` text for one run."""
+def show_run(path: Path, state: Optional[str] = None) -> str:
+    """The ``hookdet show`` text for one run; ``state`` overrides its own (a search's trial is
+    shown with its state in the search, as ``hookdet runs`` shows it)."""
     summary = summarise(path)
     record = summary.record
-    lines = [f"run {summary.name}  ({summary.path})", f"  state: {summary.state}"]
+    lines = [f"run {summary.name}  ({summary.path})", f"  state: {state or summary.state}"]
     if record.get("pid"):
         lines[-1] += f"  (pid {record['pid']} on {record.get('host', '?')})"
     for label, key in (("started", "started"), ("ended", "ended"), ("error", "error")):
@@ -314,13 +318,14 @@ def _indent(text: str) -> str:
 # ------------------------------------------------------------------------------ hookdet compare
 
 
-def compare_runs(paths: Sequence[Path]) -> str:
+def compare_runs(paths: Sequence[Path], states: Optional[Dict[Path, str]] = None) -> str:
     """The ``hookdet compare`` table: state, batches, best and the latest value of every metric
-    of each run side by side, then the config fields that differ between them."""
+    of each run side by side, then the config fields that differ between them. ``states``
+    (by resolved run directory) override the runs' own, as in :func:`list_runs`."""
     summaries = [summarise(path) for path in paths]
     names = _distinct_names(summaries)
     rows = [["", *names]]
-    rows.append(["state", *(summary.state for summary in summaries)])
+    rows.append(["state", *((states or {}).get(summary.path.resolve(), summary.state) for summary in summaries)])
     rows.append(["batches", *(str(summary.batches) for summary in summaries)])
     for metric in sorted({summary.metric for summary in summaries if summary.metric}):
         rows.append([f"best {metric}", *(_number(s.best) if s.metric == metric else "-" for s in summaries)])

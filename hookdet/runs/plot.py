@@ -9,9 +9,10 @@ The image is :data:`PANEL_WIDTH_PX` wide per column (up to :data:`COLUMNS` colum
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from hookdet.runs.index import iter_series, read_reports
 
@@ -32,13 +33,23 @@ def image_size(panels: int) -> Tuple[int, int]:
     return columns * PANEL_WIDTH_PX, rows * PANEL_HEIGHT_PX
 
 
+def load_pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display needed), with matplotlib's own INFO
+    lines ("generated new fontManager", once per machine) kept out of hookdet's output.
+    ImportError without matplotlib."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    return pyplot
+
+
 def plot_runs(run_dirs: Sequence[Path], output: Path) -> int:
     """Draw the metrics of ``run_dirs`` into the PNG ``output``; return the number of panels."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot
+        pyplot = load_pyplot()
     except ImportError as error:
         raise PlotUnavailableError(
             "hookdet plot needs matplotlib: pip install 'hookdet[plot]'"

@@ -40,6 +40,9 @@ from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunne
 logger = logging.getLogger("hookdet")
 #: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
 STALE_SECONDS = 60.0
+#: Trial states the live line counts by name (as the summary and ``hookdet runs`` call them);
+#: the others (queued, running) are "open".
+TALLIED = ("paused", "stopped", "completed", "invalid_hp", "errored")
 
 
 def _pid_alive(pid: Optional[int]) -> bool:
@@ -239,7 +242,7 @@ class Driver:
             trial["units"] = max(units, target)
             trial["batches"] = attrs["batches"]
             trial["validations"].append([attrs["batches"], attrs["metric"]])
-            rungs = self._rungs(trial)
+            rungs = self._rungs(trial) if self.settings.staged else []  # no rungs: -1, shown as "-"
             trial["rung"] = max([i for i, u in enumerate(rungs) if u <= trial["units"]], default=-1)
             self.apply(self.method.validation_completed(self.ctx, rid, trial["units"],
                                                         attrs["metric"]))
@@ -285,12 +288,10 @@ class Driver:
                    else f"ended (exit status {attrs.get('exit_code')})")
         outcome = {"queued": "goes on"}.get(trial["state"], trial["state"])
         counts: Dict[str, int] = {}
-        for each in self.state["trials"].values():
-            state = each["state"] if each["state"] in ("completed", "stopped", "paused") else \
-                "failed" if each["state"] in ("errored", "invalid_hp") else "open"
+        for each in self.state["trials"].values():  # the summary's words, errored apart from InvalidHP
+            state = each["state"] if each["state"] in TALLIED else "open"
             counts[state] = counts.get(state, 0) + 1
-        tally = ", ".join(f"{state} {counts[state]}" for state in ("open", "paused", "stopped", "completed",
-                                                                    "failed") if counts.get(state))
+        tally = ", ".join(f"{state} {counts[state]}" for state in ("open",) + TALLIED if counts.get(state))
         line = f"search: trial {trial['number']} {reached}: {outcome} | {tally}"
         best = self.best_trial()
         if best is not None:

@@ -68,6 +68,22 @@ def trial_dirs(search_dir: Path) -> List[Path]:
     return [Path(state["trials"][rid]["dir"]) for rid in state["order"]]
 
 
+def trial_states(run_dirs: List[Path]) -> Dict[Path, str]:
+    """For each of ``run_dirs`` that is a trial of a search (a run directory in a search
+    directory): its state in the search (``stopped``, ...), by resolved path."""
+    found: Dict[Path, str] = {}
+    for search_dir in {Path(run_dir).resolve().parent for run_dir in run_dirs}:
+        if not is_search_dir(search_dir):
+            continue
+        try:
+            _, state = read_search(search_dir)
+        except SearchReadError:
+            continue
+        found.update({Path(trial["dir"]).resolve(): trial["state"] for trial in state["trials"].values()})
+    return {Path(run_dir).resolve(): found[Path(run_dir).resolve()]
+            for run_dir in run_dirs if Path(run_dir).resolve() in found}
+
+
 def _heading(search_dir: Path, meta: Dict[str, Any], state: Dict[str, Any], table: List[Dict[str, Any]]) -> str:
     """One line: the search, its searcher and metric, its trials by state, its best trial
     (``table``: the search's :func:`hookdet.search.summary.rows`)."""
@@ -83,12 +99,13 @@ def _heading(search_dir: Path, meta: Dict[str, Any], state: Dict[str, Any], tabl
 
 def runs_group(search_dir: Path) -> Tuple[str, Dict[Path, str]]:
     """For ``hookdet runs``: the heading above the search's trials, and each trial's run
-    directory with its state in the search (``stopped``, ``completed``, ...)."""
+    directory with its state in the search (``stopped``, ``completed``, ...), by trial number."""
     from hookdet.search import summary
 
     meta, state = read_search(search_dir)
     metric, smaller = metric_of(meta)
-    states = {Path(trial["dir"]).resolve(): trial["state"] for trial in state["trials"].values()}
+    trials = [state["trials"][rid] for rid in state["order"]]  # by number
+    states = {Path(trial["dir"]).resolve(): trial["state"] for trial in trials}
     return f"search {_heading(search_dir, meta, state, summary.rows(state, smaller, metric))}", states
 
 

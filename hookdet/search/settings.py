@@ -9,16 +9,12 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from hookdet.config.sections import bare_length_refusal
+from hookdet.config.sections import NOT_RUN_HERE, SEARCHERS, bare_length_refusal
 from hookdet.errors import HookdetError
 from hookdet.search import methods
 
-#: Searchers Determined 0.38 refuses, with its reason (master/pkg/schemas/expconf).
-REMOVED = {
-    name: f"the '{name}' searcher has been removed and is not valid for new experiments"
-    for name in ("custom", "adaptive", "adaptive_simple", "sync_halving")
-}
-SEARCHERS = ("single", "random", "grid", "adaptive_asha", "async_halving", "optuna")
+#: Searchers hookdet does not run, with the reason (Determined 0.38's own for the removed ones).
+REMOVED = NOT_RUN_HERE
 #: ``time_metric`` values a search can train to (a trial is trained in segments to each rung).
 TIME_UNITS = ("batches", "epochs", "records")
 _FIELDS = {

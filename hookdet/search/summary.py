@@ -37,7 +37,9 @@ def rows(state: Dict[str, Any], smaller_is_better: bool = True,
         pick = min if smaller_is_better else max
         row = {
             "trial": trial["number"], "request_id": rid, "seed": trial["seed"],
-            "bracket": trial["bracket"], "rung": trial["rung"], "state": trial["state"],
+            # No rung reached (a search without rungs, or a trial that ended before the first): none.
+            "bracket": trial["bracket"], "rung": trial["rung"] if trial["rung"] >= 0 else None,
+            "state": trial["state"],
             "best": pick(values) if values else None, "last": values[-1] if values else None,
             "batches": trial.get("batches") or 0, "restarts": trial["restarts"],
         }
@@ -97,11 +99,10 @@ def best_line(table: List[Dict[str, Any]], state: Dict[str, Any], metric: str,
 
 def plot(state: Dict[str, Any], metric: str, path: Path) -> Optional[Path]:
     """The searcher metric against batches for every trial (from each trial's metrics.jsonl)."""
-    try:
-        import matplotlib
+    from hookdet.runs.plot import load_pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:
+        plt = load_pyplot()
     except ImportError:
         return None
     from hookdet.search.worker import validations

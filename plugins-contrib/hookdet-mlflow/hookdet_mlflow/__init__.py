@@ -1,8 +1,8 @@
 """hookdet-mlflow: MLflow tracking for hookdet runs, as the ``mlflow`` plugin.
 
-Install the package and list the plugin in the experiment file::
+Install the package and add the plugin in the experiment file (hookdet's defaults still run)::
 
-    plugins: [callbacks, preemption, metrics_log, checkpoint, tensorboard, progress, mlflow]
+    plugins: [mlflow]
     plugin_config:
       mlflow: {tracking_uri: "sqlite:///mlflow.db", log_checkpoints: true}
 """
