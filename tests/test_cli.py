@@ -168,7 +168,8 @@ def test_unknown_field_suggests_the_right_one(tmp_path: Path, capsys: pytest.Cap
 
 def test_unknown_plugin_lists_installed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     args = run_cli(tmp_path, edit=lambda text: text.replace("metrics_log]", "metricslog]"))
-    expect_error(capsys, args, "unknown plugin 'metricslog'", "installed plugins:", "metrics_log")
+    expect_error(capsys, args, "unknown plugin 'metricslog' (did you mean 'metrics_log'?)",
+                 "installed plugins:", "metrics_log")
 
 
 def test_entrypoint_that_does_not_import(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -317,3 +318,13 @@ def test_output_cut_short_by_its_reader_ends_quietly(command: List[str]) -> None
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=300) == 141, stderr
     assert stderr == ""
+
+
+def test_an_int_metric_past_int64_is_reported_as_a_float(tmp_path: Path) -> None:
+    """A Python int is a number however large: 10**30 (past int64, which numpy cannot hold as
+    an integer) is averaged and reported as a float, as JSON reads it, not refused."""
+    args = run_cli(tmp_path, trial_source=TRIAL_TEMPLATE.replace('return {"loss": loss}',
+                                                                 'return {"loss": loss, "big": 10**30}'))
+    assert main(["run", *args]) == 0
+    reports = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["metrics"]["big"] for r in reports if r["group"] == "training"] == [1e30]

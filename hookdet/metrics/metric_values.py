@@ -103,12 +103,18 @@ def _checked_shape(value: Any, fail: Any) -> tuple[tuple[int, ...], Any]:
             array = np.asarray(value)
         except (TypeError, ValueError):
             array = np.asarray(None, dtype=object)
+        if array.dtype.kind == "O" and all(_whole_number(item) for item in array.flat):
+            array = array.astype(np.float64)  # a Python int past int64 (10**30): a float, as JSON reads it
         if array.dtype.kind not in "biuf":
             raise fail("metric values must be numbers or arrays of numbers")
         shape, numel = array.shape, array.size
     if numel == 0:
         raise fail("metric values must not be empty")
     return (() if numel == 1 else shape), array
+
+
+def _whole_number(item: Any) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool)
 
 
 def _device_rows_to_host(values: Sequence[Any], positions: list, value_shape: Any) -> dict:

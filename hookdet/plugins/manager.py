@@ -128,10 +128,9 @@ class PluginManager:
         if failures:  # a plugin that failed to import is installed, not unknown: say why
             raise PluginError("; ".join(failures))
         if unknown:
-            installed = ", ".join(sorted(installed_plugins())) or "none"
-            raise PluginError(
-                f"unknown plugin {', '.join(repr(n) for n in sorted(unknown))}; installed plugins: {installed}"
-            )
+            names_installed = sorted(installed_plugins())
+            named = ", ".join(f"{name!r}{_closest(name, names_installed)}" for name in sorted(unknown))
+            raise PluginError(f"unknown plugin {named}; installed plugins: {', '.join(names_installed) or 'none'}")
         for extension in extensions:
             self.register(extension.name, extension.plugin)
 
@@ -284,3 +283,11 @@ class PluginManager:
             hook_name, remove_plugins=[p for n, p in self._pm.list_name_plugin() if n != name]
         )
         return caller(**kwargs)
+
+
+def _closest(name: str, installed: List[str]) -> str:
+    """`` (did you mean 'x'?)`` for the installed plugin name closest to a misspelt one."""
+    import difflib
+
+    matches = difflib.get_close_matches(name, installed, n=1, cutoff=0.6)
+    return f" (did you mean {matches[0]!r}?)" if matches else ""
