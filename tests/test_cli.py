@@ -210,7 +210,8 @@ def test_plain_torch_dataloader_needs_the_opt_out(tmp_path: Path, capsys: pytest
         "return pytorch.DataLoader(self._data(), batch_size=2)\n\n    def build_validation",
         "return torch.utils.data.DataLoader(self._data(), batch_size=2)\n\n    def build_validation",
     )
-    expect_error(capsys, run_cli(tmp_path, trial_source=source), "build_training_data_loader", "disable_dataset_reproducibility_checks")
+    expect_error(capsys, run_cli(tmp_path, trial_source=source), "build_training_data_loader",
+                 "you can disable this check by calling context.experimental.disable_dataset_reproducibility_checks()")
     opted_out = source.replace(
         "self.context = context\n", "self.context = context\n        context.experimental.disable_dataset_reproducibility_checks()\n"
     )

@@ -250,6 +250,17 @@ def test_named_reducer_returning_a_dict_is_refused_naming_it():
         registry.reduce(for_training=False)
 
 
+def test_reducer_misuse_messages_carry_determineds_words():
+    """Determined's own tests match these phrases; hookdet's sentence keeps them."""
+    unnamed, named = ReducerRegistry(), ReducerRegistry()
+    unnamed.wrap(lambda values: 1.0).update(0)
+    with pytest.raises(MetricError, match=r"name=None but it did not return a dict"):
+        unnamed.reduce(for_training=False)
+    named.wrap(lambda values: {"a": 1}, name="one").update(0)
+    with pytest.raises(MetricError, match=r"with name set but it returned a dict anyway"):
+        named.reduce(for_training=False)
+
+
 def test_wrap_refuses_bad_registrations_with_one_clear_error():
     registry = ReducerRegistry()
     accuracy = registry.wrap(AccuracyReducer(), name="acc")

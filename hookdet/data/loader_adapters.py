@@ -23,7 +23,7 @@ def _reproducibility_message(method_name: str, loader: Any) -> str:
         "(Determined's det.pytorch.DataLoader). hookdet.pytorch.DataLoader takes the same "
         "arguments as torch.utils.data.DataLoader and makes the data order reproducible, "
         "sharded across ranks and exactly resumable; return one from "
-        f"{method_name}(). If you cannot, call "
+        f"{method_name}(). If you cannot, you can disable this check by calling "
         "context.experimental.disable_dataset_reproducibility_checks() in your trial's "
         "__init__(): hookdet then uses your loader as it is (repeated epoch after epoch for "
         "training, already-trained batches skipped on resume) but does not shard it across "

@@ -362,7 +362,9 @@ class ReducerRegistry:
                     raise ReducerResultError(
                         f"{registration.describe()} was wrapped with name=None, so its reduced "
                         f"result must be a dict of metric names to values, but it returned a "
-                        f"{type(result).__name__}; pass name=... to report a single metric"
+                        f"{type(result).__name__}; pass name=... to report a single metric "
+                        "(Determined's words: wrapped by a call to wrap_reducer() with name=None "
+                        "but it did not return a dict)"
                     )
                 named_results = dict(result)
             else:
@@ -370,7 +372,8 @@ class ReducerRegistry:
                     raise ReducerResultError(
                         f"{registration.describe()} was wrapped with a name, so its reduced result "
                         f"must be a single value, but it returned a dict; leave name=None to "
-                        "report several metrics from one dict"
+                        "report several metrics from one dict (Determined's words: wrapped by a "
+                        "call to wrap_reducer() with name set but it returned a dict anyway)"
                     )
                 named_results = {registration.name: result}
             check_metrics_serialisable(named_results, origin=registration.describe())

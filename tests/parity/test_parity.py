@@ -111,6 +111,13 @@ def test_scheduler_step_modes(tmp_path):
     compare_case(tmp_path, "scheduler-modes", "SchedulerModes", dict(PERIODS, max_length={"Batch": 7}))
 
 
+#: The phrase of Determined's misuse message that its own harness tests match on, kept in
+#: hookdet's (clearer) sentence.
+DETERMINEDS_WORDS = {"UnnamedReducerReturnsScalar": "with name=None but it did not return",
+                     "NamedReducerReturnsDict": "with name set but it returned a dict anyway",
+                     "PlainTorchLoader": "you can disable this check by calling"}
+
+
 @pytest.mark.parametrize(
     "trial, culprit",
     [("TrainReturnsList", "train_batch"), ("EvaluateReturnsTensor", "evaluate_batch"), ("ChangingMetricNames", "other"),
@@ -126,6 +133,9 @@ def test_misuse_raises_alike(tmp_path, trial, culprit):
     det_error, hd_error = determined["error"], hookdet["error"]
     assert det_error is not None and hd_error is not None, (det_error, hd_error)
     assert culprit in hd_error["message"], hd_error
+    words = DETERMINEDS_WORDS.get(trial)  # what Determined's own tests match on
+    if words:
+        assert words in det_error["message"] and words in hd_error["message"], (det_error, hd_error)
     if det_error["type"] == "AttributeError":
         assert "misuse-error-type" in EXPECTED_DIFFERENCES
         assert hd_error["type"] == "TrialError", hd_error
