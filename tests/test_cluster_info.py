@@ -210,18 +210,23 @@ def validation_losses(run_dir: Path) -> Dict[int, float]:
     }
 
 
-def test_under_hookdet_run_a_missing_searcher_metric_warns_and_checkpoints(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Policy 'best' with a trial that does not report the searcher metric: told once, and
-    checkpointed after every validation, never silently left without checkpoints."""
-    exp_conf = {"searcher": {"metric": "not_reported"}, "checkpoint_storage": {
+def test_under_hookdet_run_a_missing_searcher_metric_stops_at_the_first_validation(tmp_path: Path) -> None:
+    """Policy 'best' with a trial that does not report the searcher metric: stopped at the first
+    validation, as Determined's harness stops it (its words kept), naming the metrics the trial
+    reported and the closest one, instead of training on."""
+    from hookdet.trial_api.trial import TrialError
+
+    exp_conf = {"searcher": {"metric": "validation_los"}, "checkpoint_storage": {
         "type": "directory", "container_path": str(tmp_path / "run" / "checkpoints"), "save_trial_latest": 100}}
-    with caplog.at_level(logging.WARNING, logger="hookdet"), under_hookdet_run(exp_conf):
-        steps = fit_digits(tmp_path, exp_conf)
-    assert steps == [2, 4, 6, 8]
-    assert caplog.text.count("ranks validations by searcher.metric 'not_reported'") == 1
-    assert "Falling back to 'all'" not in caplog.text
+    with under_hookdet_run(exp_conf), pytest.raises(TrialError) as raised:
+        fit_digits(tmp_path, exp_conf)
+    message = str(raised.value)
+    assert message.startswith("searcher.metric 'validation_los' is not among the validation metrics the "
+                              "trial reported (")
+    assert "; did you mean 'validation_loss'?" in message
+    assert "Search method is configured to use metric 'validation_los' but model definition returned" in message
+    validations = [r["steps_completed"] for r in read_reports(tmp_path / "run") if r["group"] == "validation"]
+    assert validations == [2]  # the first validation, then nothing more
 
 
 def test_under_hookdet_run_policy_best_checkpoints_only_improvements(tmp_path: Path) -> None:

@@ -224,3 +224,17 @@ def test_an_asha_whose_rungs_can_only_be_decided_at_the_end_is_warned_about(tmp_
                         f"so no trial stops early: {warned}, and a rung is decided at the first validation "
                         "at or past it (rungs at [4, 8] batches); set min_validation_period to at most "
                         "{batches: 4}"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_searcher_metric_no_validation_reports_stops_each_trial_at_its_first_validation(tmp_path: Path) -> None:
+    """``metric: validation_los`` (the trial reports ``validation_loss``): each trial stops at
+    its first validation, naming what it reported and the closest name, and is not retried."""
+    config = experiment(tmp_path, "typo.yaml", {**GRID, "metric": "validation_los"}, max_restarts=5)
+    result = hookdet(tmp_path, "run", str(config), "--run-dir", "typo", "--model-dir", str(FIXTURES))
+    assert result.returncode == 1, result.stderr[-3000:]
+    rows = summary(tmp_path / "typo", drop=())
+    assert [(row["state"], row["restarts"]) for row in rows] == [("errored", "0"), ("errored", "0")]
+    assert result.stderr.count("searcher.metric 'validation_los' is not among the validation metrics the "
+                               "trial reported (validation_loss); did you mean 'validation_loss'?") == 2

@@ -429,10 +429,9 @@ class TrainingLoop:
             self._set_train_mode(True)
         hook.on_validation_end(run=self.run, metrics=hook_metrics)
         self.state.last_validation_batch = self.state.batches_trained
-        is_best = self._record_validation(metrics)
-        if self.run.is_chief:
+        if self.run.is_chief:  # reported first: a validation that stops the run is kept
             self._report("validation", metrics)
-        return is_best
+        return self._record_validation(metrics)
 
     def _evaluate_batches(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """Validate batch by batch; the metrics plain (for the reports) and as
@@ -518,6 +517,8 @@ class TrainingLoop:
 
     def _record_validation(self, metrics: Dict[str, Any]) -> bool:
         searcher = self.run.config.searcher
+        if self.checkpoint_policy == "best" and searcher.metric not in metrics:
+            raise TrialError(missing_searcher_metric(searcher.metric, metrics))
         value = metrics.get(searcher.metric)
         self.state.validation_history.append(
             {"batches": self.state.batches_trained, "metric": value}
@@ -536,6 +537,20 @@ class TrainingLoop:
         if improved:
             self.state.best_validation = float(value)
         return improved
+
+
+def missing_searcher_metric(metric: str, metrics: Dict[str, Any]) -> str:
+    """Why a validation without the searcher metric stops the run (as Determined's harness stops
+    it when it ranks validations), naming what was reported and the closest name."""
+    import difflib
+
+    reported = sorted(metrics)
+    closest = difflib.get_close_matches(metric, reported, n=1, cutoff=0.5)
+    hint = f"; did you mean {closest[0]!r}?" if closest else ""
+    return (f"searcher.metric {metric!r} is not among the validation metrics the trial reported "
+            f"({', '.join(reported) or 'none'}){hint} Set searcher.metric to one of them. "
+            f"(Determined's words: Search method is configured to use metric '{metric}' but model "
+            f"definition returned validation metrics {reported}.)")
 
 
 PyTorchTrial.trial_controller_class = TrainingLoop  # Determined's attribute, set from above (see trial.py)
