@@ -68,3 +68,25 @@ def test_runs_show_and_compare_call_a_stopped_trial_stopped_and_list_trials_by_n
     names = [line.split()[0] for line in group if line.strip().startswith("trial-")]
     assert names == [f"trial-{number:03d}" for number in sorted(states)]
     assert "paused" not in listed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_export_of_a_search_exports_its_best_trial_saying_which(tmp_path: Path) -> None:
+    import torch
+
+    result = search(tmp_path, "grid.yaml", "--run-dir", "grid", "--workers", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / "grid" / "summary.csv") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["best"]]
+    best = min(rows, key=lambda row: float(row["best"]))
+    exported = hookdet(tmp_path, "export", "grid", "search.pt")
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.startswith(f"search grid: its best trial is trial {best['trial']} (completed, "
+                                      f"validation_loss {float(best['best']):.6g}); exporting ")
+    trial = hookdet(tmp_path, "export", f"grid/trial-{int(best['trial']):03d}", "trial.pt")
+    assert trial.returncode == 0, trial.stderr
+    search_state = torch.load(tmp_path / "search.pt", weights_only=True)
+    trial_state = torch.load(tmp_path / "trial.pt", weights_only=True)
+    assert search_state.keys() == trial_state.keys()
+    assert all(torch.equal(search_state[key], trial_state[key]) for key in search_state)

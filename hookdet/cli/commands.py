@@ -307,8 +307,17 @@ def _options_listing(target: str) -> str:
 def command_export(args: argparse.Namespace) -> int:
     """Write a bare ``model.state_dict()`` from a checkpoint."""
     from hookdet.checkpoints.api import export_model_state
+    from hookdet.search import report
 
-    path = export_model_state(args.checkpoint, args.output, args.model_index)
+    checkpoint = args.checkpoint
+    if report.is_search_dir(Path(checkpoint)):  # a search stands for its best trial
+        try:
+            run_dir, which = report.best_trial(Path(checkpoint))
+        except report.SearchReadError as error:
+            raise UsageError(str(error)) from None
+        print(which)
+        checkpoint = str(run_dir)
+    path = export_model_state(checkpoint, args.output, args.model_index)
     print(f"wrote model {args.model_index}'s state_dict to {path}")
     return 0
 

@@ -125,6 +125,23 @@ def show_search(search_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def best_trial(search_dir: Path) -> Tuple[Path, str]:
+    """The run directory of the search's best trial, and a line saying which it is; a
+    :class:`SearchReadError` when no trial reported the searcher metric."""
+    from hookdet.search import summary
+
+    meta, state = read_search(search_dir)
+    metric, smaller = metric_of(meta)
+    measured = [row for row in summary.rows(state, smaller, metric) if row["best"] is not None]
+    if not measured:
+        raise SearchReadError(f"search {search_dir}: no trial reported {metric}, so it has no best trial "
+                              "to export; export one trial's run directory instead")
+    row = (min if smaller else max)(measured, key=lambda candidate: candidate["best"])
+    run_dir = Path(state["trials"][row["request_id"]]["dir"])
+    return run_dir, (f"search {Path(search_dir).name}: its best trial is trial {row['trial']} ({row['state']}, "
+                     f"{metric} {row['best']:.6g}); exporting {run_dir}")
+
+
 def plot_search(search_dir: Path, output: Path) -> Optional[Path]:
     """``hookdet plot SEARCH_DIR``: the searcher metric against batches, a line per trial."""
     from hookdet.search import summary
