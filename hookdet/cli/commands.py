@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -104,6 +105,7 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
     resume = resume_target(args.resume)
     slots = config.resources.slots_per_trial
     info = local_cluster_info(config, slots=slots, latest_checkpoint=resume, run_dir=run_dir)
+    late_stop = LateStop.install()
     with working_directory(model_dir), activated(info), \
             init(exp_conf=config, run_dir=run_dir, model_dir=model_dir) as context:
         run = run_of(context)
@@ -115,12 +117,37 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
         if fit["max_length"] is None:
             raise UsageError(f"{config_path}: searcher.max_length is required to train")
         Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
+        late_stop.finished = True
         if run.is_chief:
             _print_summary(run)
         status = PREEMPTED_EXIT_CODE if run.exit_reason == ExitReason.PREEMPTED else 0
         # Told before the teardown (process group, plugins): a rank that aborts there has finished.
         report_status_to_launcher(status)
     return status
+
+
+class LateStop:
+    """``hookdet run``'s own SIGTERM handler, beneath the preemption plugin's (which restores it
+    when the run ends): a SIGTERM once training has finished changes nothing, so the process
+    exits with the run's status (0 for a completed run, as ``run.json`` says) instead of dying
+    of the signal in its last moments; one before training ends the process as SIGTERM does."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    @classmethod
+    def install(cls) -> "LateStop":
+        handler = cls()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+        return handler
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.finished:
+            logger.info("received SIGTERM after training ended: exiting as the run ended")
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 @contextlib.contextmanager

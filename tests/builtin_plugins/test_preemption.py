@@ -327,3 +327,63 @@ def test_sigterm_during_validation_lets_it_finish_then_stops_at_that_batch(tmp_p
 def test_sigterm_after_training_completed_changes_nothing(tmp_path: Path) -> None:
     trial, run = fit_with_signal(tmp_path, "shutdown")
     assert run.exit_reason == "completed" and run.state.batches_trained == 8
+
+
+LINGERING_TRIAL = '''
+import atexit, os, time
+import torch
+from hookdet import pytorch
+
+
+def linger(marker):
+    open(marker, "w").close()  # the run has ended and its process is exiting
+    time.sleep(3)
+
+
+class Trial(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(1, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
+        atexit.register(linger, os.environ["LINGER_MARKER"])
+
+    def _data(self):
+        return torch.utils.data.TensorDataset(torch.ones(8, 1), torch.ones(8, 1))
+
+    def build_training_data_loader(self):
+        return pytorch.DataLoader(self._data(), batch_size=2)
+
+    def build_validation_data_loader(self):
+        return pytorch.DataLoader(self._data(), batch_size=2)
+
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch):
+        x, y = batch
+        return {"validation_loss": torch.nn.functional.mse_loss(self.model(x), y)}
+'''
+
+
+def test_sigterm_as_a_completed_run_exits_does_not_turn_it_into_a_failure(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM in a run's last moments (training done, the process exiting): the
+    process still exits 0, as run.json says completed, instead of dying of the signal (-15)."""
+    (tmp_path / "lingering.py").write_text(LINGERING_TRIAL)
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({
+        "entrypoint": "lingering:Trial", "hyperparameters": {"global_batch_size": 2},
+        "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}}}))
+    marker = tmp_path / "exiting"
+    process = subprocess.Popen([sys.executable, "-m", "hookdet", "run", str(config), "--run-dir", str(tmp_path / "run")],
+                               cwd=tmp_path, env=dict(os.environ, LINGER_MARKER=str(marker)),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for(marker.exists, process, "the run's process to reach its exit")
+    process.send_signal(signal.SIGTERM)
+    output = finish(process)
+    assert process.returncode == 0, output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["state"] == "completed"
+    assert "received SIGTERM after training ended: exiting as the run ended" in output
