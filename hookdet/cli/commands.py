@@ -73,6 +73,7 @@ def command_run(args: argparse.Namespace) -> int:
             "%s: cluster-only fields ignored when running locally: %s",
             config_path, ", ".join(config.ignored_fields),
         )
+    refuse_what_cannot_be_resumed(args.resume, config)
     fork_parent = resume_run_dir(args)
     if config.entrypoint is not None and not names_trial_class(config.entrypoint):
         from hookdet.cli.script_entrypoint import run_script  # a script or launch-layer command
@@ -82,6 +83,23 @@ def command_run(args: argparse.Namespace) -> int:
     if slots > 1 and launched_rank() is None:
         return _launch(args, config, slots)
     return _train_trial_class(args, config, config_path, fork_parent)
+
+
+def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:
+    """``--resume X`` that names nothing, refused before anything is made: not a path here (from
+    the directory the command was typed in), not a checkpoint id of this user's index, and with
+    no shared checkpoint storage that could hold it (a new run's own is empty)."""
+    if resume is None or Path(resume).exists():
+        return
+    here = Path.cwd()
+    if "/" in resume or "\\" in resume or resume.startswith("."):
+        raise UsageError(f"cannot resume from {resume}: no such run directory or checkpoint directory (from {here})")
+    from hookdet.checkpoints import user_index
+
+    if user_index.lookup(resume) is None and config.checkpoint_storage is None:
+        raise UsageError(
+            f"cannot resume from {resume!r}: no run directory or checkpoint directory of that name "
+            f"in {here}, and no checkpoint with that id in this user's checkpoint index")
 
 
 def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path, fork_parent: Any) -> int:

@@ -100,9 +100,11 @@ def test_resume_of_a_name_that_is_nothing_is_one_line_and_leaves_no_run_director
     config = write_config(tmp_path / "exp.yaml")
     monkeypatch.chdir(tmp_path)
     assert hookdet("--resume no-such-run", "run", str(config), "--resume", "no-such-run") == 2
-    one_line(capsys, "cannot resume from 'no-such-run': no such run directory or checkpoint directory in",
-             "no checkpoint with that id in this user's checkpoint index")
-    assert not any((tmp_path / "runs").iterdir())
+    one_line(capsys, f"cannot resume from 'no-such-run': no run directory or checkpoint directory of that "
+             f"name in {tmp_path}, and no checkpoint with that id in this user's checkpoint index")
+    assert not (tmp_path / "runs").exists()  # refused before anything was made
+    assert hookdet("--resume runs/nothing", "run", str(config), "--resume", "runs/nothing") == 2
+    one_line(capsys, f"cannot resume from runs/nothing: no such run directory or checkpoint directory (from {tmp_path})")
 
     # A run directory that was there before is left where it was.
     kept = tmp_path / "kept"
