@@ -30,6 +30,7 @@ from hookdet.runs.metrics import ReportLog
 from hookdet.trial_api.rng import seed_everything
 from hookdet.loop.run import Run
 from hookdet.trial_api.trial import Batch, PyTorchTrial, TrainUnit
+from hookdet.errors import UsageError
 
 if TYPE_CHECKING:
     from hookdet.config import ExperimentConfig
@@ -178,6 +179,9 @@ def _open(run: Run, distributed: Optional[DistributedContext], selection: Plugin
         )
     run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
     run.device = _device_for(run.distributed)
+    unusable = run.distributed.broadcast(run_record.unusable_records(run.run_dir) if run.is_chief else None)
+    if unusable:
+        raise UsageError(unusable)
     claim = ownership.take(run) if run.is_chief else None
     run.run_id = ownership.accept(run.distributed.broadcast(claim))
     if run.is_chief:

@@ -60,6 +60,23 @@ def _read_bytes(path: Path) -> Optional[bytes]:
         return None
 
 
+def unusable_records(run_dir: Path) -> Optional[str]:
+    """Why the run directory's records cannot be written, in one line, or None: each record
+    file that exists must be a regular file this process may write (a run directory restored
+    from another user, or a record replaced by a folder, is found here, before anything starts)."""
+    for name in (RUN_RECORD_FILE, CONFIG_FILE, METRICS_FILE, IDENTITY_FILE):
+        path = Path(run_dir) / name
+        if not os.path.lexists(path):
+            continue
+        if not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            return f"{path} is {kind}, not the run's {name}; move it away, then run again"
+        if not os.access(path, os.W_OK):
+            return (f"{path} cannot be written (no permission for user {os.getuid()}); give this "
+                    "user write access to the run directory's files, or resume a copy of it")
+    return None
+
+
 def record_start(run: Any) -> None:
     """Write the run's ``config.json`` and mark it running in this process, keeping the records
     it replaces in ``run.prior_records``."""

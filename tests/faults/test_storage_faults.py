@@ -185,6 +185,38 @@ def test_permission_denied_is_one_line_naming_the_path(tmp_path: Path, where: st
     assert "batch 1" not in stderr  # refused before training
 
 
+@pytest.mark.parametrize("fault", ["records of another user", "metrics.jsonl a directory"])
+def test_a_run_directory_whose_records_cannot_be_written_is_refused_before_the_resume_starts(
+        tmp_path: Path, fault: str) -> None:
+    """A run directory restored from another user (its records read-only to this one), or one
+    whose metrics.jsonl was replaced by a folder: ``--resume`` says so in one line naming the
+    file, before anything starts, and leaves the run's checkpoints as they were."""
+    config, run_dir = write_config(tmp_path / "exp.yaml"), tmp_path / "run"
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(run_dir),
+                                      "--config", "searcher.max_length.batches=4"]), "first run")
+    assert status == 0, stderr[-3000:]
+    before = checkpoint_metadata(run_dir / "checkpoints")
+    prefix: tuple = ()
+    if fault == "metrics.jsonl a directory":
+        (run_dir / "metrics.jsonl").unlink()
+        (run_dir / "metrics.jsonl").mkdir()
+        culprit = f"{run_dir / 'metrics.jsonl'} is a directory, not the run's metrics.jsonl"
+    else:
+        for path in run_dir.rglob("*"):
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        run_dir.chmod(0o555)
+        prefix = WITHOUT_OVERRIDE if os.geteuid() == 0 else ()
+        culprit = f"{run_dir / 'run.json'} cannot be written (no permission for user {os.getuid()})"
+    try:
+        status, _, stderr = finish(start(["run", str(config), "--resume", str(run_dir)], prefix=prefix), fault)
+    finally:
+        for path in [run_dir, *run_dir.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert status == 2, stderr[-3000:]
+    assert_one_line(stderr, culprit)
+    assert checkpoint_metadata(run_dir / "checkpoints") == before
+
+
 class SwitchableProxy:
     """A TCP proxy on 127.0.0.1 in front of a real S3 server that, once :meth:`go_silent` is
     called, keeps every connection open and answers nothing: an endpoint that hangs mid-run."""
