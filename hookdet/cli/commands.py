@@ -295,17 +295,13 @@ def report_status_to_launcher(status: int) -> int:
 
 
 def _print_summary(run: Any) -> None:
+    from hookdet.runs.record import ending_lines
+
     state = run.state
-    metric = run.config.searcher.metric
-    best = "none" if state.best_validation is None else f"{state.best_validation:.6g}"
-    lines = [
-        f"hookdet: {run.exit_reason or 'finished'} after {state.batches_trained} batches",
-        f"  best {metric}: {best}",
-        f"  run directory: {run.run_dir.resolve()}",
-    ]
-    if state.latest_checkpoint and run.storage is not None:
-        lines.append(f"  latest checkpoint: {run.storage.location(state.latest_checkpoint)}")
-    print("\n".join(lines), flush=True)
+    latest = (run.storage.location(state.latest_checkpoint)
+              if state.latest_checkpoint and run.storage is not None else None)
+    print(ending_lines(run.exit_reason or "finished", state.batches_trained, run.config.searcher.metric,
+                       state.best_validation, run.run_dir, latest), flush=True)
 
 
 def command_plugins(args: argparse.Namespace) -> int:

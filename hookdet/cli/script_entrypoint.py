@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import resume_target, torchrun_command
@@ -164,15 +165,37 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     ranks = slots if is_launcher else 1
     status = tell_killed_ranks(status, outcomes, ranks, killed_ranks(killed_lines))
     final = exit_status(status, outcomes, ranks, is_launcher)
-    print(f"hookdet: entrypoint {how_it_ended(status, final)}", flush=True)
-    print(f"  run directory: {run_dir.resolve()}", flush=True)
+    ended = recorded_ending(run_dir, config.searcher.metric) if final in (0, PREEMPTED_EXIT_CODE) else None
+    if ended is None:  # failed, or a script that trained without hookdet's Trainer
+        ended = f"hookdet: entrypoint {how_it_ended(status, final)}\n  run directory: {run_dir.resolve()}"
+    print(ended, flush=True)
     return final
+
+
+def recorded_ending(run_dir: Path, metric: str) -> Optional[str]:
+    """The lines a trial class's run ends with, for a script's run, from the run directory's
+    records (its ``run.json``, written by the script's ``Trainer.fit``), or None when the
+    script wrote none."""
+    from hookdet.runs.identity import read_identity, storage_of
+    from hookdet.runs.record import ending_lines, read_record
+
+    record = read_record(run_dir, check_alive=False)
+    if not record or record.get("state") in (None, "running"):
+        return None
+    latest = record.get("latest_checkpoint")
+    identity = read_identity(run_dir)
+    if latest and identity is not None:
+        try:
+            latest = storage_of(identity, None).location(latest)
+        except Exception:  # noqa: BLE001 - the id is still worth printing
+            pass
+    return ending_lines(record["state"], int(record.get("batches_trained") or 0), metric,
+                        record.get("best_validation"), run_dir, latest)
 
 
 def how_it_ended(status: int, final: int) -> str:
     """``exited with status 1``, ``stopped with a checkpoint (preempted): exit status 75``...:
     what the command's ``status`` was, ending with the ``final`` status ``hookdet run`` returns."""
-    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     if final == PREEMPTED_EXIT_CODE and status != PREEMPTED_EXIT_CODE:
         return f"stopped with a checkpoint (preempted): exit status {final}"
@@ -226,7 +249,6 @@ def exit_status(status: int, outcomes: Dict[int, Optional[str]], ranks: int, is_
     """``hookdet run``'s status: 75 when training stopped for a signal with a checkpoint on every
     rank (torchrun itself reports a failure after passing a signal on, so a launcher's status
     does not count then), else the command's status (128 + N for a death by signal N)."""
-    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 
     preempted = len(outcomes) >= ranks and "preempted" in outcomes.values()
     if preempted and (status == 0 or is_launcher):

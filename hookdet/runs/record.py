@@ -202,3 +202,16 @@ def _process_start(pid: Any) -> Optional[int]:
         return int(status.rsplit(")", 1)[-1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def ending_lines(how: str, batches: int, metric: str, best: Optional[float], run_dir: Path,
+                 latest_checkpoint: Optional[str]) -> str:
+    """What ``hookdet run`` prints when a run ends (a trial class or a script alike): how it
+    ended after how many batches, its best searcher metric, its run directory and latest
+    checkpoint."""
+    lines = [f"hookdet: {how} after {batches} batches",
+             f"  best {metric}: {'none' if best is None else f'{best:.6g}'}",
+             f"  run directory: {Path(run_dir).resolve()}"]
+    if latest_checkpoint:
+        lines.append(f"  latest checkpoint: {latest_checkpoint}")
+    return "\n".join(lines)
