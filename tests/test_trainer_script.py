@@ -289,3 +289,26 @@ def test_the_fixture_is_a_determined_script(tmp_path: Path) -> None:
     assert seen["local"] is True and seen["size"] == 1 and seen["wrapped"] == "Sequential"
     assert "report_validation_metrics(steps_completed=8" in result.stderr
     assert "checkpoint_policy='best' is not supported in local training mode" in result.stderr
+
+
+def test_a_script_resuming_a_run_that_does_not_fit_says_so_in_one_line(tmp_path: Path) -> None:
+    """A script resuming another trial's run (a different model structure): the one line a trial
+    class's run prints (``hookdet: error: cannot resume: ...``), not a traceback through
+    hookdet's loop and pluggy; the other run is left as it was."""
+    other = tmp_path / "other"
+    config = tmp_path / "line.yaml"
+    config.write_text("entrypoint: search_trial:LineTrial\nhyperparameters: {global_batch_size: 8, optimizer: {lr: 0.1}}\n"
+                      "searcher: {name: single, metric: validation_loss, max_length: {batches: 2}}\n")
+    trained = subprocess.run([str(VENV_BIN / "hookdet"), "run", str(config), "--run-dir", str(other),
+                              "--model-dir", str(Path(__file__).parent / "fixtures" / "search")],
+                             cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    before = sorted(path.name for path in (other / "checkpoints").iterdir())
+    resumed = subprocess.run([str(VENV_BIN / "hookdet"), "run", "const.yaml", "--resume", str(other)],
+                             cwd=model_dir(tmp_path), env=environment(tmp_path), capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 1, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    errors = [line for line in resumed.stderr.splitlines() if line.startswith("hookdet: error: ")]
+    assert len(errors) == 1 and errors[0].startswith("hookdet: error: cannot resume: checkpoint "), resumed.stderr
+    assert sorted(path.name for path in (other / "checkpoints").iterdir()) == before

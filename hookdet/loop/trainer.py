@@ -82,6 +82,7 @@ def init(
     takes them from the cluster.
     """
     info = cluster_info.get_cluster_info()
+    cluster_info.report_hookdet_errors_in_one_line()
     config = _experiment_config(exp_conf, info)
     if config is not exp_conf and info is not None and info.task_type == "TRIAL" and run_dir is None:
         run_dir = info.run_dir  # hookdet run's: the script gave no experiment of its own

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -250,6 +251,27 @@ def get_cluster_info() -> Optional[ClusterInfo]:
         except (OSError, ValueError, TypeError) as error:
             raise RuntimeError(f"${CLUSTER_INFO_ENV}={path}: unreadable cluster info: {error}") from error
     return _read[path]
+
+
+def report_hookdet_errors_in_one_line() -> None:
+    """In a script ``hookdet run`` started: an uncaught hookdet error (bad input, a checkpoint
+    that does not fit) ends the script with the one line a trial class's run prints
+    (``hookdet: error: ...``), not a traceback through hookdet's loop and pluggy. Other
+    exceptions keep Python's traceback. Nothing changes for a script run bare."""
+    if not os.environ.get(CLUSTER_INFO_ENV) or getattr(sys.excepthook, "hookdet_one_line", False):
+        return
+    previous = sys.excepthook
+
+    def one_line(kind: type, error: BaseException, traceback: Any) -> None:
+        from hookdet.errors import HookdetError
+
+        if isinstance(error, HookdetError):
+            print(f"hookdet: error: {error}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, traceback)
+
+    one_line.hookdet_one_line = True  # type: ignore[attr-defined]
+    sys.excepthook = one_line
 
 
 def outcome_path(info: ClusterInfo, rank: int) -> Optional[Path]:
