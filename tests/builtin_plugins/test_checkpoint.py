@@ -420,3 +420,22 @@ def test_a_resumed_run_holds_no_mapping_of_the_checkpoint_it_loaded(tmp_path: Pa
     assert any(state for state in trial.optimizer.state.values())  # the moments live on
     maps = Path("/proc/self/maps").read_text().splitlines()
     assert [line for line in maps if str(checkpoints) in line and "(deleted)" in line] == []
+
+
+def test_a_script_run_as_main_is_the_class_its_script_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``python3 train.py`` makes its trial ``__main__:MNistTrial``; a checkpoint records it as
+    Determined does, ``train:MNistTrial``: the same class, no "other module" warning. Another
+    script's class of the same name is a moved one (a warning); another name is refused."""
+    import sys
+    import types
+
+    from hookdet.plugins.builtin.checkpoint.restore import written_by
+
+    script = types.ModuleType("__main__")
+    script.__file__ = str(tmp_path / "train.py")
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    trial = type("MNistTrial", (), {"__module__": "__main__"})
+    assert written_by("train:MNistTrial", trial) == "same"
+    assert written_by("__main__:MNistTrial", trial) == "same"
+    assert written_by("model_def:MNistTrial", trial) == "moved"
+    assert written_by("train:OtherTrial", trial) == "other"

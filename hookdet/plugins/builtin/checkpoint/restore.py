@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -198,14 +199,30 @@ def _restore_plugins_and_callbacks(run: Any, state: Dict[str, Any], directory: P
             logger.warning("checkpoint %s holds state of callback %r, which the trial no longer builds", directory, name)
 
 
+def written_by(recorded: str, trial_class: type) -> str:
+    """Whether the trial class a checkpoint records (``module:Class``) is ``trial_class``:
+    ``"same"``; ``"moved"`` (the same class name in another module); ``"other"``. A script's
+    class, run as ``__main__``, is the same as one recorded under the script's own name
+    (``train:MNistTrial`` for ``python3 train.py``, as Determined records it)."""
+    module, _, name = recorded.partition(":")
+    if recorded == fmt.trial_spec(trial_class):
+        return "same"
+    if name != trial_class.__qualname__:
+        return "other"
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if trial_class.__module__ == "__main__" and main_file and Path(main_file).stem == module:
+        return "same"
+    return "moved"
+
+
 def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:
     """Refuse a checkpoint of another trial class; a moved module only earns a warning."""
     recorded = str(metadata.get("trial_class") or "")
     expected = fmt.trial_spec(trial_class)
-    if recorded == expected:
+    found = written_by(recorded, trial_class)
+    if found == "same":
         return
-    recorded_name = recorded.partition(":")[2]
-    if recorded_name == trial_class.__qualname__:
+    if found == "moved":
         logger.warning(
             "checkpoint %s was written by %s, resuming with %s (same class name, other module)",
             directory, recorded, expected,
