@@ -50,6 +50,27 @@ def test_hookdet_run_resumes_a_determined_checkpoint(tmp_path: Path, determined_
     assert [r["steps_completed"] for r in read_reports(run_dir) if r["group"] == "training"] == [5, 6, 7]
 
 
+
+@pytest.mark.slow
+def test_continuing_a_determined_checkpoint_warns_of_nothing_that_did_not_happen(
+        tmp_path: Path, determined_checkpoint: Path) -> None:
+    """Its ``code/`` folder (the model directory Determined keeps in each checkpoint) is not an
+    interrupted checkpoint, and what a local-mode checkpoint does not record (hyperparameters
+    and experiment fields the script never passed) did not change: neither is warned about.
+    A field it records that differs now still is (``searcher.max_length``: 8 there, 7 here)."""
+    checkpoint = tmp_path / determined_checkpoint.name
+    shutil.copytree(determined_checkpoint, checkpoint)
+    (checkpoint / "code").mkdir(exist_ok=True)
+    (checkpoint / "code" / "model_def.py").write_text("# the experiment's model directory, as Determined keeps it\n")
+    status, _, stderr = run(["run", str(experiment(tmp_path)), "--resume", str(checkpoint),
+                             "--run-dir", str(tmp_path / "run"), "--model-dir", str(REPO)], "continue Determined's",
+                            fault=False)
+    assert status == 0, stderr[-3000:]
+    assert f"resumed from checkpoint {checkpoint} at batch 4" in stderr
+    assert "not a complete checkpoint" not in stderr and "unset ->" not in stderr, stderr[-3000:]
+    assert "experiment fields changed since it was written: searcher.max_length.batches: 8 -> 7." in stderr
+
+
 def test_load_trial_from_a_determined_checkpoint(determined_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARITY_FRAMEWORK", "hookdet")
     from hookdet import pytorch

@@ -155,7 +155,10 @@ def locate_for_resume(
 
 
 def refuse_mixed_store(folder: Path) -> None:
-    """Refuse a folder (not a run directory with an identity) whose checkpoints were written by several runs, naming each run."""
+    """Refuse a folder (not a run directory with an identity) whose checkpoints were written by several runs, naming each run.
+    A checkpoint is no such folder: what is inside it (Determined's ``code/``) is not a checkpoint."""
+    if (folder / fmt.METADATA_FILE).is_file():
+        return
     runs: Dict[str, List[Tuple[int, Path, Dict[str, Any]]]] = {}
     for root in (folder / CHECKPOINTS_DIR, folder):
         for directory, metadata in lookup.find_checkpoints(root):

@@ -33,10 +33,13 @@ def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
 
 
 def changed_fields(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str]:
-    """``name: old -> new`` for every flattened field that differs (absent shown as 'unset')."""
+    """``name: old -> new`` for every flattened field the checkpoint recorded (``before``) that
+    differs now (one gone shown as 'unset'). A field it did not record is not a change: a
+    checkpoint of Determined's local mode records only what the script passed, and one of an
+    older hookdet lacks fields added since."""
     old, new = flatten(before), flatten(after)
     changes = []
-    for name in sorted(set(old) | set(new)):
+    for name in sorted(old):
         if name.split(".")[0] in IGNORED_FIELDS:
             continue
         if old.get(name, _UNSET) != new.get(name, _UNSET):
