@@ -45,6 +45,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
+logger = logging.getLogger("hookdet")
+
 #: Set to ``1`` to start each segment as a new interpreter instead of a fork of the warm process.
 COLD_ENV = "HOOKDET_COLD_SEGMENTS"
 
@@ -113,19 +115,18 @@ def top_level_imports(source: Path) -> List[str]:
     return names
 
 
-logger = logging.getLogger("hookdet")
 _context: Optional[multiprocessing.context.BaseContext] = None
 #: Set when the warm process could not start: the worker's later segments start cold.
 _warm_failed = False
 
 
-def forkserver(libraries: Sequence[str] = ()) -> multiprocessing.context.BaseContext:
-    """The ``forkserver`` context whose server has :func:`preload_modules` imported (with the
-    ``libraries`` of the first segment's trial: one server serves one worker's search)."""
+def forkserver(model_dir: Path, entrypoint: Optional[str]) -> multiprocessing.context.BaseContext:
+    """The ``forkserver`` context whose server imports :func:`preload_modules` with the
+    libraries of the first trial it serves (one server serves one worker's search)."""
     global _context
     if _context is None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(preload_modules(libraries))
+        context.set_forkserver_preload(preload_modules(libraries_of(model_dir, entrypoint)))
         _context = context
     return _context
 
@@ -164,7 +165,7 @@ def warm_up(model_dir: Path, entrypoint: Optional[str]) -> None:
     ``entrypoint`` in ``model_dir``; nothing when segments start cold."""
     if cold() or _warm_failed:
         return
-    forkserver(libraries_of(model_dir, entrypoint))
+    forkserver(model_dir, entrypoint)
     from multiprocessing import forkserver as server
 
     server.ensure_running()
@@ -179,7 +180,7 @@ def start_segment(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: 
     global _warm_failed
     if not cold() and not _warm_failed:
         try:
-            process = forkserver(libraries_of(Path(cwd), entrypoint)).Process(
+            process = forkserver(Path(cwd), entrypoint).Process(
                 target=run_segment, name="hookdet-segment",
                 args=(list(argv), dict(env), cwd, log_path, list(cpus)))
             process.start()
