@@ -5,7 +5,7 @@ earlier run resumes (``Trainer.fit(latest_checkpoint=<id>)``, ``hookdet run --re
 in a new process with a new run directory. hookdet's checkpoints live wherever each run's
 storage puts them; this index says where: one small JSON file per checkpoint id, holding its
 storage's locator (never credentials) and the run directory that wrote it, written when the
-checkpoint is published and removed when retention deletes it.
+checkpoint is published and, when retention deletes it, replaced by a note of the rule that did.
 
 The index is ``$HOOKDET_HOME/checkpoint-index`` (default ``$XDG_DATA_HOME/hookdet``, else
 ``~/.local/share/hookdet``). Losing it loses nothing but the lookup by bare id: run
@@ -47,12 +47,31 @@ def record(storage_id: str, locator: Dict[str, Any], run_dir: Path) -> None:
         logger.warning("could not add checkpoint %s to the local index %s: %s", storage_id, path.parent, error)
 
 
-def forget(storage_id: str) -> None:
-    """Drop ``storage_id`` from the index (its checkpoint was deleted)."""
+def forget(storage_id: str, deleted_by: Optional[str] = None, run_dir: Optional[Path] = None) -> None:
+    """Drop ``storage_id`` from the index (its checkpoint was deleted). With ``deleted_by`` (the
+    rule that deleted it) a note stays in its place, so a later resume by that id is told what
+    became of it (:func:`deletion`), not only that it is not found."""
+    path = index_dir() / f"{check_storage_id(storage_id)}.json"
     try:
-        (index_dir() / f"{check_storage_id(storage_id)}.json").unlink(missing_ok=True)
+        if deleted_by is None:
+            path.unlink(missing_ok=True)
+            return
+        note = {"deleted_by": deleted_by, "run_dir": str(Path(run_dir).absolute()) if run_dir else None}
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(note), encoding="utf-8")
+        os.replace(partial, path)
     except (OSError, ValueError):
         pass
+
+
+def deletion(storage_id: str) -> Optional[Dict[str, Any]]:
+    """``{"deleted_by": rule, "run_dir": ...}`` when checkpoint ``storage_id`` of a local run
+    was deleted by its retention, else None."""
+    try:
+        entry = json.loads((index_dir() / f"{check_storage_id(storage_id)}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return entry if isinstance(entry, dict) and entry.get("deleted_by") else None
 
 
 def lookup(storage_id: str) -> Optional[Dict[str, Any]]:
@@ -62,3 +81,11 @@ def lookup(storage_id: str) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError):
         return None
     return entry if isinstance(entry, dict) and isinstance(entry.get("storage"), dict) else None
+
+
+def why_gone(storage_id: str, deleted: Dict[str, Any]) -> str:
+    """Why checkpoint ``storage_id`` no longer resumes (its :func:`deletion` note): which run's
+    retention deleted it, by which rule."""
+    return (f"cannot resume from {storage_id!r}: run {deleted.get('run_dir') or '(unknown)'} deleted "
+            f"that checkpoint by its {deleted['deleted_by']}; set checkpoint_storage.save_trial_latest "
+            "(or save_trial_best) higher to keep more")

@@ -96,6 +96,9 @@ def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:
         raise UsageError(f"cannot resume from {resume}: no such run directory or checkpoint directory (from {here})")
     from hookdet.checkpoints import user_index
 
+    deleted = user_index.deletion(resume)
+    if deleted is not None:
+        raise UsageError(user_index.why_gone(resume, deleted))
     if user_index.lookup(resume) is None and config.checkpoint_storage is None:
         raise UsageError(
             f"cannot resume from {resume!r}: no run directory or checkpoint directory of that name "

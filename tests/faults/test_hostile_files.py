@@ -112,3 +112,24 @@ def test_resume_of_a_name_that_is_nothing_is_one_line_and_leaves_no_run_director
     assert hookdet("--resume no-such-run, --run-dir kept", "run", str(config), "--resume", "no-such-run",
                    "--run-dir", str(kept)) == 2
     assert kept.is_dir()
+
+
+def test_resume_of_a_checkpoint_retention_deleted_says_which_rule_deleted_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Default retention (latest 1, best 1) deletes a run's older checkpoints; resuming one of
+    them by id says that run's retention deleted it, and by which rule, not "not found"."""
+    import logging
+    import re
+
+    config = write_config(tmp_path / "exp.yaml")
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="hookdet"):
+        assert hookdet("train 12 batches", "run", str(config), "--run-dir", str(tmp_path / "run")) == 0
+    deleted = re.findall(r"retention deleted checkpoint (\S+)", caplog.text)
+    assert deleted, caplog.text
+    capsys.readouterr()
+    assert hookdet("--resume a deleted id", "run", str(config), "--resume", deleted[0]) == 2
+    one_line(capsys, f"cannot resume from {deleted[0]!r}: run {tmp_path / 'run'} deleted that checkpoint by "
+             "its retention (save_trial_latest: 1, save_trial_best: 1)")

@@ -392,7 +392,8 @@ class CheckpointPlugin:
                 logger.warning("could not delete checkpoint %s: %s", storage_id, error)
                 continue
             gone.add(storage_id)
-            user_index.forget(storage_id)
+            user_index.forget(storage_id, deleted_by=f"retention (save_trial_latest: {keep_latest}, "
+                                                      f"save_trial_best: {keep_best})", run_dir=run.run_dir)
             logger.info("retention deleted checkpoint %s", storage_id)
         self._saved = [entry for entry in self._saved if entry["uuid"] not in gone]
 

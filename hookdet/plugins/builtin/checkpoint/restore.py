@@ -62,10 +62,14 @@ def metadata_of(found: Tuple[Any, Any]) -> Dict[str, Any]:
     try:
         return where.read_metadata(storage_id)
     except CheckpointNotFoundError as error:
+        deleted = user_index.deletion(storage_id)
+        if deleted is not None:
+            raise fmt.CheckpointError(user_index.why_gone(storage_id, deleted)) from error
         raise fmt.CheckpointError(
             f"cannot resume from {storage_id!r}: no such run directory or checkpoint directory in {Path.cwd()}, "
             f"and no checkpoint with that id in this user's checkpoint index or in {where.describe()}"
         ) from error
+
     except StorageError as error:
         raise fmt.CheckpointError(f"cannot resume from checkpoint {storage_id!r}: {error}") from error
 
