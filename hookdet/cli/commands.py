@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -24,6 +23,7 @@ from hookdet.trial_api.importing import SpecImportError, import_object
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import LAUNCHER_PID_ENV, TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
 from hookdet.runs.files import CONFIG_FILE
+from hookdet.cli.run_edges import LateStop, print_summary, refuse_what_cannot_be_resumed
 
 logger = logging.getLogger("hookdet")
 
@@ -85,26 +85,6 @@ def command_run(args: argparse.Namespace) -> int:
     return _train_trial_class(args, config, config_path, fork_parent)
 
 
-def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:
-    """``--resume X`` that names nothing, refused before anything is made: not a path here (from
-    the directory the command was typed in), not a checkpoint id of this user's index, and with
-    no shared checkpoint storage that could hold it (a new run's own is empty)."""
-    if resume is None or Path(resume).exists():
-        return
-    here = Path.cwd()
-    if "/" in resume or "\\" in resume or resume.startswith("."):
-        raise UsageError(f"cannot resume from {resume}: no such run directory or checkpoint directory (from {here})")
-    from hookdet.checkpoints import user_index
-
-    deleted = user_index.deletion(resume)
-    if deleted is not None:
-        raise UsageError(user_index.why_gone(resume, deleted))
-    if user_index.lookup(resume) is None and config.checkpoint_storage is None:
-        raise UsageError(
-            f"cannot resume from {resume!r}: no run directory or checkpoint directory of that name "
-            f"in {here}, and no checkpoint with that id in this user's checkpoint index")
-
-
 def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path, fork_parent: Any) -> int:
     """Build the ``module:Class`` trial and train it with the model directory as the working
     directory, where Determined's harness runs it (so a trial's relative data paths mean what
@@ -140,35 +120,11 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
         Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
         late_stop.finished = True
         if run.is_chief:
-            _print_summary(run)
+            print_summary(run)
         status = PREEMPTED_EXIT_CODE if run.exit_reason == ExitReason.PREEMPTED else 0
         # Told before the teardown (process group, plugins): a rank that aborts there has finished.
         report_status_to_launcher(status)
     return status
-
-
-class LateStop:
-    """``hookdet run``'s own SIGTERM handler, beneath the preemption plugin's (which restores it
-    when the run ends): a SIGTERM once training has finished changes nothing, so the process
-    exits with the run's status (0 for a completed run, as ``run.json`` says) instead of dying
-    of the signal in its last moments; one before training ends the process as SIGTERM does."""
-
-    def __init__(self) -> None:
-        self.finished = False
-
-    @classmethod
-    def install(cls) -> "LateStop":
-        handler = cls()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, handler)
-        return handler
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        if self.finished:
-            logger.info("received SIGTERM after training ended: exiting as the run ended")
-            return
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
 
 
 @contextlib.contextmanager
@@ -295,16 +251,6 @@ def report_status_to_launcher(status: int) -> int:
 
         wait_for_local_ranks(Path(status_dir))
     return 0 if status == PREEMPTED_EXIT_CODE else status
-
-
-def _print_summary(run: Any) -> None:
-    from hookdet.runs.record import ending_lines
-
-    state = run.state
-    latest = (run.storage.location(state.latest_checkpoint)
-              if state.latest_checkpoint and run.storage is not None else None)
-    print(ending_lines(run.exit_reason or "finished", state.batches_trained, run.config.searcher.metric,
-                       state.best_validation, run.run_dir, latest), flush=True)
 
 
 def command_plugins(args: argparse.Namespace) -> int:

@@ -1,0 +1,69 @@
+"""The edges of a ``hookdet run``: what is refused before anything is made, and what happens as
+the run ends (what it prints, and a SIGTERM that arrives then)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from hookdet.errors import UsageError
+
+logger = logging.getLogger("hookdet")
+
+
+def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:
+    """``--resume X`` that names nothing, refused before anything is made: not a path here (from
+    the directory the command was typed in), not a checkpoint id of this user's index, and with
+    no shared checkpoint storage that could hold it (a new run's own is empty)."""
+    if resume is None or Path(resume).exists():
+        return
+    here = Path.cwd()
+    if "/" in resume or "\\" in resume or resume.startswith("."):
+        raise UsageError(f"cannot resume from {resume}: no such run directory or checkpoint directory (from {here})")
+    from hookdet.checkpoints import user_index
+
+    deleted = user_index.deletion(resume)
+    if deleted is not None:
+        raise UsageError(user_index.why_gone(resume, deleted))
+    if user_index.lookup(resume) is None and config.checkpoint_storage is None:
+        raise UsageError(
+            f"cannot resume from {resume!r}: no run directory or checkpoint directory of that name "
+            f"in {here}, and no checkpoint with that id in this user's checkpoint index")
+
+
+class LateStop:
+    """``hookdet run``'s own SIGTERM handler, beneath the preemption plugin's (which restores it
+    when the run ends): a SIGTERM once training has finished changes nothing, so the process
+    exits with the run's status (0 for a completed run, as ``run.json`` says) instead of dying
+    of the signal in its last moments; one before training ends the process as SIGTERM does."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    @classmethod
+    def install(cls) -> "LateStop":
+        handler = cls()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+        return handler
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.finished:
+            logger.info("received SIGTERM after training ended: exiting as the run ended")
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def print_summary(run: Any) -> None:
+    """What a trial class's run prints as it ends (see :func:`hookdet.runs.record.ending_lines`)."""
+    from hookdet.runs.record import ending_lines
+
+    state = run.state
+    latest = (run.storage.location(state.latest_checkpoint)
+              if state.latest_checkpoint and run.storage is not None else None)
+    print(ending_lines(run.exit_reason or "finished", state.batches_trained, run.config.searcher.metric,
+                       state.best_validation, run.run_dir, latest), flush=True)
