@@ -448,8 +448,9 @@ class Driver:
 
 
 def refusal_of(log: Path) -> str:
-    """The last ``hookdet: error:`` line of a segment's log (what it refused), or a pointer to
-    the log when there is none."""
+    """The last ``hookdet: error:`` line of a segment's log (what it refused; the line
+    ``hookdet run`` itself writes), or "hookdet run refused it" when there is none (the caller
+    names the log)."""
     try:
         with open(log, "rb") as handle:
             handle.seek(max(handle.seek(0, os.SEEK_END) - 64 * 1024, 0))
