@@ -72,7 +72,9 @@ def test_runs_show_and_compare_call_a_stopped_trial_stopped_and_list_trials_by_n
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_export_of_a_search_exports_its_best_trial_saying_which(tmp_path: Path) -> None:
+def test_export_and_plot_of_a_search(tmp_path: Path) -> None:
+    """``hookdet export SEARCH_DIR`` exports its best trial, saying which; ``hookdet plot
+    SEARCH_DIR --log`` draws every metric of every trial on a log scale."""
     import torch
 
     result = search(tmp_path, "grid.yaml", "--run-dir", "grid", "--workers", "1")
@@ -90,3 +92,20 @@ def test_export_of_a_search_exports_its_best_trial_saying_which(tmp_path: Path) 
     trial_state = torch.load(tmp_path / "trial.pt", weights_only=True)
     assert search_state.keys() == trial_state.keys()
     assert all(torch.equal(search_state[key], trial_state[key]) for key in search_state)
+    # hookdet plot of a search: every metric of every trial (a panel a metric), on a log scale.
+    from matplotlib import image
+
+    from hookdet.runs.plot import figure_of, image_size
+
+    plotted = hookdet(tmp_path, "plot", "grid", "--log", "-o", "grid.png")
+    assert plotted.returncode == 0, plotted.stderr
+    width, height = image_size(2)  # validation_loss, and training loss
+    assert image.imread(str(tmp_path / "grid.png")).shape[:2] == (height, width)
+    trial_dirs = sorted(path for path in (tmp_path / "grid").glob("trial-*") if path.is_dir())
+    figure, panels = figure_of(trial_dirs, log_scale=True)
+    visible = [axes for axes in figure.axes if axes.get_visible()]
+    assert panels == len(visible) == 2
+    assert [axes.get_yscale() for axes in visible] == ["log", "log"]
+    reported = {group: sum(f'"group": "{group}"' in (d / "metrics.jsonl").read_text() for d in trial_dirs)
+                for group in ("validation", "training")}
+    assert [len(axes.get_lines()) for axes in visible] == [reported["validation"], reported["training"]]

@@ -333,7 +333,7 @@ def command_runs(args: argparse.Namespace) -> int:
             run_dirs = _runs_named(args.runs)
             print(run_index.compare_runs(run_dirs, report.trial_states(run_dirs)))
         else:
-            _plot(args.runs, Path(args.output))
+            _plot(args.runs, Path(args.output), args.log)
             print(f"wrote {args.output}")
     except (run_index.RunNotFoundError, report.SearchReadError) as error:
         raise UsageError(str(error)) from None
@@ -351,17 +351,12 @@ def _runs_named(given: List[str]) -> List[Path]:
     return paths
 
 
-def _plot(given: List[str], output: Path) -> None:
-    """One search directory: its searcher metric, a line per trial; else the runs' metrics."""
+def _plot(given: List[str], output: Path, log_scale: bool) -> None:
+    """Every metric of the runs named (a search directory: of each of its trials), a panel each."""
     from hookdet.runs.plot import PlotUnavailableError, plot_runs
-    from hookdet.search import report
 
     try:
-        if len(given) == 1 and report.is_search_dir(Path(given[0])):
-            if report.plot_search(Path(given[0]), output) is None:
-                raise PlotUnavailableError("hookdet plot needs matplotlib: pip install 'hookdet[plot]'")
-            return
-        plot_runs(_runs_named(given), output)
+        plot_runs(_runs_named(given), output, log_scale)
     except PlotUnavailableError as error:
         raise UsageError(str(error)) from None
 
@@ -409,8 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="two or more runs' metrics side by side")
     compare.add_argument("runs", nargs="+", metavar="RUN", help="run directories (a search directory: its trials)")
     plot = commands.add_parser("plot", help="a PNG of the metrics of one or more runs (hookdet[plot])")
-    plot.add_argument("runs", nargs="+", metavar="RUN", help="run directories, or one search directory")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="run directories (a search directory: its trials)")
     plot.add_argument("-o", "--output", required=True, help="the PNG file to write")
+    plot.add_argument("--log", action="store_true", help="values on a log scale")
     for command in (runs, show, compare, plot):
         command.set_defaults(handler=command_runs)
     return parser

@@ -46,14 +46,29 @@ def load_pyplot() -> Any:
     return pyplot
 
 
-def plot_runs(run_dirs: Sequence[Path], output: Path) -> int:
-    """Draw the metrics of ``run_dirs`` into the PNG ``output``; return the number of panels."""
+def plot_runs(run_dirs: Sequence[Path], output: Path, log_scale: bool = False) -> int:
+    """Draw the metrics of ``run_dirs`` into the PNG ``output`` (``log_scale``: every panel's
+    values on a log scale); return the number of panels."""
+    pyplot = pyplot_or_extra()
+    figure, panels = figure_of(run_dirs, log_scale)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=DPI, format="png")
+    pyplot.close(figure)
+    return panels
+
+
+def pyplot_or_extra() -> Any:
+    """:func:`load_pyplot`, or a :class:`PlotUnavailableError` naming the extra."""
     try:
-        pyplot = load_pyplot()
+        return load_pyplot()
     except ImportError as error:
-        raise PlotUnavailableError(
-            "hookdet plot needs matplotlib: pip install 'hookdet[plot]'"
-        ) from error
+        raise PlotUnavailableError("hookdet plot needs matplotlib: pip install 'hookdet[plot]'") from error
+
+
+def figure_of(run_dirs: Sequence[Path], log_scale: bool = False) -> Tuple[Any, int]:
+    """The figure of :func:`plot_runs`, one panel per metric (validation first) with a line per
+    run, and its number of panels."""
+    pyplot = pyplot_or_extra()
     curves: Dict[Tuple[str, str], List[Tuple[str, List[int], List[float]]]] = {}
     for run_dir in run_dirs:
         for key, steps, values in iter_series(read_reports(run_dir)):
@@ -69,6 +84,9 @@ def plot_runs(run_dirs: Sequence[Path], output: Path) -> int:
         panel = axes[index // columns][index % columns]
         for name, steps, values in curves[key]:
             panel.plot(steps, values, marker="." if len(steps) < 30 else None, label=name)
+        if log_scale:  # "symlog" where a value is zero or negative, which a log scale cannot show
+            positive = all(value > 0 for _, _, values in curves[key] for value in values)
+            panel.set_yscale("log" if positive else "symlog")
         panel.set_title(f"{key[0]}: {key[1]}", fontsize=9)
         panel.set_xlabel("batches", fontsize=8)
         panel.tick_params(labelsize=7)
@@ -78,7 +96,4 @@ def plot_runs(run_dirs: Sequence[Path], output: Path) -> int:
     for index in range(len(order), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
     figure.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output, dpi=DPI, format="png")
-    pyplot.close(figure)
-    return len(order)
+    return figure, len(order)

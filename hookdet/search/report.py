@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 #: The file that makes a directory a search directory.
 META_FILE = "search.json"
@@ -140,11 +140,3 @@ def best_trial(search_dir: Path) -> Tuple[Path, str]:
     run_dir = Path(state["trials"][row["request_id"]]["dir"])
     return run_dir, (f"search {Path(search_dir).name}: its best trial is trial {row['trial']} ({row['state']}, "
                      f"{metric} {row['best']:.6g}); exporting {run_dir}")
-
-
-def plot_search(search_dir: Path, output: Path) -> Optional[Path]:
-    """``hookdet plot SEARCH_DIR``: the searcher metric against batches, a line per trial."""
-    from hookdet.search import summary
-
-    meta, state = read_search(search_dir)
-    return summary.plot(state, metric_of(meta)[0], Path(output))
