@@ -26,6 +26,7 @@ from hookdet.config import ConfigError
 from hookdet.markers import hookimpl
 from hookdet.checkpoints.local import LocalStorage
 from tests.support.resume_trials import RegressionTrial, run_spec
+from tests.support.states import assert_states_equal
 
 HPARAMS = {"records": 32, "global_batch_size": 8, "lr": 0.05, "shuffle": True, "dropout": 0.2}
 
@@ -132,18 +133,8 @@ def states_by_step(checkpoints: Path) -> Dict[int, Dict[str, Any]]:
 
 
 def assert_equal(expected: Any, actual: Any, where: str = "state") -> None:
-    if isinstance(expected, torch.Tensor):
-        assert torch.equal(expected, actual), where
-    elif isinstance(expected, dict):
-        assert list(expected) == list(actual), where
-        for key in expected:
-            assert_equal(expected[key], actual[key], f"{where}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(expected) == len(actual), where
-        for index, (left, right) in enumerate(zip(expected, actual)):
-            assert_equal(left, right, f"{where}[{index}]")
-    else:
-        assert expected == actual, where
+    """Bit for bit, keys in the same order too."""
+    assert_states_equal(expected, actual, where, ordered=True)
 
 
 # ---------------------------------------------------------------------------------------------

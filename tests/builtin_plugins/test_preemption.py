@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -329,50 +330,20 @@ def test_sigterm_after_training_completed_changes_nothing(tmp_path: Path) -> Non
     assert run.exit_reason == "completed" and run.state.batches_trained == 8
 
 
-LINGERING_TRIAL = '''
-import atexit, os, time
-import torch
-from hookdet import pytorch
+def lingering_trial() -> str:
+    """test_cli's small trial, lingering 3 s at interpreter exit after it marks the moment."""
+    from tests.test_cli import TRIAL_TEMPLATE
 
-
-def linger(marker):
-    open(marker, "w").close()  # the run has ended and its process is exiting
-    time.sleep(3)
-
-
-class Trial(pytorch.PyTorchTrial):
-    def __init__(self, context):
-        self.context = context
-        self.model = context.wrap_model(torch.nn.Linear(1, 1))
-        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
-        atexit.register(linger, os.environ["LINGER_MARKER"])
-
-    def _data(self):
-        return torch.utils.data.TensorDataset(torch.ones(8, 1), torch.ones(8, 1))
-
-    def build_training_data_loader(self):
-        return pytorch.DataLoader(self._data(), batch_size=2)
-
-    def build_validation_data_loader(self):
-        return pytorch.DataLoader(self._data(), batch_size=2)
-
-    def train_batch(self, batch, epoch_idx, batch_idx):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.model(x), y)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.opt)
-        return {"loss": loss}
-
-    def evaluate_batch(self, batch):
-        x, y = batch
-        return {"validation_loss": torch.nn.functional.mse_loss(self.model(x), y)}
-'''
+    return ("import atexit, os, time\n" + TRIAL_TEMPLATE.replace(
+        "        self.context = context\n",
+        "        self.context = context\n"
+        "        atexit.register(lambda: (open(os.environ['LINGER_MARKER'], 'w').close(), time.sleep(3)))\n", 1))
 
 
 def test_sigterm_as_a_completed_run_exits_does_not_turn_it_into_a_failure(tmp_path: Path) -> None:
     """A scheduler's SIGTERM in a run's last moments (training done, the process exiting): the
     process still exits 0, as run.json says completed, instead of dying of the signal (-15)."""
-    (tmp_path / "lingering.py").write_text(LINGERING_TRIAL)
+    (tmp_path / "lingering.py").write_text(textwrap.dedent(lingering_trial()))
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump({
         "entrypoint": "lingering:Trial", "hyperparameters": {"global_batch_size": 2},
