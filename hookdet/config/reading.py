@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from hookdet.config.experiment import ExperimentConfig
 from hookdet.config.problems import ConfigError, FieldPath, LineIndex, Reporter, all_at_once, as_written, dotted
 from hookdet.config.screening import config_errors_from, screen
+from hookdet.config.sections import SEARCHERS
 from hookdet.config.yaml_limits import MAX_BYTES, BoundedNesting, check_expanded_size, check_text, too_large
 
 _LENGTH_FIELDS = frozenset(
@@ -223,8 +224,8 @@ def _unnamed_searcher(data: Mapping[str, Any], reporter: Reporter) -> List[Confi
     searcher = data.get("searcher")
     if not isinstance(searcher, Mapping) or searcher.get("name") is not None:
         return []
-    return [reporter.error(("searcher",), "searcher.name is required (as Determined requires it): "
-                           "single, random, grid, adaptive_asha, async_halving or optuna")]
+    names = f"{', '.join(SEARCHERS[:-1])} or {SEARCHERS[-1]}"
+    return [reporter.error(("searcher",), f"searcher.name is required (as Determined requires it): {names}")]
 
 
 def _plugin_option_problems(config: ExperimentConfig, reporter: Reporter) -> List[ConfigError]:

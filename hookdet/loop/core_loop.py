@@ -542,13 +542,11 @@ class TrainingLoop:
 def missing_searcher_metric(metric: str, metrics: Dict[str, Any]) -> str:
     """Why a validation without the searcher metric stops the run (as Determined's harness stops
     it when it ranks validations), naming what was reported and the closest name."""
-    import difflib
+    from hookdet.config.problems import did_you_mean
 
     reported = sorted(metrics)
-    closest = difflib.get_close_matches(metric, reported, n=1, cutoff=0.5)
-    hint = f"; did you mean {closest[0]!r}?" if closest else ""
     return (f"searcher.metric {metric!r} is not among the validation metrics the trial reported "
-            f"({', '.join(reported) or 'none'}){hint} Set searcher.metric to one of them. "
+            f"({', '.join(reported) or 'none'}){did_you_mean(metric, reported)} Set searcher.metric to one of them. "
             f"(Determined's words: Search method is configured to use metric '{metric}' but model "
             f"definition returned validation metrics {reported}.)")
 

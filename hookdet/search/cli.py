@@ -82,13 +82,7 @@ def rungs_decided_only_at_the_end(config: Any, settings: Any) -> Optional[str]:
 
     if not settings.staged or not settings.max_length or not names_trial_class(config.entrypoint or ""):
         return None
-    method = settings.build({})
-    if isinstance(method, methods.AdaptiveASHASearch):
-        rungs = [rung["units"] for bracket in method.brackets for rung in bracket.state["rungs"]]
-    elif isinstance(method, methods.AsyncHalvingSearch):
-        rungs = [rung["units"] for rung in method.state["rungs"]]
-    else:
-        rungs = list(getattr(method, "rungs", []))
+    rungs = [units for bracket in methods.rungs_of(settings.build({})) for units in bracket]
     early = sorted({units for units in rungs if units < settings.max_length})
     period = config.min_validation_period
     if not early:

@@ -13,8 +13,6 @@ from hookdet.config.sections import NOT_RUN_HERE, SEARCHERS, bare_length_refusal
 from hookdet.errors import HookdetError
 from hookdet.search import methods
 
-#: Searchers hookdet does not run, with the reason (Determined 0.38's own for the removed ones).
-REMOVED = NOT_RUN_HERE
 #: ``time_metric`` values a search can train to (a trial is trained in segments to each rung).
 TIME_UNITS = ("batches", "epochs", "records")
 _FIELDS = {
@@ -157,8 +155,8 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         raise SearchConfigError(f"{where}.name is required (as Determined requires it): "
                                 f"{', '.join(SEARCHERS)}")
     name = raw["name"]
-    if name in REMOVED:
-        raise SearchConfigError(f"{where}.name: {REMOVED[name]}")
+    if name in NOT_RUN_HERE:
+        raise SearchConfigError(f"{where}.name: {NOT_RUN_HERE[name]}")
     if name not in SEARCHERS:
         raise SearchConfigError(f"{where}.name must be one of {', '.join(SEARCHERS)}; got {name!r}")
     unknown = sorted(set(raw) - _COMMON - _FIELDS[name])

@@ -49,14 +49,6 @@ def validations(run_dir: Path, metric: str) -> List[List[float]]:
     ]
 
 
-def entrypoint_of(config: str) -> Optional[str]:
-    """The ``entrypoint`` of a segment's experiment file (JSON, as the driver writes it)."""
-    try:
-        return json.loads(Path(config).read_text()).get("entrypoint")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 class Slot:
     """One worker's share of the machine: CPU cores and threads, GPUs."""
 
@@ -155,7 +147,7 @@ class SegmentRunner:
         started = time.time()
         with self._lock:
             self.process = start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
-                                         self.slot.cpus, entrypoint_of(config))
+                                         self.slot.cpus, (attrs.get("experiment") or {}).get("entrypoint"))
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
