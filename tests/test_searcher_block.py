@@ -99,6 +99,24 @@ def test_what_determined_refuses_is_one_line_naming_the_field(tmp_path: Path, se
     assert not (tmp_path / "bad").exists()  # refused before anything was made
 
 
+def test_a_searcher_field_of_the_wrong_type_is_refused_at_its_line(tmp_path: Path) -> None:
+    """``max_trials: four`` names the file's line, as every other field error does; the same
+    value from ``--config`` names no line (the file's line holds another value)."""
+    config = experiment(tmp_path, "four.yaml", {"name": "random", "metric": "validation_loss",
+                                                "max_trials": "four", "max_length": {"batches": 4}})
+    line_no = next(number for number, text in enumerate(config.read_text().splitlines(), 1)
+                   if "max_trials" in text)
+    for command in (["run", str(config), "--run-dir", "bad"], ["search", "preview", str(config)]):
+        line = one_error_line(hookdet(tmp_path, *command))
+        assert line == (f"hookdet: error: {config}:{line_no}: searcher.max_trials must be a whole "
+                        "number of at least 1; got 'four'"), line
+    overridden = experiment(tmp_path, "two.yaml", {"name": "random", "metric": "validation_loss",
+                                                   "max_trials": 2, "max_length": {"batches": 4}})
+    line = one_error_line(hookdet(tmp_path, "search", "preview", str(overridden),
+                                  "--config", "searcher.max_trials=four"))
+    assert line.startswith(f"hookdet: error: {overridden}: searcher.max_trials"), line
+
+
 def test_a_single_run_refuses_a_bare_max_length_too(tmp_path: Path) -> None:
     config = experiment(tmp_path, "single.yaml", {"name": "single", "metric": "validation_loss",
                                                   "max_length": 8})

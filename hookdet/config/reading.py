@@ -295,6 +295,16 @@ def read_experiment_file(path: Union[str, Path]) -> Any:
     return data
 
 
+def line_of_field(path: Union[str, Path], field: FieldPath) -> Optional[int]:
+    """The line of ``field`` in the experiment file at ``path`` (else of its closest ancestor),
+    for errors found by tools that read the file's plain content."""
+    _, root = read_yaml(read_experiment_text(path), str(path))
+    lines: Dict[FieldPath, int] = {}
+    if root is not None:
+        index_lines(root, (), lines, str(path))
+    return LineIndex(lines).line_of(field)
+
+
 def read_yaml(text: str, source: str) -> Tuple[Any, Optional[yaml.Node]]:
     """(content, node tree) of one YAML document; malformed YAML is a ConfigError at
     line:column."""

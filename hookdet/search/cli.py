@@ -54,7 +54,7 @@ def load_search(config_path: Path, options: Sequence[str] = ()) -> tuple:
     try:
         settings = read_settings(raw, str(config_path))
     except SearchConfigError as error:
-        raise _usage_error(str(error)) from None
+        raise _usage_error(_with_line(error, config_path, options)) from None
     space = config.hyperparameter_space or dict(config.hyperparameters)
     if settings.name == "grid":
         from hookdet.search.space import missing_counts
@@ -69,6 +69,21 @@ def load_search(config_path: Path, options: Sequence[str] = ()) -> tuple:
     for warning in settings.warnings + ([undecidable] if undecidable else []):
         print(f"hookdet: warning: {config_path}: searcher: {warning}", file=sys.stderr, flush=True)
     return config, raw, settings, space
+
+
+def _with_line(error: Any, config_path: Path, options: Sequence[str]) -> str:
+    """``error``'s message with the line of the field at fault in ``config_path``, where one
+    field is at fault and the file (not a ``--config`` option) gave it."""
+    from hookdet.config.reading import line_of_field
+
+    message = str(error)
+    prefix = f"{config_path}: "
+    dotted = ".".join(error.field or ())
+    if not dotted or not message.startswith(prefix) or any(
+            option.split("=", 1)[0].strip() == dotted for option in options):
+        return message
+    line = line_of_field(config_path, error.field)
+    return f"{config_path}:{line}: {message[len(prefix):]}" if line else message
 
 
 def rungs_decided_only_at_the_end(config: Any, settings: Any) -> Optional[str]:

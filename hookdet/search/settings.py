@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hookdet.config.sections import NOT_RUN_HERE, SEARCHERS, bare_length_refusal
 from hookdet.errors import HookdetError
@@ -39,7 +39,13 @@ _COMMON = {"name", "metric", "smaller_is_better", "max_length", "source_trial_id
 
 
 class SearchConfigError(HookdetError):
-    """A searcher block a search cannot run; the message names the file and field."""
+    """A searcher block a search cannot run; the message names the file and field, and
+    ``field`` is that field's path in the file where one field is at fault (so a caller that
+    has the file's lines can add the line)."""
+
+    def __init__(self, message: str, field: Optional[Tuple[str, ...]] = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -100,7 +106,8 @@ class SearchSettings:
                                           self.smaller_is_better, promote=self.promote)
 
 
-def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: str) -> int:
+def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: str,
+           block: Tuple[str, ...] = ("searcher",)) -> int:
     value = raw.get(key)
     if value is None:  # absent or null: not set, so Determined's default
         value = default
@@ -108,7 +115,7 @@ def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: 
         raise SearchConfigError(f"{where}.{key} is required by the '{raw['name']}' searcher")
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise SearchConfigError(f"{where}.{key} must be a whole number of at least {minimum}; "
-                                f"got {value!r}")
+                                f"got {value!r}", field=block + (key,))
     return value
 
 
@@ -178,7 +185,7 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         smaller_is_better=_flag(raw, "smaller_is_better", where, default=True),
         unit=unit,
         max_length=max_length,
-        max_restarts=_whole(data, "max_restarts", 5, 0, f"{source}: experiment"),
+        max_restarts=_whole(data, "max_restarts", 5, 0, f"{source}: experiment", block=()),
     )
     if name in ("random", "adaptive_asha", "async_halving", "optuna"):
         settings.max_trials = _whole(raw, "max_trials", None, 1, where)
@@ -187,7 +194,8 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
     if name in ("adaptive_asha", "async_halving"):
         divisor = raw.get("divisor", 4.0)
         if not isinstance(divisor, (int, float)) or isinstance(divisor, bool) or divisor <= 1:
-            raise SearchConfigError(f"{where}.divisor must be a number above 1; got {divisor!r}")
+            raise SearchConfigError(f"{where}.divisor must be a number above 1; got {divisor!r}",
+                                    field=("searcher", "divisor"))
         settings.divisor = float(divisor)
         settings.promote = _flag(raw, "promote", where)
     if name == "async_halving":
@@ -197,7 +205,7 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         mode = raw.get("mode", "standard") or "standard"
         if mode not in ("aggressive", "standard", "conservative"):
             raise SearchConfigError(f"{where}.mode must be aggressive, standard or conservative; "
-                                    f"got {mode!r}")
+                                    f"got {mode!r}", field=("searcher", "mode"))
         settings.mode = mode
         settings.bracket_rungs = _bracket_rungs(raw, where)
     if name == "optuna":
@@ -249,12 +257,13 @@ def _bracket_rungs(raw: Mapping, where: str) -> List[int]:
     if not isinstance(rungs, list) or not all(
             isinstance(count, int) and not isinstance(count, bool) and count >= 1 for count in rungs):
         raise SearchConfigError(f"{where}.bracket_rungs must be a list of whole numbers of rungs "
-                                f"(at least 1 each), one per bracket, e.g. [3, 2]; got {rungs!r}")
+                                f"(at least 1 each), one per bracket, e.g. [3, 2]; got {rungs!r}",
+                                field=("searcher", "bracket_rungs"))
     return list(rungs)
 
 
 def _flag(raw: Mapping, key: str, where: str, default: bool = False) -> bool:
     value = raw.get(key, default)
     if not isinstance(value, bool):
-        raise SearchConfigError(f"{where}.{key} must be true or false; got {value!r}")
+        raise SearchConfigError(f"{where}.{key} must be true or false; got {value!r}", field=("searcher", key))
     return value
