@@ -68,7 +68,7 @@ def command_run(args: argparse.Namespace) -> int:
         if args.slots < 1:
             raise UsageError(f"--slots must be a positive number of processes, got {args.slots}")
         config.resources.slots_per_trial = args.slots
-    if config.ignored_fields:
+    if config.ignored_fields and says_what_the_file_holds():
         logger.info(
             "%s: cluster-only fields ignored when running locally: %s",
             config_path, ", ".join(config.ignored_fields),
@@ -181,6 +181,14 @@ def launched_rank() -> Optional[int]:
         if name in os.environ:
             return int(os.environ[name])
     return None
+
+
+def says_what_the_file_holds() -> bool:
+    """Whether this process tells the user about the experiment file (the fields it ignores):
+    the process the user started does, not the ranks hookdet's launcher starts after it has
+    said so; under a launcher the user started (torchrun on each node), rank 0 does."""
+    rank = launched_rank()
+    return rank is None or (rank == 0 and LAUNCHER_PID_ENV not in os.environ)
 
 
 def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:

@@ -280,7 +280,8 @@ def test_uneven_shards_sigterm_and_exact_resume(tmp_path: Path) -> None:
 
 def _two_ranks_with_a_stop_asked_on_rank_1_at_batch_2(tmp_path: Path, records: int, length: int, **hparams: Any) -> List[int]:
     """Train 2 ranks with no boundary before ``length``, rank 1 alone asking to stop during
-    batch 2; check both ranks trained the same batches to equal weights; return them."""
+    batch 2; check both ranks trained the same batches to equal weights (and the launcher
+    alone said what the file holds); return them."""
     config = write_config(
         tmp_path / "experiment.yaml",
         dict(HPARAMS, records=records, stop_rank=1, stop_batch=2, **hparams),
@@ -289,8 +290,12 @@ def _two_ranks_with_a_stop_asked_on_rank_1_at_batch_2(tmp_path: Path, records: i
         scheduling_unit=100000,
         min_validation_period={"batches": 100000},
         resources={"slots_per_trial": 2},
+        environment={"image": "a cluster's image"},
     )
-    _check_launch(run_command(hookdet_command(config, tmp_path / "run"), timeout=LAUNCH_TIMEOUT))
+    result = run_command(hookdet_command(config, tmp_path / "run"), timeout=LAUNCH_TIMEOUT)
+    _check_launch(result)
+    # what the file holds is said once, by the launcher, not again by each rank
+    assert result.stderr.count("cluster-only fields ignored when running locally: environment") == 1
     ranks = [read_rank(tmp_path / "run", rank) for rank in (0, 1)]
     assert ranks[0]["batches"] == ranks[1]["batches"]
     assert torch.equal(read_weight(tmp_path / "run", 0), read_weight(tmp_path / "run", 1))
