@@ -431,6 +431,7 @@ def _version() -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``hookdet`` console script."""
+    take_ctrl_c()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
@@ -458,6 +459,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as error:
         status = _report_failure(error)
     return report_status_to_launcher(status)
+
+
+def take_ctrl_c() -> None:
+    """Make Ctrl-C (SIGINT) stop ``hookdet`` from its first moment, even where the shell that
+    started it asked for it to be ignored (a job started with ``&`` by a script): hookdet turns
+    SIGINT into a checkpoint and a stop once a run is built (and passes it on to what it
+    launches), so ignoring it until then, and launching what would ignore it too, stopped a run
+    only at some moments. A handler, unlike "ignored", is not inherited across exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _stop_writing_to_a_closed_pipe() -> int:

@@ -199,6 +199,8 @@ def how_it_ended(status: int, final: int) -> str:
 
     if final == PREEMPTED_EXIT_CODE and status != PREEMPTED_EXIT_CODE:
         return f"stopped with a checkpoint (preempted): exit status {final}"
+    if status == -signal.SIGINT:  # Ctrl-C before the script's Trainer could turn it into a stop
+        return f"interrupted (Ctrl-C) before it could checkpoint: exit status {final}"
     if status < 0:
         return f"killed by {signal_name(-status)}: exit status {final}"
     return f"exited with status {final}"
