@@ -23,6 +23,7 @@ import pytest
 
 from hookdet.checkpoints import lookup as lookup
 from hookdet.config import load_experiment_config
+from tests.support.distributed_trials import free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trainer_script"
 VENV_BIN = Path(sys.executable).parent
@@ -105,6 +106,28 @@ def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path)
     # DDP, or hookdet's subclass of it that passes attribute reads through as Determined's does.
     assert all(r["wrapped"].endswith("DistributedDataParallel") for r in local + on_cluster)
     assert len({r["weights"] for r in local + on_cluster}) == 1
+
+
+def test_two_machines_on_localhost_leave_one_run_directory(tmp_path: Path) -> None:
+    """Two ``hookdet run distributed.yaml --nnodes=2 --node-rank=N`` on one machine, each with its
+    default run directory: rank 0's machine records the run, the other makes no directory and
+    says where the run is; the script reads each machine's own rank from its cluster info."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    launchers = [subprocess.Popen(
+        [str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--nnodes=2", f"--node-rank={node}",
+         f"--rdzv-endpoint={endpoint}", "--rdzv-backend=c10d", "--rdzv-id=two-machines"],
+        cwd=model_dir(tmp_path), env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for node in (0, 1)]
+    outputs = [launcher.communicate(timeout=300) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [0, 0], [err[-3000:] for _, err in outputs]
+    (run_dir,) = (model_dir(tmp_path) / "runs").iterdir()
+    assert sorted(path.name for path in run_dir.iterdir()) == [
+        ".hookdet.lock", "checkpoints", "config.json", "metrics.jsonl", "run.json", "run_identity.json", "tensorboard"]
+    endings = sorted(line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("hookdet: "))
+    assert endings[0] == "hookdet: completed after 8 batches", outputs
+    assert endings[1].startswith("hookdet: entrypoint exited with status 0 on this machine (node "), endings
+    assert len(endings) == 2
+    assert sorted(result["container_rank"] for stdout, _ in outputs for result in results(stdout)) == [0, 1]
 
 
 def test_two_ranks_under_the_horovod_launch_layer(tmp_path: Path) -> None:

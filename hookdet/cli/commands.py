@@ -202,7 +202,8 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
-    from hookdet.distributed.launcher import combined_exit_status, failure_lines, killed_ranks, launcher_death_line, read_rank_statuses, run_passing_signals
+    from hookdet.distributed.launcher import (combined_exit_status, ending_away_from_rank_0, failure_lines, killed_ranks,
+                                              launcher_death_line, read_rank_statuses, run_passing_signals, this_node)
     from hookdet.plugins.selection import Launch, select_plugins
     from hookdet.loop.trainer import default_run_dir
 
@@ -228,13 +229,17 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         launcher_status = run_passing_signals(command, env, launcher_said, killed_lines)
         statuses = read_rank_statuses(Path(status_dir))
         killed = killed_ranks(killed_lines)
-        lines = failure_lines(Path(status_dir), statuses, local_ranks, killed)
+        lines = failure_lines(Path(status_dir), statuses, local_ranks, killed, every_rank_here=local_ranks == slots)
         if not lines and not statuses:  # no rank had a word: what torchrun saw is all there is
             lines = [line for _, line in killed.values()]
         died = launcher_death_line(launcher, launcher_status, len(statuses))
         for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)
-    return combined_exit_status(launcher_status, statuses, local_ranks)
+    status = combined_exit_status(launcher_status, statuses, local_ranks)
+    away = ending_away_from_rank_0(this_node(args.torchrun), statuses, status)
+    if away:
+        print(away, flush=True)
+    return status
 
 
 def report_status_to_launcher(status: int) -> int:

@@ -30,6 +30,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -37,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
 from hookdet.errors import UsageError
-from hookdet.distributed.launcher import resume_target, torchrun_command
+from hookdet.distributed.launcher import resume_target, this_node, torchrun_command
 from hookdet.distributed.launcher import (
     CRASH_SIGNALS, RANK_ENTRY, killed_ranks, launcher_death_line, pump_filtered, signal_name,
     stop_signals_passed_on,
@@ -137,7 +138,11 @@ def horovod_command(script: Sequence[str], overrides: Sequence[str], slots: int,
 
 
 def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
-    """``hookdet run`` for a command entrypoint; returns the exit status (75 after preemption)."""
+    """``hookdet run`` for a command entrypoint; returns the exit status (75 after preemption).
+    What the script reads through ``det.get_cluster_info()`` and what its ranks say of how they
+    ended go through a directory of this launch's own, removed at its end: the run directory
+    holds only what the run wrote (on a machine of a multi-node run whose ranks do not include
+    rank 0, nothing is made)."""
     from hookdet.loop.trainer import default_run_dir
 
     source = str(config_path)
@@ -146,30 +151,38 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
     model_dir = Path(args.model_dir) if args.model_dir else config_path.resolve().parent
     check_script_exists(config.entrypoint, model_dir, source)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
-    info_dir = run_dir.resolve() / "cluster-info"
-    info_dir.mkdir(parents=True, exist_ok=True)
-    for stale in info_dir.glob("outcome-rank-*.json"):
-        stale.unlink()
+    node = this_node(args.torchrun)
     info = cluster_info.local_cluster_info(
         config, slots=slots, latest_checkpoint=resume_target(args.resume), run_dir=run_dir,
-        test_mode=args.test_mode,
+        test_mode=args.test_mode, node=node,
     )
-    info_path = cluster_info.write_cluster_info(info, info_dir / "cluster.json")
-    env = dict(os.environ, **extra_env)
-    env[cluster_info.CLUSTER_INFO_ENV] = str(info_path)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    logger.info("running %s in %s (run directory %s)", shlex.join(command), model_dir, run_dir)
-    killed_lines: List[str] = []
-    status = run_passing_signals(command, env, model_dir, to_group=not is_launcher, killed=killed_lines)
-    outcomes = cluster_info.read_outcomes(info_dir)
-    ranks = slots if is_launcher else 1
+    with tempfile.TemporaryDirectory(prefix="hookdet-cluster-info-") as info_dir:
+        env = dict(os.environ, **extra_env)
+        env[cluster_info.CLUSTER_INFO_ENV] = str(cluster_info.write_cluster_info(info, Path(info_dir) / "cluster.json"))
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        where = f"node {node[0]} of {node[1]}; run directory {run_dir} if rank 0 is on this machine" if node[1] > 1 \
+            else f"run directory {run_dir}"
+        logger.info("running %s in %s (%s)", shlex.join(command), model_dir, where)
+        killed_lines: List[str] = []
+        status = run_passing_signals(command, env, model_dir, to_group=not is_launcher, killed=killed_lines)
+        outcomes = cluster_info.read_outcomes(Path(info_dir))
+    ranks = slots // node[1] if is_launcher else 1
     status = tell_killed_ranks(status, outcomes, ranks, killed_ranks(killed_lines))
     final = exit_status(status, outcomes, ranks, is_launcher)
-    ended = recorded_ending(run_dir, config.searcher.metric) if final in (0, PREEMPTED_EXIT_CODE) else None
-    if ended is None:  # failed, or a script that trained without hookdet's Trainer
-        ended = f"hookdet: entrypoint {how_it_ended(status, final)}\n  run directory: {run_dir.resolve()}"
-    print(ended, flush=True)
+    print(ending_of(run_dir, config.searcher.metric, status, final, node), flush=True)
     return final
+
+
+def ending_of(run_dir: Path, metric: str, status: int, final: int, node: Tuple[int, int]) -> str:
+    """The lines a script's run ends with: a trial class's (from the run's records) where the
+    script trained with hookdet's Trainer and ended well, else how the command ended."""
+    ended = recorded_ending(run_dir, metric) if final in (0, PREEMPTED_EXIT_CODE) else None
+    if ended is not None:
+        return ended
+    if node[1] > 1 and not run_dir.exists():
+        return (f"hookdet: entrypoint {how_it_ended(status, final)} on this machine (node {node[0]} of "
+                f"{node[1]}); the run is recorded by rank 0, in its machine's run directory")
+    return f"hookdet: entrypoint {how_it_ended(status, final)}\n  run directory: {run_dir.resolve()}"
 
 
 def recorded_ending(run_dir: Path, metric: str) -> Optional[str]:

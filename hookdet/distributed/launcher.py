@@ -272,10 +272,12 @@ def killed_ranks(said: Iterable[str]) -> Dict[int, Tuple[str, str]]:
 
 
 def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
-                  killed: Optional[Dict[int, Tuple[str, str]]] = None) -> List[str]:
-    """One line per distinct failure: the ranks that said it, and what they said; a rank that
-    ended without a word (no status, no message) is named as having died, by the signal that
-    killed it where ``killed`` (:func:`killed_ranks`) knows it."""
+                  killed: Optional[Dict[int, Tuple[str, str]]] = None, every_rank_here: bool = True) -> List[str]:
+    """One line per distinct failure: the ranks that said it, and what they said; a rank of
+    this machine that ended without a word (no status, no message) is named as having died, by
+    the signal that killed it where ``killed`` (:func:`killed_ranks`) knows it. With
+    ``every_rank_here`` false (several machines) which global ranks are this machine's is not
+    known, so the silent ones are counted rather than named."""
     killed = killed or {}
     by_message: Dict[str, List[int]] = {}
     for path in sorted(Path(status_dir).glob("rank-*.message")):
@@ -288,6 +290,14 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
         lines.append(f"hookdet: error: {who} {', '.join(map(str, sorted(ranks)))}: {message}")
     # A rank that left its message may be stopped by the launcher before it records its status.
     reported = set(statuses) | {rank for ranks in by_message.values() for rank in ranks}
+    if not every_rank_here:
+        named = [rank for rank in killed if rank not in reported]
+        lines.extend(killed[rank][1] + "; the other ranks were stopped" for rank in named)
+        unnamed = local_ranks - len(reported) - len(named)
+        if unnamed > 0 and reported:
+            lines.append(f"hookdet: error: {unnamed} of this machine's {local_ranks} ranks ended without "
+                         "a status (killed by a signal, or out of memory); the other ranks were stopped")
+        return lines
     silent = [rank for rank in range(local_ranks) if rank not in reported]
     if silent and reported:
         lines.extend(killed[rank][1] + "; the other ranks were stopped" for rank in silent if rank in killed)
@@ -338,6 +348,14 @@ TORCHRUN_OPTIONS = (
     "--max-restarts",
     "--monitor-interval",
 )
+
+
+def this_node(torchrun_options: Sequence[str]) -> Tuple[int, int]:
+    """(this machine's node rank, the number of machines) from ``hookdet run``'s torchrun
+    options: (0, 1) on one machine."""
+    values = dict(option.split("=", 1) for option in torchrun_options)
+    nnodes, node_rank = values.get("--nnodes", "1"), values.get("--node-rank", "0")
+    return (int(node_rank) if node_rank.isdigit() else 0), (int(nnodes) if nnodes.isdigit() else 1)
 
 
 def torchrun_command(
@@ -423,6 +441,19 @@ def read_rank_statuses(status_dir: Path) -> Dict[int, int]:
         if path.name[len("rank-"):].isdigit():
             statuses[int(path.name[len("rank-"):])] = int(path.read_text())
     return statuses
+
+
+def ending_away_from_rank_0(node: Tuple[int, int], statuses: Dict[int, int], status: int) -> Optional[str]:
+    """The line a machine of a multi-node run ends with when rank 0 (which reports the run) is
+    on another machine and this one's ranks ended well; else None."""
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+
+    if node[1] == 1 or 0 in statuses or status not in (0, PREEMPTED_EXIT_CODE):
+        return None
+    how = "completed" if status == 0 else "stopped with the run's checkpoint (preempted)"
+    ranks = ("rank " if len(statuses) == 1 else "ranks ") + ", ".join(map(str, sorted(statuses)))
+    return (f"hookdet: {ranks} {how} on this machine (node {node[0]} of {node[1]}); the run is "
+            "recorded by rank 0, in its machine's run directory")
 
 
 def combined_exit_status(

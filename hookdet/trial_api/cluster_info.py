@@ -24,7 +24,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 #: The environment variable naming the cluster-info JSON file of a script started by hookdet run.
 CLUSTER_INFO_ENV = "HOOKDET_CLUSTER_INFO"
@@ -181,9 +181,12 @@ def local_cluster_info(
     latest_checkpoint: Optional[str] = None,
     run_dir: Optional[Path] = None,
     test_mode: bool = False,
+    node: Tuple[int, int] = (0, 1),
 ) -> ClusterInfo:
     """The :class:`ClusterInfo` of a local run of the experiment ``config`` (an ExperimentConfig);
-    its trial id is ``trial_id``, else the search's number for the trial, else 1."""
+    its trial id is ``trial_id``, else the search's number for the trial, else 1. ``node`` is
+    (this machine's rank, the number of machines) when the ``slots`` are split across several,
+    as Determined's containers are."""
     from hookdet.config import current_trial_id
 
     trial_id = current_trial_id() if trial_id is None else trial_id
@@ -203,7 +206,9 @@ def local_cluster_info(
         master_url=LOCAL_MASTER_URL,
         cluster_id="hookdet-local",
         agent_id=socket.gethostname(),
-        slot_ids=list(range(slots)),
+        slot_ids=list(range(slots // node[1])),
+        container_rank=node[0],
+        container_slot_counts=[slots // node[1]] * node[1],
         task_id=task_id,
         allocation_id=f"{task_id}.1",
         session_token="",

@@ -95,6 +95,11 @@ def _launch_as_two_machines(config: Path, run_dir: Path) -> None:
                 launcher.wait()
     for node, (launcher, (_, stderr)) in enumerate(zip(launchers, outputs)):
         assert launcher.returncode == 0, f"machine {node}: {stderr[-6000:]}"
+        assert "hookdet: error" not in stderr, stderr[-6000:]
+    # the machine of rank 0 reports the run; the other says where its report is, in one line
+    endings = sorted(stdout.strip().splitlines()[-1] for stdout, _ in outputs)
+    assert endings[1].startswith("hookdet: rank 1 completed on this machine (node ") and \
+        endings[1].endswith("of 2); the run is recorded by rank 0, in its machine's run directory"), endings
 
 
 # ---------------------------------------------------------------------------------------------
