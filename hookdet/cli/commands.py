@@ -23,7 +23,7 @@ from hookdet.trial_api.importing import SpecImportError, import_object
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import LAUNCHER_PID_ENV, TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
 from hookdet.runs.files import CONFIG_FILE
-from hookdet.cli.run_edges import LateStop, print_summary, refuse_what_cannot_be_resumed
+from hookdet.cli.run_edges import LateStop, launched_rank, print_summary, refuse_what_cannot_be_resumed, says_what_the_file_holds, take_ctrl_c
 
 logger = logging.getLogger("hookdet")
 
@@ -173,22 +173,6 @@ def _state_of(run_dir: Path) -> str:
     if state == "running":
         return f" (running: pid {record.get('pid')} on host {record.get('host')})"
     return f" ({state})" if state else ""
-
-
-def launched_rank() -> Optional[int]:
-    """This process's global rank when a launcher (torchrun, horovodrun) started it, else None."""
-    for name in ("RANK", "HOROVOD_RANK", "LOCAL_RANK"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return None
-
-
-def says_what_the_file_holds() -> bool:
-    """Whether this process tells the user about the experiment file (the fields it ignores):
-    the process the user started does, not the ranks hookdet's launcher starts after it has
-    said so; under a launcher the user started (torchrun on each node), rank 0 does."""
-    rank = launched_rank()
-    return rank is None or (rank == 0 and LAUNCHER_PID_ENV not in os.environ)
 
 
 def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
@@ -464,16 +448,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as error:
         status = _report_failure(error)
     return report_status_to_launcher(status)
-
-
-def take_ctrl_c() -> None:
-    """Make Ctrl-C (SIGINT) stop ``hookdet`` from its first moment, even where the shell that
-    started it asked for it to be ignored (a job started with ``&`` by a script): hookdet turns
-    SIGINT into a checkpoint and a stop once a run is built (and passes it on to what it
-    launches), so ignoring it until then, and launching what would ignore it too, stopped a run
-    only at some moments. A handler, unlike "ignored", is not inherited across exec."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _stop_writing_to_a_closed_pipe() -> int:

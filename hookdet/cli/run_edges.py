@@ -1,5 +1,6 @@
-"""The edges of a ``hookdet run``: what is refused before anything is made, and what happens as
-the run ends (what it prints, and a SIGTERM that arrives then)."""
+"""The edges of a ``hookdet run``: Ctrl-C from its first moment, what is said and refused before
+anything is made, and what happens as the run ends (what it prints, and a SIGTERM that arrives
+then)."""
 from __future__ import annotations
 
 import logging
@@ -9,9 +10,36 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
+from hookdet.distributed.launcher import LAUNCHER_PID_ENV
 from hookdet.errors import UsageError
 
 logger = logging.getLogger("hookdet")
+
+
+def take_ctrl_c() -> None:
+    """Make Ctrl-C (SIGINT) stop ``hookdet`` from its first moment, even where the shell that
+    started it asked for it to be ignored (a job started with ``&`` by a script): hookdet turns
+    SIGINT into a checkpoint and a stop once a run is built (and passes it on to what it
+    launches), so ignoring it until then, and launching what would ignore it too, stopped a run
+    only at some moments. A handler, unlike "ignored", is not inherited across exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def says_what_the_file_holds() -> bool:
+    """Whether this process tells the user about the experiment file (the fields it ignores):
+    the process the user started does, not the ranks hookdet's launcher starts after it has
+    said so; under a launcher the user started (torchrun on each node), rank 0 does."""
+    rank = launched_rank()
+    return rank is None or (rank == 0 and LAUNCHER_PID_ENV not in os.environ)
+
+
+def launched_rank() -> Optional[int]:
+    """This process's global rank when a launcher (torchrun, horovodrun) started it, else None."""
+    for name in ("RANK", "HOROVOD_RANK", "LOCAL_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
 
 
 def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:

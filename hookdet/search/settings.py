@@ -151,13 +151,8 @@ def _length(raw: Mapping, where: str) -> tuple:
         f"the legacy max_length (e.g. max_length: {{batches: 1000}}); got max_length {length!r}")
 
 
-def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
-    """The searcher block of experiment file ``data`` (from ``source``) as search settings."""
-    where = f"{source}: searcher"
-    raw = data.get("searcher") or {}
-    if not isinstance(raw, Mapping):
-        raise SearchConfigError(f"{where} must be a mapping; got {raw!r}")
-    raw = {key: value for key, value in raw.items() if value is not None}  # null: not set
+def _searcher_name(raw: Mapping[str, Any], where: str) -> str:
+    """The block's ``name``: required, and one of the searchers hookdet runs."""
     if "name" not in raw:
         raise SearchConfigError(f"{where}.name is required (as Determined requires it): "
                                 f"{', '.join(SEARCHERS)}")
@@ -166,6 +161,17 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         raise SearchConfigError(f"{where}.name: {NOT_RUN_HERE[name]}")
     if name not in SEARCHERS:
         raise SearchConfigError(f"{where}.name must be one of {', '.join(SEARCHERS)}; got {name!r}")
+    return name
+
+
+def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
+    """The searcher block of experiment file ``data`` (from ``source``) as search settings."""
+    where = f"{source}: searcher"
+    raw = data.get("searcher") or {}
+    if not isinstance(raw, Mapping):
+        raise SearchConfigError(f"{where} must be a mapping; got {raw!r}")
+    raw = {key: value for key, value in raw.items() if value is not None}  # null: not set
+    name = _searcher_name(raw, where)
     unknown = sorted(set(raw) - _COMMON - _FIELDS[name])
     if unknown:
         raise SearchConfigError(f"{where}.{unknown[0]} is not a field of the '{name}' searcher")
