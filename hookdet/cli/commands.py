@@ -94,6 +94,7 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
     from hookdet.runs.identity import write_identity
     from hookdet.trial_api.context import run_of
     from hookdet.loop.trainer import Trainer, default_run_dir, fit_arguments, init
+    from hookdet.distributed.rank_watch import beating
 
     model_dir = (Path(args.model_dir) if args.model_dir else config_path.resolve().parent).resolve()
     trial_class = load_trial_class(config.entrypoint, model_dir, str(config_path))
@@ -117,7 +118,8 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
         fit = fit_arguments(config, context)
         if fit["max_length"] is None:
             raise UsageError(f"{config_path}: searcher.max_length is required to train")
-        Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
+        with beating(os.environ.get(RANK_STATUS_DIR_ENV), launched_rank(), lambda: run.state.batches_trained):
+            Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
         late_stop.finished = True
         if run.is_chief:
             print_summary(run)
@@ -190,6 +192,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
                                               launcher_death_line, read_rank_statuses, run_passing_signals, this_node)
     from hookdet.plugins.selection import Launch, select_plugins
     from hookdet.loop.trainer import default_run_dir
+    from hookdet.distributed.rank_watch import SilenceWatch, silent_after_of
 
     launcher = select_plugins(config.plugins, Launch(world_size=slots)).launcher
     if launcher == "horovodrun":
@@ -210,7 +213,8 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_said: List[str] = []
         killed_lines: List[str] = []
-        launcher_status = run_passing_signals(command, env, launcher_said, killed_lines)
+        watch = SilenceWatch(Path(status_dir), silent_after_of(config), lambda line: print(line, file=sys.stderr, flush=True))
+        launcher_status = run_passing_signals(command, env, launcher_said, killed_lines, watch=watch.check)
         statuses = read_rank_statuses(Path(status_dir))
         killed = killed_ranks(killed_lines)
         lines = failure_lines(Path(status_dir), statuses, local_ranks, killed, every_rank_here=local_ranks == slots)

@@ -409,10 +409,10 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
 
 
 def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str],
-                        killed: Optional[List[str]] = None) -> int:
+                        killed: Optional[List[str]] = None, watch: Optional[Callable[[], None]] = None) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status.
     The launcher's own failures, each one line, are appended to ``said``; the lines naming ranks
-    killed by a signal to ``killed``."""
+    killed by a signal to ``killed``. ``watch`` is called every few seconds while it runs."""
     process = subprocess.Popen(
         list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
         preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
@@ -425,13 +425,22 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[
 
     try:
         with stop_signals_passed_on(send, "the ranks"):
-            status = process.wait()
+            status = wait_watching(process, watch)
         pump.join(timeout=5)
         return status
     finally:
         if process.poll() is None:  # this process is dying of something else: take the ranks along
             process.kill()
             process.wait()
+
+
+def wait_watching(process: subprocess.Popen, watch: Optional[Callable[[], None]], every: float = 2.0) -> int:
+    """``process.wait()``, calling ``watch`` every ``every`` seconds until it ends."""
+    while True:
+        try:
+            return process.wait(timeout=every if watch else None)
+        except subprocess.TimeoutExpired:
+            watch()  # type: ignore[misc]
 
 
 def read_rank_statuses(status_dir: Path) -> Dict[int, int]:

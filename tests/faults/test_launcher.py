@@ -290,3 +290,68 @@ def test_only_with_ddp_listed_trains_two_ranks(tmp_path: Path) -> None:
     assert status == 0, stderr[-4000:]
     reports = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["steps_completed"] for r in reports if r["group"] == "validation"] == [4], reports
+
+
+class StderrLines:
+    """The lines a running process writes to stderr, read as they come (by a thread)."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        import threading
+
+        self.lines: List[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(process.stderr.readline, "")), daemon=True)
+        self.reader.start()
+
+    def having(self, fragment: str) -> List[str]:
+        return [line for line in list(self.lines) if fragment in line]
+
+
+def watched_run(tmp_path: Path, **hparams: object) -> "tuple[subprocess.Popen, StderrLines]":
+    """2 ranks of the linear trial that write their pids, with silent ranks named after 3 s."""
+    config = write_config(tmp_path / "exp.yaml", pid_dir=str(tmp_path), sleep=0.02, **hparams)
+    content = yaml.safe_load(config.read_text())
+    content["plugin_config"] = {"ddp": {"silent_rank_seconds": 3}}
+    config.write_text(yaml.safe_dump(content))
+    process = start(["run", str(config), "--run-dir", str(tmp_path / "run")])
+    return process, StderrLines(process)
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_answering_is_named_and_the_run_goes_on_when_it_answers(tmp_path: Path) -> None:
+    """SIGSTOP of rank 1: the launcher names it after the configured 3 s (the other rank waits
+    in its collective, silently, until torch's 30-minute timeout); SIGCONT, and the run goes on
+    and stops on SIGTERM with a checkpoint as any run does."""
+    process, stderr = watched_run(tmp_path)
+    rank_1 = tmp_path / "rank1.pid"
+    wait_until(lambda: rank_1.exists() and (tmp_path / "run" / "metrics.jsonl").exists(), process, "training")
+    os.kill(int(rank_1.read_text()), signal.SIGSTOP)
+    try:
+        wait_until(lambda: stderr.having("has not answered"), process, "rank 1 named", timeout=60)
+    finally:
+        os.kill(int(rank_1.read_text()), signal.SIGCONT)
+    (line,) = stderr.having("has not answered")
+    assert line.startswith("hookdet: warning: rank 1 has not answered for ") and "the other ranks wait for it" in line
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+    stderr.reader.join(timeout=10)
+    assert process.returncode == 75, "".join(stderr.lines)[-4000:]
+
+
+@pytest.mark.slow
+def test_a_rank_blocked_in_a_read_is_told_apart_from_those_waiting_for_it(tmp_path: Path) -> None:
+    """Rank 1 blocks in a "read" at batch 3 while alive: no rank finishes a batch, and after 3 s
+    the launcher says where each rank's main thread is, which names the read; once the read
+    returns, the run completes."""
+    release = tmp_path / "release"
+    process, stderr = watched_run(tmp_path, hang_rank=1, hang_batch=3, hang_until=str(release))
+    try:
+        wait_until(lambda: stderr.having("no rank has finished a batch"), process, "the stall told", timeout=60)
+    finally:
+        release.touch()
+    (line,) = stderr.having("no rank has finished a batch")
+    assert "rank 1 at batch 3 in distributed_trials.py:" in line and "(read_that_hangs)" in line, line
+    assert "rank 0 at batch 3 in " in line and "(read_that_hangs)" not in line.split("rank 1 at")[0], line
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+    stderr.reader.join(timeout=10)
+    assert process.returncode == 75, "".join(stderr.lines)[-4000:]

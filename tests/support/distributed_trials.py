@@ -145,6 +145,13 @@ class Recorder(pytorch.PyTorchCallback):
         torch.save(trial.module.weight.detach().clone(), run_dir / f"rank{rank}-weight.pt")
 
 
+def read_that_hangs(until: Path) -> None:
+    """A stand-in for a read from a filesystem that stopped answering: returns once ``until``
+    exists."""
+    while not until.exists():
+        time.sleep(0.05)
+
+
 class LinearTrial(pytorch.PyTorchTrial):
     """``y = w * x`` by SGD; see the module docstring.
 
@@ -155,12 +162,16 @@ class LinearTrial(pytorch.PyTorchTrial):
     ``stop_rank``/``stop_batch`` (that rank alone calls ``set_stop_requested(True)`` there),
     ``with_buffer`` (see :class:`OneWeight`), ``ddp_options`` (passed to ``wrap_model``),
     ``lr_gamma`` (a StepLR stepped every optimizer step), ``abort_at_teardown`` (rank 1 aborts
-    when it leaves the process group, as torch's teardown sometimes has).
+    when it leaves the process group, as torch's teardown sometimes has), ``pid_dir`` (each rank
+    writes its pid there as ``rank<N>.pid``), ``hang_rank``/``hang_batch`` (that rank blocks in
+    :func:`read_that_hangs` there until the file ``hang_until`` exists).
     """
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         self.hparams = context.get_hparams()
+        if self.hparams.get("pid_dir"):
+            (Path(self.hparams["pid_dir"]) / f"rank{context.distributed.rank}.pid").write_text(str(os.getpid()))
         if self.hparams.get("abort_at_teardown") and context.distributed.rank == 1:
             context.distributed.close = os.abort
         self.module = OneWeight(bool(self.hparams.get("with_buffer", False)))
@@ -206,6 +217,8 @@ class LinearTrial(pytorch.PyTorchTrial):
             raise RuntimeError(f"rank {rank} fails on purpose at batch {batch_idx}")
         if self.hparams.get("stop_rank") == rank and self.hparams.get("stop_batch") == batch_idx:
             self.context.set_stop_requested(True)
+        if self.hparams.get("hang_rank") == rank and self.hparams.get("hang_batch") == batch_idx:
+            read_that_hangs(Path(self.hparams["hang_until"]))
         noise = float(self.hparams.get("noise", 0.0))
         if noise:
             x = x + noise * torch.randn_like(x)

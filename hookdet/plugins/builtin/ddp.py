@@ -62,8 +62,10 @@ logger = logging.getLogger("hookdet")
 _RESERVED_DDP_OPTIONS = ("module", "device_ids", "output_device", "process_group", "device_mesh")
 
 #: Options of the plugin itself (``plugin_config.ddp``), beside DDP's keywords: the process
-#: group's backend (default nccl with CUDA, else gloo) and its collective timeout in seconds.
-PLUGIN_OPTIONS = ("backend", "timeout_seconds")
+#: group's backend (default nccl with CUDA, else gloo), its collective timeout in seconds, and
+#: after how many seconds ``hookdet run``'s launcher names a rank that stopped answering (it
+#: reads the option itself: :mod:`hookdet.distributed.rank_watch`).
+PLUGIN_OPTIONS = ("backend", "timeout_seconds", "silent_rank_seconds")
 
 
 def ddp_keyword_options() -> List[str]:
@@ -125,7 +127,7 @@ class PassThroughDistributedDataParallel(DistributedDataParallel):
 
 
 def _declared_options() -> type:
-    """``plugin_config.ddp``: the plugin's own two options, then every keyword of this torch's
+    """``plugin_config.ddp``: the plugin's own options, then every keyword of this torch's
     ``DistributedDataParallel`` (read from its signature, with its defaults)."""
     parameters = inspect.signature(DistributedDataParallel.__init__).parameters
     fields: Dict[str, Any] = {
@@ -133,6 +135,8 @@ def _declared_options() -> type:
             None, description="the process group's backend (default nccl with CUDA, else gloo)")),
         "timeout_seconds": (Optional[float], pydantic.Field(
             None, gt=0, description="the process group's collective timeout")),
+        "silent_rank_seconds": (float, pydantic.Field(
+            60.0, gt=0, description="seconds before hookdet run names a rank that stopped answering")),
     }
     for name in ddp_keyword_options():
         default = parameters[name].default
