@@ -10,6 +10,7 @@ extra arguments, as in Determined. Checkpoints are verified and loaded with
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Type
@@ -70,6 +71,21 @@ def import_trial_class(spec: str) -> type:
     return target
 
 
+def check_trial_arguments(cls: type, context: Any, trial_kwargs: Dict[str, Any]) -> None:
+    """A TypeError naming ``trial_kwargs`` when ``cls(context, **trial_kwargs)`` does not fit
+    its ``__init__`` (a trial that takes ``hparams`` beside the context, as the Trainer API
+    tutorial's does, needs ``trial_kwargs={"hparams": ...}``)."""
+    try:
+        inspect.signature(cls).bind(context, **trial_kwargs)
+    except TypeError as error:
+        raise TypeError(
+            f"load_trial_from_checkpoint_path: {cls.__qualname__}(context, **trial_kwargs) does not fit "
+            f"its __init__ ({error}); pass the arguments after the context as trial_kwargs={{...}}"
+        ) from None
+    except ValueError:  # no signature to read (a class built in C): let the call say
+        pass
+
+
 def load_trial_from_checkpoint_path(
     path: str,
     trial_class: Optional[Type[Any]] = None,
@@ -103,6 +119,7 @@ def load_trial_from_checkpoint_path(
     context = CheckpointLoadContext(
         hparams=metadata.get("hparams") or {}, exp_conf=metadata.get("experiment_config") or {}
     )
+    check_trial_arguments(cls, context, trial_kwargs or {})
     trial = cls(context, **(trial_kwargs or {}))
     models = state.get("models_state_dict", [])
     if len(models) != len(context.unwrapped_models):
