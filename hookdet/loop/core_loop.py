@@ -545,10 +545,13 @@ def missing_searcher_metric(metric: str, metrics: Dict[str, Any]) -> str:
     from hookdet.config.problems import did_you_mean
 
     reported = sorted(metrics)
+    # Determined lists the trial's metrics in their order, then the batches and epochs it adds
+    as_determined_saw = list(metrics) + [key for key in ("batches", "epochs") if key not in metrics]
     return (f"searcher.metric {metric!r} is not among the validation metrics the trial reported "
             f"({', '.join(reported) or 'none'}){did_you_mean(metric, reported)} Set searcher.metric to one of them. "
             f"(Determined's words: Search method is configured to use metric '{metric}' but model "
-            f"definition returned validation metrics {reported}.)")
+            f"definition returned validation metrics {as_determined_saw}. The metric used by the search "
+            "method must be one of the validation metrics returned by the model definition.)")
 
 
 PyTorchTrial.trial_controller_class = TrainingLoop  # Determined's attribute, set from above (see trial.py)

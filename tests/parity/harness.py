@@ -149,11 +149,13 @@ def run_case(
     unset_env: tuple = (),
     timeout_s: float = TIMEOUT_S,
     experiment_file: Optional[Dict[str, Any]] = None,
+    resume_from: str = "latest_checkpoint.txt",
 ) -> Dict[str, List[List[Dict[str, Any]]]]:
     """Run the case under each framework: ``{framework: [phase][rank] record}``.
 
     With ``resume_fit``, phase 2 resumes from the last checkpoint phase 1 wrote (the uuid its
-    callbacks' ``on_checkpoint_upload_end`` saw). ``unset_env`` names environment variables the
+    callbacks' ``on_checkpoint_upload_end`` saw), or from its first with ``resume_from``
+    ``"first_checkpoint.txt"``. ``unset_env`` names environment variables the
     runners must not get (to show what a user without the workaround sees). A runner still
     running after ``timeout_s`` is killed and fails the case with its log.
     """
@@ -172,7 +174,7 @@ def run_case(
         spec["experiment_file"] = experiment_file
     phases = [spec]
     if resume_fit is not None:
-        phases.append(dict(copy.deepcopy(spec), fit=resume_fit, resume_from="latest_checkpoint.txt"))
+        phases.append(dict(copy.deepcopy(spec), fit=resume_fit, resume_from=resume_from))
     results: Dict[str, List[List[Dict[str, Any]]]] = {name: [] for name in frameworks}
     for phase, phase_spec in enumerate(phases):
         launched = {}

@@ -76,6 +76,9 @@ def main(spec_path: str, out_path: str) -> int:
     out["events"] = record.EVENTS
     if record.LATEST_CHECKPOINT and (context is None or _is_chief(context)):
         Path("latest_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[-1])
+        Path("first_checkpoint.txt").write_text(record.LATEST_CHECKPOINT[0])
+        with open("checkpoints.txt", "a") as every:  # every uuid the callbacks saw, phase after phase
+            every.writelines(f"{uuid}\n" for uuid in record.LATEST_CHECKPOINT)
     Path(out_path).write_text(json.dumps(out))
     # Free the trial's objects now, not in the interpreter's finalization: a DDP model there
     # destroys its gloo process group's threads in no safe order ("terminate called without an
