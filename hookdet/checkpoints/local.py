@@ -61,6 +61,13 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(directory))
 
 
+def is_inside(path: Path, directory: Path) -> bool:
+    """Whether ``path``, resolved (every symlink followed), is ``directory`` or lies inside it,
+    resolved too."""
+    resolved, owner = Path(path).resolve(), Path(directory).resolve()
+    return resolved == owner or owner in resolved.parents
+
+
 class LocalStorage(CheckpointStorage):
     """Checkpoints as subdirectories ``<root>/<storage id>`` of a local or shared filesystem.
 
@@ -176,10 +183,11 @@ class LocalStorage(CheckpointStorage):
         return None
 
     def sweep_incomplete(self, owner_dir: Path) -> int:
-        """Remove ``.tmp-*`` leftovers when the root lies inside ``owner_dir``; a root outside it
-        may be shared with other live runs, whose writes in progress look the same."""
-        owner_dir = Path(owner_dir).absolute()
-        if not self.root.is_dir() or (self.root != owner_dir and owner_dir not in self.root.parents):
+        """Remove ``.tmp-*`` leftovers when the root lies inside ``owner_dir``, both resolved; a
+        root outside it may be shared with other live runs, whose writes in progress look the
+        same. A root reached through a symlink that leads out of ``owner_dir`` (checkpoints moved
+        to a bigger disk) is such a root: only the resolved path says where the entries are."""
+        if not self.root.is_dir() or not is_inside(self.root, owner_dir):
             return 0
         removed = 0
         for entry in self.root.iterdir():

@@ -169,3 +169,25 @@ def test_resume_drops_reports_a_killed_run_made_after_its_checkpoint(tmp_path: P
     assert drop_reports_after(tmp_path, 4) == 3
     assert [r["steps_completed"] for r in read_reports(tmp_path)] == [1, 2, 3, 4]
     assert path.read_text().endswith("\n")  # the torn line is gone too
+
+
+def test_a_resume_leaves_unfinished_writes_in_a_symlinked_store_alone(tmp_path: Path) -> None:
+    """``R/checkpoints`` a symlink to a shared folder (bulky data moved to a bigger disk): a
+    ``.tmp-*`` entry there may be another run's write in progress, so ``--resume R`` keeps it;
+    what makes a store the run's own is where it resolves, not the path that names it."""
+    shared, run_dir = tmp_path / "bigger-disk" / "checkpoints", tmp_path / "run"
+    shared.mkdir(parents=True)
+    run_dir.mkdir()
+    (run_dir / "checkpoints").symlink_to(shared, target_is_directory=True)
+    config = write_config(tmp_path / "exp.yaml")
+    status, _, stderr = run(["run", str(config), "--run-dir", str(run_dir)], "through a symlink", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert checkpoint_metadata(shared), "the checkpoints went through the symlink"
+    others = shared / ".tmp-4567-another-runs-write"
+    others.mkdir()
+    (others / "state_dict.pth").write_bytes(os.urandom(1024))
+    longer = write_config(tmp_path / "longer.yaml", searcher={
+        "name": "single", "metric": "validation_loss", "smaller_is_better": True, "max_length": {"batches": 16}})
+    status, _, stderr = run(["run", str(longer), "--resume", str(run_dir)], "resume through a symlink", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert others.is_dir() and (others / "state_dict.pth").stat().st_size == 1024
