@@ -57,3 +57,20 @@ def test_replacements_pass_the_builtins_checks(tmp_path: Path) -> None:
     # The progress reporter saw where training starts and every report, as metrics.jsonl did.
     assert whole["progress"][0] == "start 0 of 8" and resumed["progress"][0] == "start 4 of 8"
     assert [int(line.split()[1]) for line in resumed["progress"][1:]] == resumed["reports"] == [6, 8, 8]
+
+
+def test_the_replacement_storage_says_a_checkpoint_is_missing_as_the_protocol_does(tmp_path: Path) -> None:
+    """Retention takes :class:`CheckpointNotFoundError` on delete as "already gone"; any other
+    error it retries at every checkpoint. The fixture raises it with the documented arguments."""
+    import importlib.util
+
+    from hookdet.plugin import CheckpointNotFoundError
+
+    spec = importlib.util.spec_from_file_location("hookdet_replacements", PACKAGE / "hookdet_replacements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    storage = module.FlatDirectoryStorage(tmp_path / "flat")
+    for attempt in (lambda: storage.delete("gone"), lambda: storage.restore_path("gone").__enter__()):
+        with pytest.raises(CheckpointNotFoundError) as raised:
+            attempt()
+        assert raised.value.storage_id == "gone" and str(tmp_path / "flat") in str(raised.value)
