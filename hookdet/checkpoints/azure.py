@@ -114,12 +114,12 @@ class AzureStorage(ObjectStorage):
         with self.failing_as(f"downloading {key!r}"), open(local_file, "wb") as out:
             self.container.download_blob(key, timeout=AZURE_TIMEOUT_S).readinto(out)
 
-    def get_bytes(self, key: str) -> Optional[bytes]:
+    def get_bytes(self, key: str, limit: int) -> Optional[bytes]:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
             with self.failing_as(f"reading {key!r}"):
-                return self.container.download_blob(key, timeout=AZURE_TIMEOUT_S).readall()
+                return self.container.download_blob(key, offset=0, length=limit, timeout=AZURE_TIMEOUT_S).readall()
         except StorageError as error:
             if isinstance(error.__cause__, ResourceNotFoundError):
                 return None

@@ -26,7 +26,7 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, parse_metadata
+from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, parse_metadata, read_small_file
 
 LOAD_DATA_FILE = "load_data.json"
 TRIAL_STATE_FILE = "trial_state.pkl"
@@ -54,10 +54,10 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
     """The checkpoint's metadata in hookdet's keys: ``steps_completed``, ``uuid``, ``trial_class``,
     ``hparams``, ``experiment_config``, ``determined_version``."""
     directory = Path(directory)
-    metadata = parse_metadata((directory / METADATA_FILE).read_bytes(), str(directory / METADATA_FILE))
+    metadata = parse_metadata(read_small_file(directory / METADATA_FILE), str(directory / METADATA_FILE))
     load_data: Dict[str, Any] = {}
     if (directory / LOAD_DATA_FILE).is_file():
-        load_data = parse_metadata((directory / LOAD_DATA_FILE).read_bytes(), str(directory / LOAD_DATA_FILE))
+        load_data = parse_metadata(read_small_file(directory / LOAD_DATA_FILE), str(directory / LOAD_DATA_FILE))
     steps = metadata.get("steps_completed")
     if type(steps) is not int:
         raise DeterminedCheckpointError(f"{directory / METADATA_FILE}: steps_completed is not a number")
@@ -133,7 +133,7 @@ def _load_trial_state(path: Path) -> Dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        counters = _NoGlobals(io.BytesIO(path.read_bytes())).load()
+        counters = _NoGlobals(io.BytesIO(read_small_file(path))).load()
     except (pickle.UnpicklingError, EOFError, ValueError) as error:
         raise DeterminedCheckpointError(
             f"{path} holds more than Determined's counters ({error}); hookdet never runs code from a checkpoint"

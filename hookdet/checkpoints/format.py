@@ -46,7 +46,7 @@ import torch
 import xxhash
 
 from hookdet.checkpoints import determined_format
-from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, MalformedMetadataError, parse_metadata
+from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, MalformedMetadataError, parse_metadata, read_small_file
 from hookdet.plugins.manager import PluginError
 
 logger = logging.getLogger("hookdet")
@@ -355,7 +355,7 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
             "(its write was interrupted, or the file was removed)"
         )
     try:
-        metadata = parse_metadata(path.read_bytes(), str(path))
+        metadata = parse_metadata(read_small_file(path), str(path))
     except OSError as error:
         raise CheckpointError(f"checkpoint {directory} is corrupt: {path} is unreadable: {error}") from error
     except MalformedMetadataError as error:

@@ -80,12 +80,12 @@ class GCSStorage(ObjectStorage):
         with self.failing_as(f"downloading {key!r}"):
             self.bucket.blob(key).download_to_filename(str(local_file), timeout=GCS_TIMEOUT_S)
 
-    def get_bytes(self, key: str) -> Optional[bytes]:
+    def get_bytes(self, key: str, limit: int) -> Optional[bytes]:
         from google.api_core.exceptions import NotFound
 
         try:
             with self.failing_as(f"reading {key!r}"):
-                return self.bucket.blob(key).download_as_bytes(timeout=GCS_TIMEOUT_S)
+                return self.bucket.blob(key).download_as_bytes(start=0, end=limit - 1, timeout=GCS_TIMEOUT_S)
         except StorageError as error:
             if isinstance(error.__cause__, NotFound):
                 return None

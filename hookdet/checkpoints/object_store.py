@@ -32,6 +32,7 @@ from hookdet.checkpoints.storage import (
     IncompleteCheckpointError,
     StorageError,
     check_storage_id,
+    METADATA_MAX_BYTES,
     parse_metadata,
 )
 
@@ -74,8 +75,9 @@ class ObjectStorage(CheckpointStorage):
         """Write object ``key`` to ``local_file``."""
 
     @abc.abstractmethod
-    def get_bytes(self, key: str) -> Optional[bytes]:
-        """Object ``key``'s content, or None when there is no such object."""
+    def get_bytes(self, key: str, limit: int) -> Optional[bytes]:
+        """Object ``key``'s first ``limit`` bytes (all of it when smaller), or None when there
+        is no such object; never more, whatever the object's size."""
 
     @abc.abstractmethod
     def delete_keys(self, keys: List[str]) -> None:
@@ -215,7 +217,7 @@ class ObjectStorage(CheckpointStorage):
         key = self.checkpoint_key_prefix(storage_id) + METADATA_FILE
         content = self._metadata_seen.get(storage_id)
         if content is None:
-            content = self.get_bytes(key)
+            content = self.get_bytes(key, METADATA_MAX_BYTES + 1)  # one more: over the bound is told
         if content is None:
             raise CheckpointNotFoundError(storage_id, self.describe())
         metadata = parse_metadata(content, self.url(key))

@@ -145,12 +145,12 @@ class S3Storage(ObjectStorage):
         with self.failing_as(f"downloading {key!r}"):
             self.client.download_file(self.bucket, key, str(local_file))
 
-    def get_bytes(self, key: str) -> Optional[bytes]:
+    def get_bytes(self, key: str, limit: int) -> Optional[bytes]:
         from botocore.exceptions import ClientError
 
         try:
             with self.failing_as(f"reading {key!r}"):
-                return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read(limit)
         except StorageError as error:
             cause = error.__cause__
             if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):

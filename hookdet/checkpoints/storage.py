@@ -44,6 +44,7 @@ __all__ = [
     "MalformedMetadataError",
     "StorageError",
     "parse_metadata",
+    "read_small_file",
 ]
 
 #: The state file, Determined's name for it (hookdet's checkpoints and Determined's alike).
@@ -118,6 +119,19 @@ def check_storage_id(storage_id: object) -> str:
     if problem is not None:
         raise ValueError(f"invalid checkpoint storage id {storage_id!r}: {problem}")
     return storage_id
+
+
+def read_small_file(path: Path, limit: int = METADATA_MAX_BYTES) -> bytes:
+    """The bytes of ``path``, a checkpoint's small file (its metadata, a Determined checkpoint's
+    ``load_data.json`` or ``trial_state.pkl``), refused with :class:`MalformedMetadataError`
+    when it is over ``limit`` bytes, before it is read: a file of gigabytes in a checkpoint is
+    then one line, and the next checkpoint is tried, instead of a ``MemoryError``."""
+    size = Path(path).stat().st_size
+    if size > limit:
+        raise MalformedMetadataError(f"{path}: {size} bytes, more than a checkpoint's {Path(path).name} can be "
+                                     f"(at most {limit})")
+    with open(path, "rb") as handle:
+        return handle.read(limit + 1)  # a file still growing is bounded too, and parse_metadata tells it
 
 
 def parse_metadata(raw: bytes, where: str) -> Dict[str, Any]:
@@ -220,7 +234,7 @@ class CheckpointStorage(abc.ABC):
         """
         with self.restore_path(storage_id) as directory:
             path = Path(directory) / METADATA_FILE
-            return parse_metadata(path.read_bytes(), str(path))
+            return parse_metadata(read_small_file(path), str(path))
 
     def list(self) -> List[Tuple[str, Dict[str, Any]]]:
         """``(storage id, metadata)`` of every complete checkpoint whose metadata reads, by id.

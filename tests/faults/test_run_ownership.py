@@ -191,3 +191,32 @@ def test_a_resume_leaves_unfinished_writes_in_a_symlinked_store_alone(tmp_path: 
     status, _, stderr = run(["run", str(longer), "--resume", str(run_dir)], "resume through a symlink", fault=False)
     assert status == 0, stderr[-3000:]
     assert others.is_dir() and (others / "state_dict.pth").stat().st_size == 1024
+
+
+def test_an_oversized_metadata_file_is_skipped_in_one_line_and_the_older_checkpoint_used(tmp_path: Path) -> None:
+    """The newest checkpoint's ``metadata.json`` grown to 8 GB (sparse: no disk is used) is
+    refused by its size before a byte is read, in one line naming it; the resume continues from
+    the checkpoint before it, and so does ``load_trial_from_checkpoint_path``."""
+    from hookdet import pytorch
+
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "exp.yaml", checkpoint_storage={"save_trial_latest": 5})
+    status, _, stderr = run(["run", str(config), "--run-dir", str(run_dir)], "three checkpoints", fault=False)
+    assert status == 0, stderr[-3000:]
+    by_step = {m["steps_completed"]: m["uuid"] for m in checkpoint_metadata(run_dir / "checkpoints")}
+    assert sorted(by_step) == [4, 8, 12]
+    oversized = run_dir / "checkpoints" / by_step[12] / "metadata.json"
+    with open(oversized, "r+b") as handle:
+        handle.truncate(8 * 2**30)
+    from tests.support.resume_trials import RegressionTrial
+
+    trial = pytorch.load_trial_from_checkpoint_path(str(run_dir), trial_class=RegressionTrial)
+    assert trial.context.get_hparams()["records"] == 160
+    longer = write_config(tmp_path / "longer.yaml", checkpoint_storage={"save_trial_latest": 5}, searcher={
+        "name": "single", "metric": "validation_loss", "smaller_is_better": True, "max_length": {"batches": 16}})
+    status, _, stderr = run(["run", str(longer), "--resume", str(run_dir)], "oversized metadata", fault=False)
+    assert status == 0, stderr[-3000:]
+    skipped = [line for line in stderr.splitlines() if "skipping" in line]
+    assert len(skipped) == 1 and f"{oversized}: 8589934592 bytes, more than a checkpoint's metadata.json can be" \
+        in skipped[0], stderr[-3000:]
+    assert f"resumed from checkpoint {run_dir / 'checkpoints' / by_step[8]} at batch 8" in stderr, stderr[-3000:]
