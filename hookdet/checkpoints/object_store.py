@@ -12,12 +12,18 @@ library (boto3, google-cloud-storage, azure-storage-blob):
 where; :meth:`~ObjectStorage.get_bytes` answers None for a missing object.
 
 A published checkpoint never changes, so the ``metadata.json`` read while listing or choosing a
-checkpoint is kept and written into the download: a resume fetches each object once.
+checkpoint is kept and written into the download: a resume fetches each object once. A resume
+from a run directory fetches its newest checkpoint ahead (:meth:`~ObjectStorage.fetch`) to verify
+it before choosing it, and that download is the one restored. Downloads go to folders named
+``hookdet-restore-<pid>-...`` in the temporary directory, removed when restored, at exit, or, for
+a process that was killed, by the next download of any process (:func:`sweep_dead_downloads`).
 """
 from __future__ import annotations
 
 import abc
+import atexit
 import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +41,34 @@ from hookdet.checkpoints.storage import (
     METADATA_MAX_BYTES,
     parse_metadata,
 )
+
+
+#: The name of every download folder starts so, followed by the downloading process's pid and "-".
+DOWNLOAD_PREFIX = "hookdet-restore-"
+
+
+def sweep_dead_downloads() -> int:
+    """Remove the download folders of processes that are gone (killed during a download or a
+    restore); return how many. A folder is taken only when its name says it is one of these
+    and it is a plain directory, not a symlink to elsewhere."""
+    removed = 0
+    for entry in Path(tempfile.gettempdir()).glob(f"{DOWNLOAD_PREFIX}*-*"):
+        pid = entry.name[len(DOWNLOAD_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or entry.is_symlink() or not entry.is_dir() or _alive(int(pid)):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 def normalize_prefix(prefix: Optional[str]) -> str:
@@ -86,6 +120,14 @@ class ObjectStorage(CheckpointStorage):
     @abc.abstractmethod
     def url(self, key: str) -> str:
         """``s3://bucket/key``, ``gs://...``: where object ``key`` is, for messages."""
+
+    @property
+    def _fetched(self) -> Dict[str, Path]:
+        """Downloads :meth:`fetch` made ahead, by storage id, not yet restored."""
+        fetched = self.__dict__.get("_fetched_by_id")
+        if fetched is None:
+            fetched = self.__dict__["_fetched_by_id"] = {}
+        return fetched
 
     @property
     def _metadata_seen(self) -> Dict[str, bytes]:
@@ -163,12 +205,36 @@ class ObjectStorage(CheckpointStorage):
 
     @contextlib.contextmanager
     def restore_path(self, storage_id: str) -> Iterator[Path]:
+        directory = self._fetched.pop(storage_id, None) or self._download(storage_id)
+        try:
+            yield directory
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def fetch(self, storage_id: str) -> Path:
+        """Download checkpoint ``storage_id`` now, for :meth:`restore_path` to hand out later
+        (so it can be verified before it is chosen); the folder is removed when restored, by
+        :meth:`drop_fetched`, or at exit."""
+        if storage_id not in self._fetched:
+            directory = self._fetched[storage_id] = self._download(storage_id)
+            atexit.register(shutil.rmtree, directory, True)
+        return self._fetched[storage_id]
+
+    def drop_fetched(self, storage_id: str) -> None:
+        """Remove what :meth:`fetch` downloaded of ``storage_id`` (a checkpoint passed over)."""
+        directory = self._fetched.pop(storage_id, None)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _download(self, storage_id: str) -> Path:
+        """Every object of the checkpoint into a new folder of this process's; the folder."""
         key_prefix = self.checkpoint_key_prefix(storage_id)
         keys = self.list_keys(key_prefix)
         if key_prefix + METADATA_FILE not in keys:
             detail = f"objects under {key_prefix!r} lack {METADATA_FILE}, so the upload never finished" if keys else ""
             raise CheckpointNotFoundError(storage_id, self.describe(), detail)
-        download_dir = Path(tempfile.mkdtemp(prefix=f"hookdet-restore-{storage_id}-"))
+        sweep_dead_downloads()
+        download_dir = Path(tempfile.mkdtemp(prefix=f"{DOWNLOAD_PREFIX}{os.getpid()}-{storage_id}-"))
         try:
             for key in keys:
                 if key.endswith("/"):
@@ -186,9 +252,10 @@ class ObjectStorage(CheckpointStorage):
                     local_file.write_bytes(seen)
                 else:
                     self.download_file(key, local_file)
-            yield download_dir
-        finally:
+        except BaseException:
             shutil.rmtree(download_dir, ignore_errors=True)
+            raise
+        return download_dir
 
     def delete(self, storage_id: str) -> None:
         key_prefix = self.checkpoint_key_prefix(storage_id)

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
+from hookdet.checkpoints.object_store import ObjectStorage
 from hookdet.checkpoints.registry import storage_from_locator
 from hookdet.checkpoints.storage import CheckpointStorage, StorageError
 from hookdet.runs.files import CHECKPOINTS_DIR, IDENTITY_FILE
@@ -125,8 +126,9 @@ def locate_for_resume(
     """What ``--resume TARGET`` means: a local checkpoint directory, or (storage, storage id).
 
     A run directory with an identity leads to its run's newest intact checkpoint in the storage
-    it records (a local one is verified here, newer damaged ones skipped with a line naming
-    each; a remote one is verified once downloaded). A checkpoint directory is itself. A folder
+    it records, verified here (an object store's fetched ahead, the download kept for the
+    restore), newer damaged ones skipped with a line naming each where it is. A checkpoint
+    directory is itself. A folder
     of checkpoints (or an older run directory) resolves as before, unless it holds checkpoints
     of more than one run: then this refuses, listing each run's newest checkpoint, so the user
     names the one meant.
@@ -141,14 +143,21 @@ def locate_for_resume(
     checkpoints = checkpoints_of_run(storage, run_id)
     for storage_id, _metadata in reversed(checkpoints):
         directory = storage.local_dir(storage_id)
-        if directory is None:
-            return storage, storage_id
+        if directory is None and not isinstance(storage, ObjectStorage):
+            return storage, storage_id  # a storage that cannot fetch ahead: verified as it is restored
+        fetched = None
         try:
-            fmt.verify(directory)
-        except fmt.CheckpointError as error:
-            logger.warning("skipping checkpoint that fails verification: %s", error)
+            if directory is None:
+                fetched = storage.fetch(storage_id)
+            fmt.verify(directory or fetched)
+        except (fmt.CheckpointError, StorageError) as error:
+            told = str(error)
+            if directory is None:  # name the checkpoint where it is, not the folder it was fetched to
+                told = told.replace(str(fetched), storage.location(storage_id)) if fetched else told
+                storage.drop_fetched(storage_id)
+            logger.warning("skipping checkpoint that fails verification: %s", told)
             continue
-        return directory
+        return directory or (storage, storage_id)
     raise fmt.CheckpointError(
         f"cannot resume: run {target} (run id {run_id}) has no intact checkpoint in {storage.describe()}"
     )

@@ -246,11 +246,11 @@ class CheckpointPlugin:
         """Restore everything from ``checkpoint``: a checkpoint directory, a run directory (its
         newest intact checkpoint) or a storage id."""
         self.finish_write(run, wait=True, before="a checkpoint is loaded")
-        with located(self._find(run, checkpoint)) as (directory, hint_root):
-            metadata = restore_checkpoint(run, directory, hint_root)
+        with located(self._find(run, checkpoint)) as (directory, hint_root, shown):
+            metadata = restore_checkpoint(run, directory, hint_root, shown=shown)
         written_by = metadata.get("run_id")
         if run.is_chief:
-            report_resume(run, metadata, str(directory))
+            report_resume(run, metadata, shown)
         state = run.state
         self._resume_points[checkpoint] = state.batches_trained
         resumed = {
@@ -271,8 +271,8 @@ class CheckpointPlugin:
     def hookdet_warm_start(self, run: Any, checkpoint: str) -> bool:
         """Load ``checkpoint``'s state, not its place: training starts at batch 0 (Determined's
         warm start). The checkpoint stays its writer's: retention never counts it here."""
-        with located(self._find(run, checkpoint)) as (directory, hint_root):
-            restore_checkpoint(run, directory, hint_root, warm_start=True)
+        with located(self._find(run, checkpoint)) as (directory, hint_root, shown):
+            restore_checkpoint(run, directory, hint_root, warm_start=True, shown=shown)
         return True
 
     @hookimpl(tryfirst=True)

@@ -75,17 +75,21 @@ def metadata_of(found: Tuple[Any, Any]) -> Dict[str, Any]:
 
 
 @contextlib.contextmanager
-def located(found: Tuple[Any, Any]) -> Iterator[Tuple[Path, Optional[Path]]]:
+def located(found: Tuple[Any, Any]) -> Iterator[Tuple[Path, Optional[Path], str]]:
     """The local directory holding a checkpoint :func:`find` found (fetched from a remote
-    storage, once) and the folder to search for an intact alternative when this one is refused
-    (None for remote storage)."""
+    storage, once), the folder to search for an intact alternative when this one is refused
+    (None for remote storage), and the checkpoint's name for messages: where it is (an object
+    store's URL, not the folder it was fetched to)."""
     where, storage_id = found
     if storage_id is None:
-        yield where, where.parent
+        yield where, where.parent, str(where)
         return
     try:
         with where.restore_path(storage_id) as restored:
-            yield Path(restored), None
+            try:
+                yield Path(restored), None, where.location(storage_id)
+            except fmt.CheckpointError as error:  # named where it is, not where it was fetched to
+                raise fmt.CheckpointError(str(error).replace(str(restored), where.location(storage_id))) from None
     except StorageError as error:
         raise fmt.CheckpointError(f"cannot resume from checkpoint {storage_id!r}: {error}") from error
 
@@ -101,14 +105,16 @@ def _restore_counters(run: Any, state: Dict[str, Any], metadata: Dict[str, Any],
             directory, run.state.epoch_length, epoch_length,
         )
         run.state.epoch_length = epoch_length
-    run.state.latest_checkpoint = metadata.get("uuid", directory.name)
+    run.state.latest_checkpoint = metadata.get("uuid", Path(str(directory)).name)
     run.state.last_checkpoint_batch = run.state.batches_trained
 
 
-def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path], warm_start: bool = False) -> Dict[str, Any]:
+def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path], warm_start: bool = False,
+                       shown: Optional[str] = None) -> Dict[str, Any]:
     """Verify ``directory``, check it fits the trial, then apply every piece of state; return
     its metadata. A ``warm_start`` leaves the loop's place alone (its counters, a stopped
-    workload, accumulated gradients): the run trains from batch 0 with the checkpoint's state."""
+    workload, accumulated gradients): the run trains from batch 0 with the checkpoint's state.
+    Messages name the checkpoint ``shown`` (where it is), else ``directory``."""
     context, trial = run.context, run.trial
 
     def refuse(error: fmt.CheckpointError) -> fmt.CheckpointError:
@@ -125,30 +131,31 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path], war
     except fmt.CheckpointError as error:
         raise refuse(error) from error
     state = copied_out_of_the_file(state)
+    named: Any = shown or directory  # for messages only: the files are read from directory
 
-    _check_structure(state, context, trial, directory)  # before applying anything
+    _check_structure(state, context, trial, named)  # before applying anything
 
     run.hook.on_checkpoint_load_start(run=run, checkpoint=state)
-    _load_list("model", context.unwrapped_models, state.get("models_state_dict", []), directory)
-    _load_list("optimizer", context.optimizers, state.get("optimizers_state_dict", []), directory)
-    _load_list("LR scheduler", context.lr_schedulers, state.get("lr_schedulers_state_dict", []), directory)
+    _load_list("model", context.unwrapped_models, state.get("models_state_dict", []), named)
+    _load_list("optimizer", context.optimizers, state.get("optimizers_state_dict", []), named)
+    _load_list("LR scheduler", context.lr_schedulers, state.get("lr_schedulers_state_dict", []), named)
     rank, size = run.distributed.rank, run.distributed.size
     if not warm_start:
-        _restore_place(run, state, directory)
-    _restore_plugins_and_callbacks(run, state, directory)
+        _restore_place(run, state, named)
+    _restore_plugins_and_callbacks(run, state, named)
     if not warm_start:
-        _restore_counters(run, state, metadata, directory)
+        _restore_counters(run, state, metadata, named)
     rng_states = state["rng_state"]
     if len(rng_states) != size:
         logger.warning(
             "checkpoint %s was written by %d rank(s), resuming on %d: RNG streams cannot continue exactly",
-            directory, len(rng_states), size,
+            named, len(rng_states), size,
         )
     rng.restore_rng_state(rng_states[rank % len(rng_states)])
     if warm_start:
-        logger.info("warm-started from checkpoint %s (its state; training starts at batch 0)", directory)
+        logger.info("warm-started from checkpoint %s (its state; training starts at batch 0)", named)
     else:
-        logger.info("resumed from checkpoint %s at batch %d", directory, run.state.batches_trained)
+        logger.info("resumed from checkpoint %s at batch %d", named, run.state.batches_trained)
     return metadata
 
 
