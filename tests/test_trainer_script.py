@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+import yaml
 
 from hookdet.checkpoints import lookup as lookup
 from hookdet.config import load_experiment_config
@@ -109,20 +110,34 @@ def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path)
 
 
 def test_two_machines_on_localhost_leave_one_run_directory(tmp_path: Path) -> None:
-    """Two ``hookdet run distributed.yaml --nnodes=2 --node-rank=N`` on one machine, each with its
-    default run directory: rank 0's machine records the run, the other makes no directory and
-    says where the run is; the script reads each machine's own rank from its cluster info."""
+    """Two ``hookdet run two.yaml --nnodes=2 --node-rank=N`` on one machine, each with its
+    default run directory and the checkpoints on a shared filesystem: rank 0's machine records
+    the run, the other makes no directory and says where the run is; the script reads each
+    machine's own rank from its cluster info. With the default storage (each machine's own
+    disk) and no shared ``--run-dir``, the run is refused before anything starts."""
+    directory = model_dir(tmp_path)
+    config = yaml.safe_load((directory / "distributed.yaml").read_text())
+    (directory / "own-disk.yaml").write_text(yaml.safe_dump(config))
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "shared")}
+    (directory / "two.yaml").write_text(yaml.safe_dump(config))
+    refused = subprocess.run([str(VENV_BIN / "hookdet"), "run", "own-disk.yaml", "--nnodes=2", "--node-rank=0",
+                              "--rdzv-endpoint=127.0.0.1:1"], cwd=directory, env=environment(tmp_path),
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "needs checkpoints every machine can read" in refused.stderr \
+        and "shared_fs" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    assert not (directory / "runs").exists()
+
     endpoint = f"127.0.0.1:{free_port()}"
     launchers = [subprocess.Popen(
-        [str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--nnodes=2", f"--node-rank={node}",
+        [str(VENV_BIN / "hookdet"), "run", "two.yaml", "--nnodes=2", f"--node-rank={node}",
          f"--rdzv-endpoint={endpoint}", "--rdzv-backend=c10d", "--rdzv-id=two-machines"],
-        cwd=model_dir(tmp_path), env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=directory, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True) for node in (0, 1)]
     outputs = [launcher.communicate(timeout=300) for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], [err[-3000:] for _, err in outputs]
-    (run_dir,) = (model_dir(tmp_path) / "runs").iterdir()
+    (run_dir,) = (directory / "runs").iterdir()
     assert sorted(path.name for path in run_dir.iterdir()) == [
-        ".hookdet.lock", "checkpoints", "config.json", "metrics.jsonl", "run.json", "run_identity.json", "tensorboard"]
+        ".hookdet.lock", "config.json", "metrics.jsonl", "run.json", "run_identity.json", "tensorboard"]
     endings = sorted(line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("hookdet: "))
     assert endings[0] == "hookdet: completed after 8 batches", outputs
     assert endings[1].startswith("hookdet: entrypoint exited with status 0 on this machine (node "), endings

@@ -23,7 +23,8 @@ from hookdet.trial_api.importing import SpecImportError, import_object
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import LAUNCHER_PID_ENV, TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
 from hookdet.runs.files import CONFIG_FILE
-from hookdet.cli.run_edges import LateStop, launched_rank, print_summary, refuse_what_cannot_be_resumed, says_what_the_file_holds, take_ctrl_c
+from hookdet.cli.run_edges import (LateStop, launched_rank, print_summary, refuse_checkpoints_one_machine_keeps,
+                                   refuse_what_cannot_be_resumed, says_what_the_file_holds, take_ctrl_c)
 
 logger = logging.getLogger("hookdet")
 
@@ -74,6 +75,8 @@ def command_run(args: argparse.Namespace) -> int:
             config_path, ", ".join(config.ignored_fields),
         )
     refuse_what_cannot_be_resumed(args.resume, config)
+    if launched_rank() is None:
+        refuse_checkpoints_one_machine_keeps(config, args.torchrun, args.run_dir, str(config_path))
     fork_parent = resume_run_dir(args)
     if config.entrypoint is not None and not names_trial_class(config.entrypoint):
         from hookdet.cli.script_entrypoint import run_script  # a script or launch-layer command

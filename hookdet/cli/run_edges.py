@@ -42,6 +42,21 @@ def launched_rank() -> Optional[int]:
     return None
 
 
+def refuse_checkpoints_one_machine_keeps(config: Any, torchrun_options: Any, run_dir: Optional[str], source: str) -> None:
+    """A run on several machines whose checkpoints would go to each machine's own disk (the
+    default storage, ``<run dir>/checkpoints``, with no ``--run-dir`` naming a shared folder) is
+    refused: only rank 0's machine would hold them, and the others could not resume."""
+    from hookdet.distributed.launcher import this_node
+
+    storage = config.checkpoint_storage
+    _, machines = this_node(torchrun_options)
+    if machines > 1 and run_dir is None and getattr(storage, "type", "default") == "default":
+        raise UsageError(
+            f"{source}: a run on {machines} machines needs checkpoints every machine can read, or only "
+            "rank 0's machine could resume: set checkpoint_storage to type shared_fs (host_path on a "
+            "shared filesystem) or an object store (s3, gcs, azure), or give --run-dir on a shared filesystem")
+
+
 def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:
     """``--resume X`` that names nothing, refused before anything is made: not a path here (from
     the directory the command was typed in), not a checkpoint id of this user's index, and with
