@@ -257,6 +257,16 @@ class ObjectStorage(CheckpointStorage):
             raise
         return download_dir
 
+    def discard_unfinished(self, storage_id: str) -> bool:
+        """Delete the objects of an upload of ``storage_id`` that never reached its
+        ``metadata.json``; a complete checkpoint is kept."""
+        key_prefix = self.checkpoint_key_prefix(storage_id)
+        keys = self.list_keys(key_prefix)
+        if not keys or key_prefix + METADATA_FILE in keys:
+            return False
+        self.delete_keys(keys)
+        return True
+
     def delete(self, storage_id: str) -> None:
         key_prefix = self.checkpoint_key_prefix(storage_id)
         self._metadata_seen.pop(storage_id, None)

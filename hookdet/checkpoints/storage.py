@@ -291,6 +291,14 @@ class CheckpointStorage(abc.ABC):
         live runs must leave what may be their writes in progress. The default removes nothing."""
         return 0
 
+    def discard_unfinished(self, storage_id: str) -> bool:
+        """Remove what a killed write of checkpoint ``storage_id`` left, if it never completed
+        (a complete one is kept); whether anything was removed. Called for writes the run
+        directory notes as unfinished, so the id is known to be this run's. The default removes
+        nothing (a storage whose unfinished writes are hidden and swept by
+        :meth:`sweep_incomplete`)."""
+        return False
+
     def failure_cause(self, error: BaseException) -> Optional[str]:
         """Why a write failed, in words a user acts on, when ``error`` does not say; else None."""
         return None

@@ -8,6 +8,7 @@
       metrics.jsonl       METRICS_FILE     every training and validation report (metrics.py)
       run_identity.json   IDENTITY_FILE    the run id and where its checkpoints are (identity.py)
       .hookdet.lock       LOCK_FILE        who holds the run (lock.py)
+      .writes-in-progress/ WRITES_IN_PROGRESS_DIR  a note per checkpoint being written (lock.py)
       checkpoints/        CHECKPOINTS_DIR  the default checkpoint storage
       tensorboard/        TENSORBOARD_DIR  the tensorboard plugin's event files
 """
@@ -18,5 +19,6 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 IDENTITY_FILE = "run_identity.json"
 LOCK_FILE = ".hookdet.lock"
+WRITES_IN_PROGRESS_DIR = ".writes-in-progress"
 CHECKPOINTS_DIR = storage.CHECKPOINTS_DIR  # the default storage's, named where it is made
 TENSORBOARD_DIR = "tensorboard"

@@ -11,19 +11,25 @@ resume of the same directory; that file only informs. Only the chief (rank 0) lo
 ranks run inside the same launch.
 
 Under the lock, no other process can be writing checkpoints into the run's own storage, so the
-storage removes what killed writes left there (:meth:`CheckpointStorage.sweep_incomplete`).
+storage removes what killed writes left there (:meth:`CheckpointStorage.sweep_incomplete`). A
+storage shared with other runs (an object store's bucket, a symlinked folder) cannot tell this
+run's leftovers from another run's writes in progress, so every write is also noted in the run
+directory while it lasts (:func:`noting_the_write`): a note a killed write left names a
+checkpoint of this run alone, and :meth:`CheckpointStorage.discard_unfinished` removes what it
+left, wherever the storage is.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hookdet.errors import HookdetError
-from hookdet.runs.files import LOCK_FILE
+from hookdet.runs.files import LOCK_FILE, WRITES_IN_PROGRESS_DIR
 
 logger = logging.getLogger("hookdet")
 
@@ -71,11 +77,34 @@ class RunDirLock:
             self._descriptor = None
 
 
+@contextlib.contextmanager
+def noting_the_write(run_dir: Any, storage_id: str) -> Iterator[None]:
+    """Note in the run directory that checkpoint ``storage_id`` is being written, for the life
+    of the block: a process killed inside it leaves the note for :func:`sweep_stale_writes`."""
+    note = Path(run_dir) / WRITES_IN_PROGRESS_DIR / storage_id
+    note.parent.mkdir(exist_ok=True)
+    note.touch()
+    try:
+        yield
+    finally:
+        note.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: another write's note
+            note.parent.rmdir()
+
+
 def sweep_stale_writes(run: Any) -> int:
-    """Remove the leftovers of killed checkpoint writes in the run's own storage (through the
-    storage, which leaves a store shared with other runs alone). Call only while holding the
+    """Remove the leftovers of killed checkpoint writes: those in the run's own storage (through
+    the storage, which leaves a store shared with other runs alone), and those of every write
+    the run directory notes as unfinished, wherever its storage is. Call only while holding the
     run directory's lock. Returns how many were removed."""
     removed = run.storage.sweep_incomplete(Path(run.run_dir).absolute())
+    notes = Path(run.run_dir) / WRITES_IN_PROGRESS_DIR
+    for note in sorted(notes.iterdir()) if notes.is_dir() else []:
+        if run.storage.discard_unfinished(note.name):
+            removed += 1
+        note.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        notes.rmdir()
     if removed:
         logger.info("removed %d unfinished checkpoint write(s) left by a killed run", removed)
     return removed

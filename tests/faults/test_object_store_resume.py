@@ -97,3 +97,33 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_continues_exactly(
 
 def straight_searcher() -> Dict[str, Any]:
     return {"name": "single", "metric": "validation_loss", "smaller_is_better": True, "max_length": {"batches": 16}}
+
+
+@pytest.mark.parametrize("kind", ["s3", "azure"])
+def test_a_killed_upload_of_this_run_is_removed_and_anothers_in_progress_kept(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """What a write killed mid-upload leaves: its objects without ``metadata.json``, and the run
+    directory's note of the write. The resume (under the run's lock) removes exactly those
+    objects; an upload in progress with no note in this run directory (another run's, in the
+    same bucket) is left alone."""
+    block = storage_block(kind, request)
+    run_dir = tmp_path / "run"
+    status, _, stderr = run(["run", str(write_config(tmp_path / "exp.yaml", checkpoint_storage=block)),
+                             "--run-dir", str(run_dir)], f"{kind}: to 12", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert not (run_dir / ".writes-in-progress").exists()  # every note of a finished write is gone
+    storage = storage_of(read_identity(run_dir), None)
+    part = tmp_path / "part"
+    part.write_bytes(os.urandom(4096))
+    for storage_id in ("killed-upload-of-this-run", "another-runs-upload-in-progress"):
+        storage.upload_file(part, storage.checkpoint_key_prefix(storage_id) + "state_dict.pth")
+    (run_dir / ".writes-in-progress").mkdir()
+    (run_dir / ".writes-in-progress" / "killed-upload-of-this-run").touch()
+
+    longer = write_config(tmp_path / "longer.yaml", checkpoint_storage=block, searcher=straight_searcher())
+    status, _, stderr = run(["run", str(longer), "--resume", str(run_dir)], f"{kind}: killed upload", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert "removed 1 unfinished checkpoint write(s) left by a killed run" in stderr, stderr[-3000:]
+    assert storage.list_keys(storage.checkpoint_key_prefix("killed-upload-of-this-run")) == []
+    assert storage.list_keys(storage.checkpoint_key_prefix("another-runs-upload-in-progress")) != []
+    assert not (run_dir / ".writes-in-progress").exists()

@@ -61,6 +61,7 @@ from hookdet.exit_codes import ExitReason
 from hookdet.markers import hookimpl
 from hookdet.plugin import TRIAL_CALLBACKS
 from hookdet.plugins.options import options_for
+from hookdet.runs.lock import noting_the_write
 from hookdet.runs.resume_report import report_resume
 from hookdet.checkpoints.storage import CheckpointNotFoundError
 from hookdet.plugins.builtin.checkpoint.restore import find, located, metadata_of, plugin_call, restore_checkpoint
@@ -353,7 +354,7 @@ class CheckpointPlugin:
         def write() -> str:
             if copy_done is not None:
                 copy_done.synchronize()  # the device-to-host copies, ordered on the training stream
-            with storage.store_path(storage_id) as directory:
+            with noting_the_write(run.run_dir, storage_id), storage.store_path(storage_id) as directory:
                 directory = Path(directory)
                 state_entry = fmt.write_state(directory, checkpoint)
                 if hook_in_staging:
