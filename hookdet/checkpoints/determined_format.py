@@ -26,7 +26,7 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, parse_metadata, read_small_file
+from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, is_inside, parse_metadata, read_small_file
 
 LOAD_DATA_FILE = "load_data.json"
 TRIAL_STATE_FILE = "trial_state.pkl"
@@ -75,6 +75,10 @@ def load_state(directory: Path, map_location: Any = "cpu") -> Dict[str, Any]:
     """The checkpoint's state in hookdet's keys (as ``checkpoints.format.load_state`` returns
     them), read without running pickled code."""
     directory = Path(directory)
+    for name in (STATE_FILE, TRIAL_STATE_FILE, LOAD_DATA_FILE):
+        if (directory / name).exists() and not is_inside(directory / name, directory):
+            raise DeterminedCheckpointError(f"{directory / name} leads out of the checkpoint (to "
+                                            f"{(directory / name).resolve()}, through a symlink); refused")
     saved = _load_state_file(directory / STATE_FILE, map_location)
     counters = _load_trial_state(directory / TRIAL_STATE_FILE)
     state: Dict[str, Any] = {

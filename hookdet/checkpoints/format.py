@@ -46,7 +46,8 @@ import torch
 import xxhash
 
 from hookdet.checkpoints import determined_format
-from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, MalformedMetadataError, parse_metadata, read_small_file
+from hookdet.checkpoints.storage import (METADATA_FILE, STATE_FILE, MalformedMetadataError, is_inside, parse_metadata,
+                                         read_small_file)
 from hookdet.plugins.manager import PluginError
 
 logger = logging.getLogger("hookdet")
@@ -354,6 +355,9 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
             f"{directory} is not a complete checkpoint: it has no {METADATA_FILE} "
             "(its write was interrupted, or the file was removed)"
         )
+    if not is_inside(path, directory):
+        raise CheckpointError(f"checkpoint {directory}: {METADATA_FILE} leads out of the checkpoint (to "
+                              f"{path.resolve()}, through a symlink); refused")
     try:
         metadata = parse_metadata(read_small_file(path), str(path))
     except OSError as error:
@@ -406,6 +410,9 @@ def _manifest_problem(metadata: Dict[str, Any]) -> Optional[str]:
 
 def _check_size(directory: Path, relative: str, expected: Dict[str, Any]) -> Path:
     path = Path(directory) / relative
+    if not is_inside(path, directory):
+        raise CheckpointError(f"checkpoint {directory}: {relative} leads out of the checkpoint (to "
+                              f"{path.resolve()}, through a symlink); refused")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} is missing")
     size = path.stat().st_size

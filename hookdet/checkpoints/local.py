@@ -22,6 +22,7 @@ from hookdet.checkpoints.storage import (
     TEMP_DIR_PREFIX,
     CheckpointExistsError,
     CheckpointNotFoundError,
+    is_inside,
     CheckpointStorage,
     IncompleteCheckpointError,
     check_storage_id,
@@ -59,13 +60,6 @@ def _fsync_tree(root: Path) -> None:
             if file_path.is_file():
                 _fsync_path(file_path)
         _fsync_path(Path(directory))
-
-
-def is_inside(path: Path, directory: Path) -> bool:
-    """Whether ``path``, resolved (every symlink followed), is ``directory`` or lies inside it,
-    resolved too."""
-    resolved, owner = Path(path).resolve(), Path(directory).resolve()
-    return resolved == owner or owner in resolved.parents
 
 
 class LocalStorage(CheckpointStorage):

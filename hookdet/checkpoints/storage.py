@@ -44,6 +44,7 @@ __all__ = [
     "MalformedMetadataError",
     "StorageError",
     "parse_metadata",
+    "is_inside",
     "read_small_file",
 ]
 
@@ -99,6 +100,13 @@ class MalformedMetadataError(StorageError):
 class IncompleteCheckpointError(StorageError):
     """The writer left ``store_path`` without creating ``metadata.json``, so the checkpoint
     could never be restored; nothing was published."""
+
+
+def is_inside(path: Path, directory: Path) -> bool:
+    """Whether ``path``, resolved (every symlink followed), is ``directory`` or lies inside it,
+    resolved too."""
+    resolved, owner = Path(path).resolve(), Path(directory).resolve()
+    return resolved == owner or owner in resolved.parents
 
 
 def check_storage_id(storage_id: object) -> str:

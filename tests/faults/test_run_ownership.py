@@ -220,3 +220,27 @@ def test_an_oversized_metadata_file_is_skipped_in_one_line_and_the_older_checkpo
     assert len(skipped) == 1 and f"{oversized}: 8589934592 bytes, more than a checkpoint's metadata.json can be" \
         in skipped[0], stderr[-3000:]
     assert f"resumed from checkpoint {run_dir / 'checkpoints' / by_step[8]} at batch 8" in stderr, stderr[-3000:]
+
+
+def test_a_file_of_a_checkpoint_that_leads_out_of_it_is_refused_and_the_older_checkpoint_used(tmp_path: Path) -> None:
+    """The newest checkpoint's ``state_dict.pth`` replaced by a symlink to a file elsewhere (the
+    same bytes: the manifest alone would pass it): refused in one line naming where it leads;
+    the resume continues from the checkpoint before it."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "exp.yaml", checkpoint_storage={"save_trial_latest": 5})
+    status, _, stderr = run(["run", str(config), "--run-dir", str(run_dir)], "three checkpoints", fault=False)
+    assert status == 0, stderr[-3000:]
+    by_step = {m["steps_completed"]: m["uuid"] for m in checkpoint_metadata(run_dir / "checkpoints")}
+    state = run_dir / "checkpoints" / by_step[12] / "state_dict.pth"
+    elsewhere = tmp_path / "elsewhere.pth"
+    shutil.move(state, elsewhere)
+    state.symlink_to(elsewhere)
+    longer = write_config(tmp_path / "longer.yaml", checkpoint_storage={"save_trial_latest": 5}, searcher={
+        "name": "single", "metric": "validation_loss", "smaller_is_better": True, "max_length": {"batches": 16}})
+    status, _, stderr = run(["run", str(longer), "--resume", str(run_dir)], "symlink out of a checkpoint", fault=False)
+    assert status == 0, stderr[-3000:]
+    skipped = [line for line in stderr.splitlines() if "skipping" in line]
+    assert len(skipped) == 1 and f"state_dict.pth leads out of the checkpoint (to {elsewhere}" in skipped[0], skipped
+    assert "at batch 8" in stderr, stderr[-3000:]
