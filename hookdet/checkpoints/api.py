@@ -18,7 +18,6 @@ from typing import Any, Dict, Iterator, Optional, Type
 import torch
 
 from hookdet.checkpoints import format as fmt
-from hookdet.checkpoints import lookup as lookup
 from hookdet.checkpoints.storage import StorageError
 from hookdet.trial_api.context import PyTorchTrialContext
 from hookdet.distributed.context import DistributedContext
@@ -95,7 +94,8 @@ def load_trial_from_checkpoint_path(
 ) -> Any:
     """Rebuild the trial that wrote checkpoint ``path`` with its models' weights loaded.
 
-    ``path`` is a checkpoint directory (or a run directory: its newest intact checkpoint).
+    ``path`` is a checkpoint directory, or a run directory: its newest intact checkpoint, on
+    whatever storage the run keeps them (fetched from an object store).
     ``trial_class`` defaults to the class recorded in the checkpoint; ``trial_kwargs`` are
     passed to its constructor after the context; ``torch_load_kwargs`` to ``torch.load``
     (``weights_only`` stays True unless overridden). Extra keyword arguments are the deprecated
@@ -111,11 +111,11 @@ def load_trial_from_checkpoint_path(
             stacklevel=2,
         )
         torch_load_kwargs = kwargs
-    directory = lookup.resolve_checkpoint_dir(Path(path))
-    metadata = fmt.read_metadata(directory)
-    cls = trial_class or import_trial_class(str(metadata.get("trial_class") or ""))
     load_kwargs = dict(torch_load_kwargs or {})
-    state = fmt.load_state(directory, map_location=load_kwargs.pop("map_location", "cpu"), **load_kwargs)
+    with _fetched(Path(path)) as directory:  # a run's newest intact checkpoint wherever its storage is
+        metadata = fmt.read_metadata(directory)
+        cls = trial_class or import_trial_class(str(metadata.get("trial_class") or ""))
+        state = fmt.load_state(directory, map_location=load_kwargs.pop("map_location", "cpu"), **load_kwargs)
     context = CheckpointLoadContext(
         hparams=metadata.get("hparams") or {}, exp_conf=metadata.get("experiment_config") or {}
     )

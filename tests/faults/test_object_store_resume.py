@@ -127,3 +127,29 @@ def test_a_killed_upload_of_this_run_is_removed_and_anothers_in_progress_kept(
     assert storage.list_keys(storage.checkpoint_key_prefix("killed-upload-of-this-run")) == []
     assert storage.list_keys(storage.checkpoint_key_prefix("another-runs-upload-in-progress")) != []
     assert not (run_dir / ".writes-in-progress").exists()
+
+
+@pytest.mark.parametrize("kind", ["s3", "azure"])
+def test_load_trial_from_checkpoint_path_of_a_run_finds_its_checkpoint_in_the_store(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The first call a Determined user makes after migrating: ``load_trial_from_checkpoint_path
+    ("runs/X")`` of a run whose checkpoints are in an object store gives the trial with the
+    newest checkpoint's weights, as ``hookdet export runs/X`` exports them."""
+    import torch
+
+    from hookdet import pytorch
+    from tests.support.resume_trials import RegressionTrial
+
+    block = storage_block(kind, request)
+    run_dir = tmp_path / "run"
+    status, _, stderr = run(["run", str(write_config(tmp_path / "exp.yaml", checkpoint_storage=block)),
+                             "--run-dir", str(run_dir)], f"{kind}: to 12", fault=False)
+    assert status == 0, stderr[-3000:]
+    assert not (run_dir / "checkpoints").exists()
+    trial = pytorch.load_trial_from_checkpoint_path(str(run_dir), trial_class=RegressionTrial)
+    status, _, stderr = run(["export", str(run_dir), str(tmp_path / "weights.pt")], f"{kind}: export", fault=False)
+    assert status == 0, stderr[-3000:]
+    exported = torch.load(tmp_path / "weights.pt", weights_only=True)
+    loaded = trial.context.unwrapped_models[0].state_dict()
+    assert sorted(loaded) == sorted(exported) and all(torch.equal(loaded[k], exported[k]) for k in loaded)
+    assert downloads_of(os.getpid()) == []
