@@ -26,10 +26,21 @@ def test_every_spec_has_a_docstring() -> None:
         assert inspect.getdoc(getattr(hookspecs, name)), f"{name} is undocumented"
 
 
-def test_every_spec_appears_in_the_loop_map() -> None:
-    module_doc = hookspecs.__doc__ or ""
+def test_every_spec_appears_in_the_one_loop_map() -> None:
+    """The order is said once, in docs/hooks.md's map, which names every hook."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "hooks.md").read_text()
+    loop_map = page.split("## Where each hook fires", 1)[1].split("```text", 1)[1].split("```", 1)[0]
     for name in SPEC_NAMES:
-        assert name in module_doc, f"{name} is missing from the pseudocode map in hookspecs' docstring"
+        assert f"{name}(" in loop_map, f"{name} is missing from the map in docs/hooks.md"
+
+
+def test_every_spec_says_whether_it_observes_or_may_change_what_it_gets() -> None:
+    """Composer's rule: each spec ends with exactly one of **Observes**, **May change** (and
+    what), **Provides**."""
+    for name in SPEC_NAMES:
+        doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+        roles = [role for role in ("**Observes**", "**May change**", "**Provides**") if role in doc]
+        assert len(roles) == 1 and doc.splitlines()[-1].startswith(roles[0]), (name, roles)
 
 
 def test_lifecycle_hooks_are_exactly_the_callback_methods() -> None:

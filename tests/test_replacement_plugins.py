@@ -40,10 +40,13 @@ def test_replacements_pass_the_builtins_checks(tmp_path: Path) -> None:
     assert resumed["latest_checkpoint"] in summary["storage_ids"]
     assert not any(name.startswith(".incoming-") for name in summary["storage_ids"])
 
+    # The storage type is the package's entry point, recorded so the run's checkpoints are found again.
+    assert summary["recorded_storage"] == {"type": "flat_storage", "root": str(tmp_path / "runs" / "flat")}
+
     # Only the replacements ran: the built-ins they replace were never even imported.
     assert summary["builtins_imported"] == []
     for result_ in (whole, stopped, resumed):
-        assert {"flat_storage", "csv_writer", "bf16_autocast", "line_progress"} <= set(result_["loaded"])
+        assert {"csv_writer", "bf16_autocast", "line_progress"} <= set(result_["loaded"])
         assert not {"amp", "tensorboard", "progress"} & set(result_["loaded"])
         assert result_["tensorboard_enabled"] is True
         # use_amp() answered by the replacement: every forward ran under bfloat16 autocast.
@@ -69,7 +72,7 @@ def test_the_replacement_storage_says_a_checkpoint_is_missing_as_the_protocol_do
     spec = importlib.util.spec_from_file_location("hookdet_replacements", PACKAGE / "hookdet_replacements.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    storage = module.FlatDirectoryStorage(tmp_path / "flat")
+    storage = module.FlatDirectoryStorage(str(tmp_path / "flat"))
     for attempt in (lambda: storage.delete("gone"), lambda: storage.restore_path("gone").__enter__()):
         with pytest.raises(CheckpointNotFoundError) as raised:
             attempt()

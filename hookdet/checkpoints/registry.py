@@ -58,7 +58,10 @@ def _reraise(_manager: Any, entry_point: Any, error: BaseException) -> None:
 def make_storage(config: Any, run_dir: Path) -> CheckpointStorage:
     """The storage a validated ``checkpoint_storage`` block (or None: the default) names."""
     type_name = "default" if config is None else config.type
-    return storage_class(type_name).from_config(config, Path(run_dir))
+    storage = storage_class(type_name).from_config(config, Path(run_dir))
+    if not storage.type_name:  # a class that does not say its type: the name it was found by
+        storage.type_name = type_name
+    return storage
 
 
 def storage_from_locator(

@@ -189,9 +189,7 @@ def _open(run: Run, distributed: Optional[DistributedContext], selection: Plugin
         run_record.record_start(run)
         run.report_log = ReportLog(run.run_dir)
     run.distributed.barrier()
-    run.storage = run.hook.hookdet_make_checkpoint_storage(run=run) or make_storage(
-        run.config.checkpoint_storage, run.run_dir
-    )
+    run.storage = make_storage(run.config.checkpoint_storage, run.run_dir)  # a type from the entry points
     problem = ownership.record(run) if run.is_chief else None
     ownership.raise_problem(run.distributed.broadcast(problem))
 

@@ -2,60 +2,13 @@
 
 The loop in :mod:`hookdet.loop.core_loop` knows no feature. It calls these hooks, and plugins — built
 in or third party, each found by name through the ``hookdet.plugins`` entry-point group — answer
-them. The map below is the whole run; ``(h)`` marks a hook, ``[chief]`` one that fires on the
-chief rank only, ``{wrap}`` a hook whose implementations may be ``wrapper=True`` generators around
-the default behaviour, ``<first>`` a provider whose first non-None answer wins::
+them. The order in which the loop emits them is the map in ``docs/hooks.md`` ("Where each hook
+fires"), said there once; the specs below follow it.
 
-    hookdet_configure(run)                                  (h)  plugins read their options
-    run.distributed = hookdet_make_distributed(run)        <first> single process unless ddp/horovod
-    run.storage     = hookdet_make_checkpoint_storage(run) <first> local dir unless s3
-    trial = TrialClass(context)
-        context.experimental.use_amp()  -> hookdet_use_amp(context)               <first>
-        context.wrap_scaler(s)          -> hookdet_wrap_scaler(context, s)         <first>
-        context.configure_apex_amp(...) -> hookdet_configure_apex_amp(...)         <first>
-        context.set_profiler(...)       -> hookdet_set_profiler(context, ...)      <first>
-        context.get_tensorboard_writer() -> hookdet_make_tensorboard_writer(run)  <first>
-        context.get_initial_batch()     -> hookdet_resume_point(run, checkpoint)  <first>
-        context.autocast_forward_pass(m) -> hookdet_autocast_forward_pass(...)    <first>
-        context.wrap_model(m)      -> hookdet_wrap_model(...)      <first>{wrap} DDP; autocast
-        context.wrap_optimizer(o)  -> hookdet_wrap_optimizer(...)  <first> Horovod
-    hookdet_add_callbacks(run, trial.build_callbacks()) <first> each adapted into lifecycle hooks
-    if resuming: hookdet_resume_uuid(run, checkpoint) <first>  the id on_trial_startup gets
-    on_trial_startup(first_batch_idx, checkpoint_uuid)
-    trial.build_training_data_loader(), trial.build_validation_data_loader()  (run.max_batches set)
-    if resuming: hookdet_load_checkpoint(run, ...) <first>
-                   on_checkpoint_load_start(checkpoint)
-    elif warm-starting: hookdet_warm_start(run, ...) <first>  state, not place: batch 0
-                   on_checkpoint_load_start(checkpoint)
-    on_training_start()
-    [step-zero validation]
-    for each batch:
-        if first batch of an epoch: on_training_epoch_start(epoch_idx)
-        hookdet_train_batch(...)                   {wrap} calls trial.train_batch
-            context.backward(loss)         -> hookdet_backward(...)        <first>{wrap}
-            context.step_optimizer(opt)    -> hookdet_prepare_gradients(optimizer, context)
-                                              clip_grads(parameters)
-                                              on_before_optimizer_step(parameters)
-                                              hookdet_step_optimizer(...)  <first>
-        hookdet_train_batch_end(context, batch_idx, metrics)
-        if last batch of an epoch: on_training_epoch_end(epoch_idx)
-        at a reporting / validation / checkpoint boundary, or a stop:
-            on_training_workload_end(avg_metrics, batch_metrics)
-            metrics.jsonl; hookdet_report_metrics(run, "training", ...) [chief]
-        at a validation boundary:
-            on_validation_start(); on_validation_epoch_start()
-            per batch: trial.evaluate_batch(...); hookdet_validation_batch_end(...)
-            on_validation_epoch_end(outputs); on_validation_end(metrics)
-            metrics.jsonl; hookdet_report_metrics(run, "validation", ...) [chief]
-        at a checkpoint boundary or a stop:
-            hookdet_save_checkpoint(run) <first>
-                on_checkpoint_save_start(checkpoint)                 [chief]
-                on_checkpoint_write_end(checkpoint_dir)              [chief]
-                on_checkpoint_upload_end(uuid)
-                on_checkpoint_end(checkpoint_dir)
-    [final validation and checkpoint unless current]
-    on_trial_shutdown()
-    hookdet_unconfigure(run)
+Every spec ends by saying what an implementation may do with what it is given (Composer's rule
+for its events): **Observes** (it reads; every implementation after it sees the same objects),
+**May change** (and what: the answer replaces an object, or the object is changed in place), or
+**Provides** (it answers with a new object and changes nothing it is given).
 
 Two families live here. **Lifecycle hooks** carry exactly the names and arguments of Determined's
 ``PyTorchCallback``, so a callback and a plugin are written the same way (the ``callbacks`` plugin
@@ -78,10 +31,7 @@ plugins), :class:`ConflictingPlugin` (``conflicts_with``), :class:`ConfigurableP
 
 This module is longer than hookdet's others on purpose: it is the whole contract between the loop
 and its plugins, read top to bottom by a plugin author, in the loop's order (as pytest keeps its
-hooks in one ``hookspec.py``); splitting it would scatter the map above over several files.
-
-Why one long module: it is the whole contract between the loop and plugins, each hook with the
-docstring a plugin author needs, and it reads best in one piece, as pytest's ``hookspec.py`` does.
+hooks in one ``hookspec.py``).
 """
 from __future__ import annotations
 
@@ -108,6 +58,8 @@ def hookdet_configure(run: "Run") -> None:
     Fires once per process, after every plugin named in the experiment file is registered and
     before the distributed backend, storage or trial exist. Raise here to refuse a run before any
     work is done (a missing optional dependency, an invalid option).
+
+    **Observes** the run (raise to refuse it); changes only the plugin's own state.
     """
 
 
@@ -116,6 +68,8 @@ def hookdet_unconfigure(run: "Run") -> None:
     """The run is over (successfully or not): release files, writers, servers and handlers.
 
     Fires once per process, last, even when training raised.
+
+    **Observes**; releases only what the plugin itself holds.
     """
 
 
@@ -133,15 +87,8 @@ def hookdet_make_distributed(run: "Run") -> Any:
     ``torch.distributed``, ``horovod`` with Horovod. When the script passed its own context to
     ``pytorch.init(distributed=...)`` it is already ``run.distributed``, and it stays the run's
     context whatever the answer; a plugin may adopt it (``ddp`` adopts a torch one to wrap models).
-    """
 
-
-@hookspec(firstresult=True)
-def hookdet_make_checkpoint_storage(run: "Run") -> Any:
-    """Return where checkpoints are stored: a :class:`hookdet.checkpoints.storage.CheckpointStorage`.
-
-    Chosen by the experiment file's ``checkpoint_storage.type``; the local directory answers when
-    nobody else does.
+    **Provides** a new object; changes nothing it is given.
     """
 
 
@@ -159,13 +106,18 @@ def hookdet_use_amp(context: "PyTorchTrialContext") -> Optional[bool]:
 
     Built-in answer: ``amp`` (autocast every model wrapped afterwards, scale the loss, step
     through a ``GradScaler``).
+
+    **May change** how the context trains: every model wrapped afterwards, every backward and step.
     """
 
 
 @hookspec(firstresult=True)
 def hookdet_wrap_scaler(context: "PyTorchTrialContext", scaler: Any) -> Any:
     """``context.wrap_scaler(scaler)``: register the trial's ``GradScaler``; return what the
-    trial should use (normally ``scaler`` itself). Built-in answer: ``amp``."""
+    trial should use (normally ``scaler`` itself). Built-in answer: ``amp``.
+
+    **May change** what the trial uses: the answer replaces ``scaler``.
+    """
 
 
 @hookspec(firstresult=True)
@@ -177,7 +129,10 @@ def hookdet_configure_apex_amp(
     kwargs: Dict[str, Any],
 ) -> Any:
     """``context.configure_apex_amp(models, optimizers, *args, **kwargs)``: return
-    ``(models, optimizers)`` to use from now on. Built-in answer: ``apex``."""
+    ``(models, optimizers)`` to use from now on. Built-in answer: ``apex``.
+
+    **May change** the models and optimizers: the answer replaces them.
+    """
 
 
 @hookspec(firstresult=True)
@@ -186,14 +141,20 @@ def hookdet_set_profiler(
 ) -> Any:
     """``context.set_profiler(*args, **kwargs)`` (and ``Trainer.fit(profiling_enabled=True)``
     with ``args=None``): profile training; return the profiler (``context.profiler``).
-    Built-in answer: ``profiler``."""
+    Built-in answer: ``profiler``.
+
+    **Provides** a new object; changes nothing it is given.
+    """
 
 
 @hookspec(firstresult=True)
 def hookdet_autocast_forward_pass(context: "PyTorchTrialContext", module: Any) -> Any:
     """``context.autocast_forward_pass(module)``: make ``module``'s forward run under autocast
     (half-precision outputs cast back to float32); return the module to use. Built-in answer:
-    ``amp``."""
+    ``amp``.
+
+    **May change** ``module``: its forward is patched in place.
+    """
 
 
 @hookspec(firstresult=True)
@@ -201,21 +162,30 @@ def hookdet_make_tensorboard_writer(run: "Run") -> Any:
     """Return the run's shared TensorBoard writer (a ``torch.utils.tensorboard.SummaryWriter``
     or anything with its ``add_scalar``/``flush``/``close``), for
     ``context.get_tensorboard_writer()``. Whether any plugin implements this is what
-    ``context.get_enable_tensorboard_logging()`` reports. Built-in answer: ``tensorboard``."""
+    ``context.get_enable_tensorboard_logging()`` reports. Built-in answer: ``tensorboard``.
+
+    **Provides** a new object; changes nothing it is given.
+    """
 
 
 @hookspec(firstresult=True)
 def hookdet_resume_point(run: "Run", checkpoint: str) -> Optional[int]:
     """Return the number of batches trained in ``checkpoint`` (where a resumed run starts), for
     ``context.get_initial_batch()``; may be asked before the checkpoint is restored. The plugin
-    that answers ``hookdet_load_checkpoint`` answers this too (built-in: ``checkpoint``)."""
+    that answers ``hookdet_load_checkpoint`` answers this too (built-in: ``checkpoint``).
+
+    **Observes**: reads the checkpoint, changes nothing.
+    """
 
 
 @hookspec(firstresult=True)
 def hookdet_resume_uuid(run: "Run", checkpoint: str) -> Optional[str]:
     """Return the storage id of ``checkpoint`` (a run directory, checkpoint directory or storage
     id), read before its state is loaded: the ``checkpoint_uuid`` that ``on_trial_startup``
-    gets, which Determined fires before the checkpoint loads. The checkpoint plugin answers."""
+    gets, which Determined fires before the checkpoint loads. The checkpoint plugin answers.
+
+    **Observes**: reads the checkpoint, changes nothing.
+    """
 
 
 @hookspec(firstresult=True)
@@ -223,7 +193,10 @@ def hookdet_add_callbacks(run: "Run", callbacks: Dict[str, Any]) -> Optional[boo
     """Run the trial's ``build_callbacks()`` result (name -> ``PyTorchCallback``) from now on;
     return True. Fires once, before checkpoint loading, when the trial built any. With the
     built-in answer removed (``no:callbacks``) they do not run and a warning says so.
-    Built-in answer: ``callbacks``."""
+    Built-in answer: ``callbacks``.
+
+    **Observes** the callbacks (it calls them later); changes neither them nor the run.
+    """
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,6 +214,8 @@ def hookdet_wrap_model(
     example). The default answer moves the model to the run's device. A ``wrapper=True``
     implementation may post-process the answer (run its forward under autocast, say). The
     checkpoint stores the unwrapped model's state, so a wrapper never changes the saved keys.
+
+    **May change** the model: the answer replaces it (moved, wrapped).
     """
 
 
@@ -254,6 +229,8 @@ def hookdet_wrap_optimizer(
     """Return the optimizer the trial steps, given the one passed to ``context.wrap_optimizer``.
 
     The default answer is the optimizer itself; Horovod answers with its ``DistributedOptimizer``.
+
+    **May change** the optimizer: the answer replaces it.
     """
 
 
@@ -271,6 +248,8 @@ def hookdet_train_batch(
     The default answer calls ``trial.train_batch``. Plugins wrap it (``wrapper=True``) to put a
     span around the whole step: a profiler range, a timer. Per batch; with no wrapper the loop
     calls the trial directly.
+
+    **May change** the step: a wrapper runs around it and may alter its result.
     """
 
 
@@ -282,6 +261,8 @@ def hookdet_backward(
 
     The default answer is ``loss.backward(**backward_kwargs)``. Mixed precision answers by scaling
     the loss first; DDP wraps it in ``no_sync()`` on batches that only accumulate gradients.
+
+    **May change** how gradients are made (a scaled loss, no_sync()).
     """
 
 
@@ -294,6 +275,8 @@ def hookdet_prepare_gradients(
     Fires inside ``context.step_optimizer`` on optimizer-step batches only, before gradient
     averaging, ``clip_grads`` and ``on_before_optimizer_step``. A loss scaler unscales here;
     Horovod synchronizes its pending allreduces here.
+
+    **May change** ``optimizer``'s gradients, in place.
     """
 
 
@@ -305,6 +288,8 @@ def hookdet_step_optimizer(
 
     ``scaler`` is the ``GradScaler`` the trial passed to ``step_optimizer`` (or None). The default
     answer steps through that scaler when given, else calls ``optimizer.step()``.
+
+    **May change** the parameters: it steps them.
     """
 
 
@@ -316,12 +301,17 @@ def hookdet_train_batch_end(
 
     Per batch: never convert the metrics to Python numbers here (that forces a device→host
     sync). Progress bars advance, profilers step, loss scalers update.
+
+    **Observes**: ``metrics`` are read, never changed (or converted).
     """
 
 
 @hookspec
 def hookdet_validation_batch_end(context: "PyTorchTrialContext", batch_idx: int) -> None:
-    """A validation batch finished. Per batch, during validation only."""
+    """A validation batch finished. Per batch, during validation only.
+
+    **Observes**.
+    """
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,6 +329,8 @@ def hookdet_report_metrics(
     averaged across ranks. ``steps_completed`` counts batches trained so far. The host has
     already recorded the report in the run's ``metrics.jsonl`` (:mod:`hookdet.runs.metrics`);
     TensorBoard, progress bars, MLflow and the non-finite watch (``metrics_log``) listen here.
+
+    **Observes**: every listener gets the same ``metrics``; none changes them.
     """
 
 
@@ -353,6 +345,8 @@ def hookdet_save_checkpoint(run: "Run") -> Optional[str]:
 
     Called on every rank (collecting every rank's RNG state is collective). The ``checkpoint``
     plugin answers; with it disabled no checkpoints are written and this returns None.
+
+    **Observes** the run's state (it writes a copy); changes none of it.
     """
 
 
@@ -361,6 +355,8 @@ def hookdet_load_checkpoint(run: "Run", checkpoint: str) -> Optional[bool]:
     """Restore all state from ``checkpoint`` (a storage id or a directory) before training.
 
     Called on every rank before the first batch is drawn; returns True when it restored.
+
+    **May change** all of the run's state: it restores it.
     """
 
 
@@ -372,6 +368,8 @@ def hookdet_warm_start(run: "Run", checkpoint: str) -> Optional[bool]:
 
     Called on every rank before the first batch is drawn, when the run resumes from nothing;
     returns True when it loaded.
+
+    **May change** the run's state (not its place): it restores it.
     """
 
 
@@ -387,22 +385,34 @@ def hookdet_warm_start(run: "Run", checkpoint: str) -> Optional[bool]:
 def on_trial_startup(run: "Run", first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
     """The trial is built; ``first_batch_idx`` is where training resumes (0 for a fresh run) and
     ``checkpoint_uuid`` the checkpoint it resumes from. As in Determined, the data loaders are
-    built and the checkpoint is loaded after this hook (``run.max_batches`` is still None)."""
+    built and the checkpoint is loaded after this hook (``run.max_batches`` is still None).
+
+    **Observes**.
+    """
 
 
 @hookspec
 def on_training_start(run: "Run") -> None:
-    """Training is about to draw its first batch (after any step-zero validation)."""
+    """Training is about to draw its first batch (after any step-zero validation).
+
+    **Observes**.
+    """
 
 
 @hookspec
 def on_training_epoch_start(run: "Run", epoch_idx: int) -> None:
-    """The first batch of epoch ``epoch_idx`` is about to be trained."""
+    """The first batch of epoch ``epoch_idx`` is about to be trained.
+
+    **Observes**.
+    """
 
 
 @hookspec
 def on_training_epoch_end(run: "Run", epoch_idx: int) -> None:
-    """The last batch of epoch ``epoch_idx`` has been trained."""
+    """The last batch of epoch ``epoch_idx`` has been trained.
+
+    **Observes**.
+    """
 
 
 @hookspec
@@ -411,17 +421,26 @@ def on_training_workload_end(
 ) -> None:
     """A training workload ended: ``batch_metrics`` its per-batch values (across ranks, their
     means), ``avg_metrics`` the means over its batches, in Determined's types (numpy arrays,
-    Python floats; see :mod:`hookdet.metrics.callback_metrics`)."""
+    Python floats; see :mod:`hookdet.metrics.callback_metrics`).
+
+    **Observes**: ``avg_metrics`` and ``batch_metrics`` are read, never changed.
+    """
 
 
 @hookspec
 def on_validation_start(run: "Run") -> None:
-    """Validation is about to start."""
+    """Validation is about to start.
+
+    **Observes**.
+    """
 
 
 @hookspec
 def on_validation_epoch_start(run: "Run") -> None:
-    """The first validation batch is about to be evaluated."""
+    """The first validation batch is about to be evaluated.
+
+    **Observes**.
+    """
 
 
 @hookspec
@@ -430,50 +449,77 @@ def on_validation_epoch_end(run: "Run", outputs: List[Any]) -> None:
     (tensors as numpy arrays, as in Determined).
 
     As in Determined, neither this nor ``on_validation_epoch_start`` fires for a trial that
-    validates with ``evaluate_full_dataset``."""
+    validates with ``evaluate_full_dataset``.
+
+    **Observes** ``outputs``.
+    """
 
 
 @hookspec
 def on_validation_end(run: "Run", metrics: Dict[str, Any]) -> None:
-    """Validation finished with the reduced ``metrics`` (numpy values, as in Determined)."""
+    """Validation finished with the reduced ``metrics`` (numpy values, as in Determined).
+
+    **Observes** ``metrics``.
+    """
 
 
 @hookspec
 def on_checkpoint_load_start(run: "Run", checkpoint: Dict[str, Any]) -> None:
-    """A checkpoint's state dict was loaded and is about to be applied; it may be changed."""
+    """A checkpoint's state dict was loaded and is about to be applied; it may be changed.
+
+    **May change** ``checkpoint``, the state about to be applied (as a Determined callback may).
+    """
 
 
 @hookspec
 def on_checkpoint_save_start(run: "Run", checkpoint: Dict[str, Any]) -> None:
-    """A checkpoint's state dict is about to be written; keys may be added. Chief only."""
+    """A checkpoint's state dict is about to be written; keys may be added. Chief only.
+
+    **May change** ``checkpoint``: add keys to what is written (as a Determined callback may).
+    """
 
 
 @hookspec
 def on_checkpoint_write_end(run: "Run", checkpoint_dir: str) -> None:
     """The checkpoint is written: ``checkpoint_dir`` is the published checkpoint directory (it
     exists during the hook and after it); files added here are sealed into its manifest. With a
-    background write this fires when the write has finished. Chief only."""
+    background write this fires when the write has finished. Chief only.
+
+    **May change** the checkpoint's files: add files to ``checkpoint_dir`` before it is sealed.
+    """
 
 
 @hookspec
 def on_checkpoint_upload_end(run: "Run", uuid: str) -> None:
-    """The checkpoint is committed to storage as ``uuid``."""
+    """The checkpoint is committed to storage as ``uuid``.
+
+    **Observes**.
+    """
 
 
 @hookspec
 def on_checkpoint_end(run: "Run", checkpoint_dir: str) -> None:
-    """Checkpointing finished; ``checkpoint_dir`` is where its files were written."""
+    """Checkpointing finished; ``checkpoint_dir`` is where its files were written.
+
+    **Observes**.
+    """
 
 
 @hookspec
 def on_before_optimizer_step(run: "Run", parameters: List["torch.nn.Parameter"]) -> None:
     """The optimizer is about to step ``parameters``; their gradients are final (averaged,
-    unscaled, clipped)."""
+    unscaled, clipped).
+
+    **May change** the gradients of ``parameters`` (clip them), in place.
+    """
 
 
 @hookspec
 def on_trial_shutdown(run: "Run") -> None:
-    """The trial is shutting down, whether training finished, stopped or raised."""
+    """The trial is shutting down, whether training finished, stopped or raised.
+
+    **Observes**; releases only what the implementation itself holds.
+    """
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from unittest import mock
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
@@ -23,7 +24,6 @@ from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
 from hookdet.config import ConfigError
-from hookdet.markers import hookimpl
 from hookdet.checkpoints.local import LocalStorage
 from tests.support.resume_trials import RegressionTrial, run_spec
 from tests.support.states import assert_states_equal
@@ -48,15 +48,6 @@ class InjectedStorage(LocalStorage):
             time.sleep(self.delay)
             if len(self.stored) == self.fail_at:
                 raise OSError(errno.ENOSPC, "No space left on device")
-
-
-class StorageProvider:
-    def __init__(self, storage: LocalStorage) -> None:
-        self.storage = storage
-
-    @hookimpl(tryfirst=True)
-    def hookdet_make_checkpoint_storage(self, run: Any) -> Any:
-        return self.storage
 
 
 class CheckpointEvents(pytorch.PyTorchCallback):
@@ -108,8 +99,12 @@ def fit(
         "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": batches}},
         "reproducibility": {"experiment_seed": 5},
     }
-    extra = [StorageProvider(storage)] if storage is not None else []
-    with pytorch.init(hparams=HPARAMS, exp_conf=exp_conf, run_dir=tmp_path / "run", plugins=extra) as context:
+    from hookdet.loop import trainer as trainer_module
+
+    # The run's storage: the slow (or failing) local storage given, where its factory would make one.
+    made = contextlib.nullcontext() if storage is None else \
+        mock.patch.object(trainer_module, "make_storage", lambda config, run_dir: storage)
+    with made, pytorch.init(hparams=HPARAMS, exp_conf=exp_conf, run_dir=tmp_path / "run") as context:
         trial = trial_class(context)
         pytorch.Trainer(trial, context).fit(
             max_length=pytorch.Batch(batches),

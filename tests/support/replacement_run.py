@@ -14,7 +14,7 @@ from hookdet import pytorch
 from hookdet.plugin import run_of
 
 HP = {"lr": 0.05, "global_batch_size": 2}
-PLUGINS = ["no:tensorboard", "no:progress", "no:amp",            "flat_storage", "csv_writer", "bf16_autocast", "line_progress"]
+PLUGINS = ["no:tensorboard", "no:progress", "no:amp", "csv_writer", "bf16_autocast", "line_progress"]
 
 
 class ReplacedTrial(pytorch.PyTorchTrial):
@@ -58,7 +58,7 @@ def run(run_dir: Path, storage_root: Path, max_batches: int, resume: Any = None)
     exp_conf = {
         "hyperparameters": HP,
         "plugins": PLUGINS,
-        "plugin_config": {"flat_storage": {"root": str(storage_root)}},
+        "checkpoint_storage": {"type": "flat_storage", "root": str(storage_root), "save_trial_latest": 1},
         "searcher": {"name": "single", "metric": "validation_loss", "smaller_is_better": True},
     }
     autocast_seen = []
@@ -98,6 +98,7 @@ def main(root: Path) -> None:
             name for name in ("amp", "tensorboard", "progress", "storage") if f"hookdet.plugins.builtin.{name}" in sys.modules
         ),
         "storage_ids": sorted(p.name for p in storage.iterdir()),
+        "recorded_storage": json.loads((root / "whole" / "run_identity.json").read_text())["storage"],
     }
     for name, result in (("whole", whole), ("stopped", stopped), ("resumed", resumed)):
         result.pop("weights")
