@@ -29,9 +29,9 @@ plugins), :class:`ConflictingPlugin` (``conflicts_with``), :class:`ConfigurableP
 ``__init__`` taking ``options``) and :class:`TensorBoardWriter` (what
 ``hookdet_make_tensorboard_writer`` returns). Nothing else of a plugin is called by name.
 
-This module is longer than hookdet's others on purpose: it is the whole contract between the loop
-and its plugins, read top to bottom by a plugin author, in the loop's order (as pytest keeps its
-hooks in one ``hookspec.py``).
+Why one long module: it is the whole contract between the loop and its plugins, each hook with
+the docstring a plugin author needs, read top to bottom in the loop's order, as pytest's
+``hookspec.py`` is.
 """
 from __future__ import annotations
 
