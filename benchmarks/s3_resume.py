@@ -42,7 +42,7 @@ from torch import nn  # noqa: E402
 from benchmarks.checkpoint_io import LAYERS, WIDTHS  # noqa: E402
 from hookdet.checkpoints import format as fmt  # noqa: E402
 from hookdet.checkpoints.s3 import S3Storage  # noqa: E402
-from hookdet.runs.identity import checkpoints_of_run  # noqa: E402
+from hookdet.checkpoints.resolver import checkpoints_of_run  # noqa: E402
 
 RUN_ID = "benchmark-run"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE
 
-__all__ = ["ArgumentTypeError", "HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP", "UsageError"]
+__all__ = ["ArgumentTypeError", "HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP", "PluginError", "UsageError"]
 
 
 class HookdetError(Exception):
@@ -15,6 +15,12 @@ class HookdetError(Exception):
 
 class UsageError(HookdetError):
     """A command-line or entrypoint problem; printed as one line."""
+
+
+class PluginError(HookdetError):
+    """A plugin failed, could not be found, or cannot run beside another; names the plugin.
+    (Here, with hookdet's other errors, so that what raises it — the checkpoint format, the
+    mixed-precision helpers — need not import the plugin manager.)"""
 
 
 class ArgumentTypeError(TypeError, AssertionError):

@@ -244,11 +244,12 @@ def test_only_the_users_own_files_count_as_user_frames() -> None:
     import pluggy
 
     from hookdet.cli import failure_report
+    from hookdet.plugins import monitor
 
-    assert failure_report.is_user_frame(__file__)
+    assert monitor.is_user_frame(__file__)
     for internal in (failure_report.__file__, pluggy.__file__, stdlib_module.__file__, torch.__file__,
                      str(Path(sys.prefix) / "bin" / "hookdet"), "<frozen runpy>"):
-        assert not failure_report.is_user_frame(internal), internal
+        assert not monitor.is_user_frame(internal), internal
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any, Dict
 import pytest
 import torch
 
-from hookdet.runs.identity import read_identity
+from hookdet.checkpoints.resolver import read_identity
 from hookdet.runs.metrics import read_reports
 from tests.faults.harness import REPO, child_env, run, write_config
 from tests.support.storage_servers import azure_server, flatfs_installed, gcs_server  # noqa: F401  (fixtures)

@@ -9,16 +9,15 @@ extra arguments, as in Determined. Checkpoints are verified and loaded with
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Type
+from typing import Any, Dict, Optional, Type
 
 import torch
 
 from hookdet.checkpoints import format as fmt
-from hookdet.checkpoints.storage import StorageError
+from hookdet.checkpoints.resolver import fetched
 from hookdet.trial_api.context import PyTorchTrialContext
 from hookdet.distributed.context import DistributedContext
 from hookdet.trial_api.importing import SpecImportError, import_object
@@ -112,7 +111,7 @@ def load_trial_from_checkpoint_path(
         )
         torch_load_kwargs = kwargs
     load_kwargs = dict(torch_load_kwargs or {})
-    with _fetched(Path(path)) as directory:  # a run's newest intact checkpoint wherever its storage is
+    with fetched(Path(path)) as directory:  # a run's newest intact checkpoint wherever its storage is
         metadata = fmt.read_metadata(directory)
         cls = trial_class or import_trial_class(str(metadata.get("trial_class") or ""))
         state = fmt.load_state(directory, map_location=load_kwargs.pop("map_location", "cpu"), **load_kwargs)
@@ -149,7 +148,7 @@ def export_model_state(checkpoint: str, output: str, model_index: int = 0) -> Pa
         raise fmt.CheckpointError(f"cannot export to {output}: it is a directory; name the .pt file to write")
     if not output_path.absolute().parent.is_dir():
         raise fmt.CheckpointError(f"cannot export to {output}: directory {output_path.absolute().parent} does not exist")
-    with _fetched(Path(checkpoint)) as directory:
+    with fetched(Path(checkpoint)) as directory:
         models = fmt.load_state(directory, map_location="cpu").get("models_state_dict", [])
         if not 0 <= model_index < len(models):
             raise fmt.CheckpointError(
@@ -159,21 +158,3 @@ def export_model_state(checkpoint: str, output: str, model_index: int = 0) -> Pa
         torch.save(models[model_index], partial)
     partial.replace(output_path)
     return output_path
-
-
-@contextlib.contextmanager
-def _fetched(target: Path) -> Iterator[Path]:
-    """A local directory of the checkpoint ``target`` names: itself, or a run directory's newest
-    intact checkpoint wherever the run's storage keeps it (fetched when it is remote)."""
-    from hookdet.runs.identity import locate_for_resume
-
-    found = locate_for_resume(target, None)
-    if isinstance(found, Path):
-        yield found
-        return
-    storage, storage_id = found
-    try:
-        with storage.restore_path(storage_id) as restored:
-            yield Path(restored)
-    except StorageError as error:
-        raise fmt.CheckpointError(f"cannot read checkpoint {storage_id!r}: {error}") from error

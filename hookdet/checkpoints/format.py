@@ -48,7 +48,7 @@ import xxhash
 from hookdet.checkpoints import determined_format
 from hookdet.checkpoints.storage import (METADATA_FILE, STATE_FILE, MalformedMetadataError, is_inside, parse_metadata,
                                          read_small_file)
-from hookdet.plugins.manager import PluginError
+from hookdet.errors import PluginError
 
 logger = logging.getLogger("hookdet")
 

@@ -52,6 +52,9 @@ __all__ = [
 STATE_FILE = "state_dict.pth"
 #: The default storage's folder in a run directory.
 CHECKPOINTS_DIR = "checkpoints"
+#: The file in a run directory that records the run's id and where its checkpoints are
+#: (written by hookdet.runs.identity, read by hookdet.checkpoints.resolver).
+IDENTITY_FILE = "run_identity.json"
 METADATA_FILE = "metadata.json"
 """The file whose presence marks a checkpoint as complete; writers must create it."""
 

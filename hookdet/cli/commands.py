@@ -147,7 +147,7 @@ def resume_run_dir(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """``--resume RUN_DIR`` continues in RUN_DIR itself (one run, one history) unless
     ``--run-dir`` says otherwise; with ``--fork`` it starts a new run directory instead and
     returns the parent to record in it."""
-    from hookdet.runs.identity import read_identity, refuse_mixed_store
+    from hookdet.checkpoints.resolver import read_identity, refuse_mixed_store
     from hookdet.runs.index import is_run_dir
 
     if not args.resume and args.run_dir and launched_rank() is None and is_run_dir(Path(args.run_dir)):

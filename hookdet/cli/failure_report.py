@@ -12,37 +12,14 @@ prints one line per distinct failure naming the ranks (:mod:`hookdet.distributed
 """
 from __future__ import annotations
 
-import os
-import sys
-import sysconfig
 import traceback
 from typing import List, Optional
 
-import pluggy
-
-import hookdet
-
-#: Where frames that are not the user's live: hookdet, pluggy, Python's standard library, and the
-#: Python installation or virtual environment (its ``bin/hookdet`` console script included).
-_INTERNAL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (hookdet.__file__, pluggy.__file__, os.__file__)
-) + tuple(os.path.abspath(path) + os.sep for path in (
-    sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix, sys.exec_prefix))
-_SITE_PACKAGES = ("site-packages", "dist-packages")
+from hookdet.plugins.monitor import is_user_frame
 
 #: Words in a collective's error when the other side of the connection went away.
 _PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "connection closed", "Socket closed", "ECONNRESET", "EPIPE")
-
-
-def is_user_frame(filename: str) -> bool:
-    """Whether ``filename`` is the user's code: not hookdet, pluggy, the standard library or an
-    installed package."""
-    path = os.path.abspath(filename)
-    if path.startswith(_INTERNAL_DIRS) or filename.startswith("<"):
-        return False
-    return not any(part in path.split(os.sep) for part in _SITE_PACKAGES)
 
 
 def user_traceback(error: BaseException) -> Optional[str]:

@@ -189,7 +189,7 @@ def recorded_ending(run_dir: Path, metric: str) -> Optional[str]:
     """The lines a trial class's run ends with, for a script's run, from the run directory's
     records (its ``run.json``, written by the script's ``Trainer.fit``), or None when the
     script wrote none."""
-    from hookdet.runs.identity import read_identity, storage_of
+    from hookdet.checkpoints.resolver import read_identity, storage_of
     from hookdet.runs.record import ending_lines, read_record
 
     record = read_record(run_dir, check_alive=False)

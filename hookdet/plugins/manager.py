@@ -19,7 +19,7 @@ import pluggy
 
 from hookdet.plugins import hookspecs
 from hookdet.plugins import default_hooks
-from hookdet.errors import HookdetError
+from hookdet.errors import PluginError  # PluginError: raised here, defined with hookdet's other errors
 from hookdet.plugins.monitor import HookMonitor, TraceLog
 from hookdet.markers import HOOK_NAMESPACE
 from hookdet.plugins import selection
@@ -31,10 +31,6 @@ logger = logging.getLogger("hookdet")
 ENTRY_POINT_GROUP = selection.ENTRY_POINT_GROUP
 
 DEFAULTS_NAME = "hookdet.defaults"
-
-
-class PluginError(HookdetError):
-    """A plugin failed, could not be found, or cannot run beside another; names the plugin."""
 
 
 def option_error(plugin: str, field: str, expected: str, value: Any) -> PluginError:

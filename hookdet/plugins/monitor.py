@@ -21,11 +21,15 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
+import sys
+import sysconfig
 import time
 from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 import pluggy
 
+import hookdet
 from hookdet.plugins import hookspecs
 
 logger = logging.getLogger("hookdet")
@@ -211,8 +215,6 @@ def implementation_that_raised(error: BaseException, hook_impls: Sequence[Any]) 
     whether user code it called raised: a frame of the user's below it (a ``PyTorchCallback``
     the callbacks adapter called, say). That error is the user's, reported with the user's frames
     as one raised in ``train_batch`` is, not as the plugin's failure."""
-    from hookdet.cli.failure_report import is_user_frame
-
     codes = {}
     for impl in hook_impls:
         function = inspect.unwrap(impl.function)
@@ -230,3 +232,22 @@ def implementation_that_raised(error: BaseException, hook_impls: Sequence[Any]) 
             user_code_below = True
         traceback = traceback.tb_next
     return found, user_code_below
+
+
+#: Where frames that are not the user's live: hookdet, pluggy, Python's standard library, and the
+#: Python installation or virtual environment (its ``bin/hookdet`` console script included).
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (hookdet.__file__, pluggy.__file__, os.__file__)
+) + tuple(os.path.abspath(path) + os.sep for path in (
+    sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix, sys.exec_prefix))
+_SITE_PACKAGES = ("site-packages", "dist-packages")
+
+
+def is_user_frame(filename: str) -> bool:
+    """Whether ``filename`` is the user's code: not hookdet, pluggy, the standard library or an
+    installed package."""
+    path = os.path.abspath(filename)
+    if path.startswith(_INTERNAL_DIRS) or filename.startswith("<"):
+        return False
+    return not any(part in path.split(os.sep) for part in _SITE_PACKAGES)

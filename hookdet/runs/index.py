@@ -241,7 +241,7 @@ def checkpoints_of(summary: RunSummary) -> Tuple[str, List[Tuple[str, Dict[str, 
     from hookdet.checkpoints import format as fmt
     from hookdet.checkpoints import lookup
     from hookdet.checkpoints.storage import StorageError
-    from hookdet.runs.identity import checkpoints_of_run, read_identity, storage_of
+    from hookdet.checkpoints.resolver import checkpoints_of_run, read_identity, storage_of
 
     identity = read_identity(summary.path)
     if identity is None:  # a run directory of hookdet 0.1: its own checkpoints folder

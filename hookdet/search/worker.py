@@ -28,7 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
-from hookdet.runs.identity import adopt_identity, newest_checkpoint_steps, read_identity
+from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
+from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
 from hookdet.search.store import Queue, StoreError

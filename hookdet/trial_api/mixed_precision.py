@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from hookdet.plugins.manager import PluginError
+from hookdet.errors import PluginError
 
 logger = logging.getLogger("hookdet")
 

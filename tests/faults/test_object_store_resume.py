@@ -17,7 +17,7 @@ from typing import Any, Dict, List
 import pytest
 
 from hookdet.checkpoints.object_store import DOWNLOAD_PREFIX
-from hookdet.runs.identity import read_identity, storage_of
+from hookdet.checkpoints.resolver import read_identity, storage_of
 from hookdet.runs.metrics import read_reports
 from tests.faults.harness import run, write_config
 from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 from hookdet.runs.metrics import drop_reports_after, read_reports
-from hookdet.runs.identity import read_identity
+from hookdet.checkpoints.resolver import read_identity
 from tests.faults.harness import (
     assert_one_line,
     checkpoint_metadata,

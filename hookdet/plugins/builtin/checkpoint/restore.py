@@ -15,11 +15,10 @@ import torch
 from hookdet.trial_api import rng
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup, user_index
-from hookdet.checkpoints.registry import storage_from_locator
+from hookdet.checkpoints.resolver import locate_for_resume, storage_holding
 from hookdet.checkpoints.storage import CheckpointNotFoundError, StorageError
 from hookdet.plugin import TRIAL_CALLBACKS
 from hookdet.plugins.manager import PluginError
-from hookdet.runs.identity import locate_for_resume
 
 logger = logging.getLogger("hookdet")
 
@@ -34,23 +33,9 @@ def find(run: Any, checkpoint: str) -> Tuple[Any, Any]:
         return (lookup.resolve_checkpoint_dir(found), None) if isinstance(found, Path) else found
     if "/" in checkpoint or "\\" in checkpoint or checkpoint.startswith("."):
         raise fmt.CheckpointError(f"cannot resume: {checkpoint} does not exist")
-    storage = _storage_holding(run, checkpoint)
+    storage = storage_holding(checkpoint, run.storage)
     directory = storage.local_dir(checkpoint)
     return (directory, None) if directory is not None and directory.is_dir() else (storage, checkpoint)
-
-
-def _storage_holding(run: Any, storage_id: str) -> Any:
-    """The storage checkpoint ``storage_id`` is in: the one the local index names (a checkpoint
-    of any earlier local run, as in Determined's per-user store), else the run's own."""
-    entry = user_index.lookup(storage_id)
-    if entry is None:
-        return run.storage
-    try:
-        return storage_from_locator(entry["storage"], run.storage)
-    except StorageError as error:
-        raise fmt.CheckpointError(
-            f"cannot resume from checkpoint {storage_id!r} (written by run {entry.get('run_dir')}): {error}"
-        ) from error
 
 
 def metadata_of(found: Tuple[Any, Any]) -> Dict[str, Any]:
