@@ -85,7 +85,7 @@ def test_the_resolved_names_are_on_the_run(tmp_path: Path) -> None:
     with pytorch.init(exp_conf=exp_conf, run_dir=tmp_path) as context:
         run = run_of(context)
         assert run.plugin_names == (
-            "callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "amp",
+            "callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "run_log", "amp",
         )
         assert run.removed_plugins == frozenset({"progress"})
 

@@ -29,7 +29,7 @@ def test_every_builtin_is_an_installed_entry_point() -> None:
         assert installed[name].startswith("hookdet.plugins.builtin."), name
 
 
-DEFAULTS = ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress"]
+DEFAULTS = ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress", "run_log"]
 
 
 @pytest.mark.parametrize(
@@ -37,10 +37,11 @@ DEFAULTS = ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard
     [
         (None, DEFAULTS),
         ([], DEFAULTS),
-        (["no:progress", "no:tensorboard"], ["callbacks", "preemption", "metrics_log", "checkpoint"]),
+        (["no:progress", "no:tensorboard"], ["callbacks", "preemption", "metrics_log", "checkpoint", "run_log"]),
         # pytest's -p: a bare name adds to the defaults, exactly as +name does
         (["mlflow"], [*DEFAULTS, "mlflow"]),
-        (["+hook_timing", "no:progress"], ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "hook_timing"]),
+        (["+hook_timing", "no:progress"], ["callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "run_log",
+                                          "hook_timing"]),
         (["amp", "+hook_timing"], [*DEFAULTS, "amp", "hook_timing"]),
         (["checkpoint"], DEFAULTS),
         # the one spelling for "exactly these"

@@ -27,7 +27,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, 
 ENTRY_POINT_GROUP = "hookdet.plugins"
 
 #: Plugins that run unless the experiment file removes them (``no:<name>``) or says ``only:``.
-DEFAULT_PLUGINS = ("callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress")
+DEFAULT_PLUGINS = ("callbacks", "preemption", "metrics_log", "checkpoint", "tensorboard", "progress", "run_log")
 
 #: The built-in plugin that answers each trial-API provider hook when no registered plugin does;
 #: :meth:`hookdet.plugins.manager.PluginManager.provide` loads it by this name, unless the

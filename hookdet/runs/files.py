@@ -11,6 +11,7 @@
       .writes-in-progress/ WRITES_IN_PROGRESS_DIR  a note per checkpoint being written (lock.py)
       checkpoints/        CHECKPOINTS_DIR  the default checkpoint storage
       tensorboard/        TENSORBOARD_DIR  the tensorboard plugin's event files
+      logs/               LOGS_DIR         what each rank printed (the run_log plugin; runs/logs.py reads it)
 """
 from hookdet.checkpoints import storage
 
@@ -22,3 +23,4 @@ LOCK_FILE = ".hookdet.lock"
 WRITES_IN_PROGRESS_DIR = ".writes-in-progress"
 CHECKPOINTS_DIR = storage.CHECKPOINTS_DIR  # the default storage's, named where it is made
 TENSORBOARD_DIR = "tensorboard"
+LOGS_DIR = "logs"

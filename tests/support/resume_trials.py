@@ -128,7 +128,7 @@ class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
     startup_log (a file the recorder appends ``on_trial_startup``'s arguments to), stop_at,
     sigterm_at (the process sends itself SIGTERM after that batch, as a preemption would),
     init_marker (a file ``__init__`` creates before it sleeps ``init_sleep`` seconds, so a signal
-    can be sent while the trial is being built).
+    can be sent while the trial is being built), chatter (lines the trial prints per batch).
     """
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
@@ -197,6 +197,8 @@ class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
         self._maybe_stop(batch_idx)
         if self.context.get_hparams().get("sleep"):
             time.sleep(self.context.get_hparam("sleep"))
+        for line in range(self.context.get_hparams().get("chatter", 0)):
+            print(f"batch {batch_idx} says line {line}: " + "x" * 60)
         return metrics
 
     def evaluate_batch(self, batch: Any) -> Dict[str, Any]:

@@ -1,0 +1,109 @@
+"""A run keeps what its processes printed, as Determined kept each trial's logs, and ``hookdet
+logs RUN [--follow] [--rank N]`` prints them: both ranks of a 2-rank run, followed live, bounded
+under a run that prints without end, continued by a resume."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from tests.faults.harness import REPO, TESTS, child_env, run, write_config
+from tests.support.distributed_trials import write_config as write_distributed_config
+
+STAMPED = re.compile(r"^\[(\d{4}-\d\d-\d\dT[0-9:.]+\+00:00)\] \[rank=(\d+)\] \[(stdout|stderr)\] ")
+
+
+def logs(*args: str) -> List[str]:
+    result = subprocess.run([sys.executable, "-m", "hookdet", "logs", *args], cwd=REPO, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_a_run_keeps_what_it_printed_and_a_resume_continues_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    status, _, stderr = run(["run", str(write_config(tmp_path / "exp.yaml", {"stop_at": 4})), "--run-dir",
+                             str(run_dir)], "to 4", fault=False)
+    assert status == 0, stderr[-3000:]
+    whole = write_config(tmp_path / "whole.yaml")
+    status, _, stderr = run(["run", str(whole), "--resume", str(run_dir)], "resumed", fault=False)
+    assert status == 0, stderr[-3000:]
+    lines = logs(str(run_dir))
+    assert all(STAMPED.match(line) for line in lines), [line for line in lines if not STAMPED.match(line)][:3]
+    stamps = [STAMPED.match(line).group(1) for line in lines]
+    assert stamps == sorted(stamps)
+    text = "\n".join(lines)
+    assert "[stdout] hookdet: stopped after 4 batches" in text  # the first run's ending
+    assert "resumed from checkpoint" in text and "[stdout] hookdet: completed after 12 batches" in text
+    assert text.index("stopped after 4 batches") < text.index("resumed from checkpoint")
+    assert [path.name for path in (run_dir / "logs").iterdir()] == ["rank-0.log"]
+
+
+@pytest.mark.slow
+def test_both_ranks_of_a_two_rank_run_are_kept_and_one_can_be_chosen(tmp_path: Path) -> None:
+    config = write_distributed_config(tmp_path / "exp.yaml", {"global_batch_size": 4, "lr": 0.1, "records": 28},
+                                      resources={"slots_per_trial": 2},
+                                      plugins={"only": ["callbacks", "checkpoint", "ddp", "run_log"]})
+    run_dir = tmp_path / "run"
+    status, _, stderr = run(["run", str(config), "--run-dir", str(run_dir), "--model-dir", str(TESTS)],
+                            "2 ranks", fault=False)
+    assert status == 0, stderr[-3000:]
+    lines = logs(str(run_dir))
+    ranks = {STAMPED.match(line).group(2) for line in lines}
+    assert ranks == {"0", "1"}
+    assert any("ddp: rank 1 of 2" in line and "[rank=1]" in line for line in lines)
+    only_one = logs(str(run_dir), "--rank", "1")
+    assert only_one and all("[rank=1]" in line for line in only_one)
+    assert only_one == [line for line in lines if "[rank=1]" in line]
+
+
+@pytest.mark.slow
+def test_the_logs_are_bounded_however_much_a_run_prints(tmp_path: Path) -> None:
+    """200 lines of ~100 bytes per batch for 40 batches (800 KB), into files of 16 KiB, two
+    kept: the oldest lines are dropped, the newest kept, the files never pass the bound."""
+    config = write_config(tmp_path / "exp.yaml", {"chatter": 200}, searcher={
+        "name": "single", "metric": "validation_loss", "max_length": {"batches": 40}},
+        plugin_config={"run_log": {"max_bytes": 16384, "backups": 2}})
+    run_dir = tmp_path / "run"
+    status, _, stderr = run(["run", str(config), "--run-dir", str(run_dir)], "chatter", fault=False)
+    assert status == 0, stderr[-3000:]
+    files = sorted(path.name for path in (run_dir / "logs").iterdir())
+    assert files == ["rank-0.log", "rank-0.log.1", "rank-0.log.2"]
+    assert all((run_dir / "logs" / name).stat().st_size <= 16384 for name in files)
+    lines = logs(str(run_dir))
+    assert "completed after 40 batches" in lines[-3] or any("completed after 40" in line for line in lines[-5:])
+    assert not any("batch 0 says" in line for line in lines)  # the oldest were dropped
+
+
+@pytest.mark.slow
+def test_logs_follow_a_live_run_to_its_end(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "exp.yaml", {"sleep": 0.05}, searcher={
+        "name": "single", "metric": "validation_loss", "max_length": {"batches": 60}})
+    run_dir = tmp_path / "run"
+    training = subprocess.Popen([sys.executable, "-m", "hookdet", "run", str(config), "--run-dir", str(run_dir),
+                                 "--model-dir", str(TESTS)], cwd=REPO, env=child_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "logs" / "rank-0.log").exists():
+        assert training.poll() is None and time.monotonic() < deadline, "no log appeared"
+        time.sleep(0.05)
+    follower = subprocess.Popen([sys.executable, "-m", "hookdet", "logs", str(run_dir), "--follow"], cwd=REPO,
+                                env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = follower.stdout.readline()
+        assert STAMPED.match(first), first
+        assert training.wait(timeout=300) == 0
+        rest, errors = follower.communicate(timeout=60)  # it ends by itself once the run has ended
+    finally:
+        for process in (training, follower):
+            if process.poll() is None:
+                process.kill()
+    assert follower.returncode == 0, errors
+    followed = [first.rstrip("\n"), *rest.splitlines()]
+    assert followed == logs(str(run_dir))
+    assert "completed after 60 batches" in "\n".join(followed[-4:])
