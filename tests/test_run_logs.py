@@ -98,7 +98,9 @@ def test_logs_follow_a_live_run_to_its_end(tmp_path: Path) -> None:
         first = follower.stdout.readline()
         assert STAMPED.match(first), first
         assert training.wait(timeout=300) == 0
-        rest, errors = follower.communicate(timeout=60)  # it ends by itself once the run has ended
+        rest = follower.stdout.read()  # from the same buffer: readline() may have read ahead
+        follower.wait(timeout=60)  # it ends by itself once the run has ended
+        errors = follower.stderr.read()
     finally:
         for process in (training, follower):
             if process.poll() is None:
