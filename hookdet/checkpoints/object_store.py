@@ -124,18 +124,12 @@ class ObjectStorage(CheckpointStorage):
     @property
     def _fetched(self) -> Dict[str, Path]:
         """Downloads :meth:`fetch` made ahead, by storage id, not yet restored."""
-        fetched = self.__dict__.get("_fetched_by_id")
-        if fetched is None:
-            fetched = self.__dict__["_fetched_by_id"] = {}
-        return fetched
+        return self.__dict__.setdefault("_fetched_by_id", {})
 
     @property
     def _metadata_seen(self) -> Dict[str, bytes]:
         """``metadata.json`` content by storage id, as read from the store by this object."""
-        seen = self.__dict__.get("_metadata_seen_by_id")
-        if seen is None:
-            seen = self.__dict__["_metadata_seen_by_id"] = {}
-        return seen
+        return self.__dict__.setdefault("_metadata_seen_by_id", {})
 
     def vendor_errors(self) -> tuple:
         """The exceptions the vendor's library raises for a failed request."""

@@ -2,8 +2,8 @@
 
 ::
 
-    epoch 2/5  ━━━━━━━━━━━━━━━━━━━━━╺━━━━━━━━━━━━━━━━━━ 59/100 batches 7.83 batch/s  ETA 0:00:05 loss=0.1791
-    validation ━━━━━━━━━━━━━━━━━━━━━━━━━╸━━━━━━━━━━━━━━ 12/25 batches
+    epoch 2/5  ━━━━━━━━━━━━━━━━━━━━━╺━━━━━━━━━━━━━━━━━━ 59/100 batches  59% 7.83 batch/s  ETA 0:00:05 loss=0.1791
+    validation ━━━━━━━━━━━━━━━━━━━━━━━━━╸━━━━━━━━━━━━━━ 12/25 batches  48%
       training  @ batch 50  loss=0.1807  g_loss=1.066  d_loss=0.3365
     validation  @ batch 40  validation_loss=0.1234  accuracy=0.972
 
@@ -233,7 +233,8 @@ class LiveView:
     def _bar_line(row: tuple, label_width: int, count_width: int, bar_width: int) -> Text:
         label, done, total, speed, latest = row
         counts = f"{done:>{count_width}}/{total if total is not None else '?'}"
-        line = Text.assemble(f"{label:<{label_width}} ", bar(done, total, bar_width), f" {counts} batches")
+        percent = f" {min(100 * done // total, 100):>3}%" if total else ""
+        line = Text.assemble(f"{label:<{label_width}} ", bar(done, total, bar_width), f" {counts} batches{percent}")
         for part in (speed, latest):
             if part:
                 line.append(" " + part)

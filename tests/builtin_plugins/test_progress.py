@@ -107,9 +107,13 @@ def test_live_view_in_a_terminal(tmp_path: Path) -> None:
 
     # Epoch (4 batches each) and batch of the total, rate and ETA on the training bar.
     bars = [line for line in lines if re.match(r"epoch \d+/10 ", line)]
-    assert re.search(r" 0/40 batches$", bars[0]), bars[0]
-    assert re.search(r" 40/40 batches [\d.]+ batch/s  ETA 0:00:00 loss=\S+$", bars[-1]), bars[-1]
-    assert any(re.search(r"epoch [2-9]/10 .* \d+/40 batches [\d.]+ batch/s  ETA \d:\d\d:\d\d loss=\S+$", line) for line in bars)
+    assert re.search(r" 0/40 batches   0%$", bars[0]), bars[0]
+    assert re.search(r" 40/40 batches 100% [\d.]+ batch/s  ETA 0:00:00 loss=\S+$", bars[-1]), bars[-1]
+    assert any(re.search(r"epoch [2-9]/10 .* (\d+)/40 batches +(\d+)% [\d.]+ batch/s  ETA \d:\d\d:\d\d loss=\S+$", line)
+               for line in bars)
+    for line in bars:  # the percentage is the count's
+        done, percent = re.search(r" (\d+)/40 batches +(\d+)%", line).groups()
+        assert int(percent) == 100 * int(done) // 40, line
     # The bar ends with the latest batch's loss, read between reports: the trial's loss at
     # batch k is exactly 0.64**k (w = 1 - 0.8**k), and the last frame shows batch 39's.
     def batch_of(loss: str) -> int:
