@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import re
 import os
 import random
 import signal
@@ -232,6 +233,10 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
     progress = [line for line in result.stdout.splitlines() if line.startswith("search: trial ")]
     assert len(progress) == len(state["processed"]) and sum("reached batch 9 " in line for line in progress) == 4
     assert all(" | best: trial " in line for line in progress), progress
+    # one row each: the searched hyperparameters only, to 4 significant digits
+    assert all(re.search(r" \| best: trial \d+, validation_loss \S+ \(learning_rate=[\d.e-]+\) \|", line)
+               for line in progress), progress
+    assert all(len(line) <= 200 for line in progress), [len(line) for line in progress]
     assert all(" | ETA at most " in line for line in progress), progress  # 4 trials of 16 batches at most
     assert progress[-1].endswith(" | ETA at most 0s"), progress
     for trial in stopped:

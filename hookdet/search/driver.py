@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional
 from hookdet.search import methods
 from hookdet.search.report import STATE_FILE
 from hookdet.search.settings import SearchSettings
-from hookdet.search.space import MasterRandom
+from hookdet.search.space import MasterRandom, searched_names
 from hookdet.search.store import Queue, StoreError, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
@@ -283,7 +283,7 @@ class Driver:
         search's counts and the best trial so far."""
         metric = self.settings.metric
         value = attrs.get("metric")  # the metric's name until a worker records the value
-        reached = (f"reached batch {attrs.get('batches')} ({metric} {value:.6g})"
+        reached = (f"reached batch {attrs.get('batches')} ({metric} {value:.4g})"
                    if attrs.get("exit_code") == 0 and isinstance(value, (int, float))
                    else f"ended (exit status {attrs.get('exit_code')})")
         outcome = {"queued": "goes on"}.get(trial["state"], trial["state"])
@@ -295,12 +295,24 @@ class Driver:
         line = f"search: trial {trial['number']} {reached}: {outcome} | {tally}"
         best = self.best_trial()
         if best is not None:
-            line += (f" | best: trial {best['number']}, {metric} {best['best']:.6g}, "
-                     f"{json.dumps(best['hparams'], sort_keys=True)}")
+            line += f" | best: trial {best['number']}, {metric} {best['best']:.4g} ({self.searched_values(best['hparams'])})"
         eta = self.eta_seconds()
         if eta is not None:
             line += f" | ETA at most {_duration(eta)}"
         return line
+
+    def searched_values(self, hparams: Dict[str, Any]) -> str:
+        """``learning_rate=0.1239, momentum=0.5825``: the hyperparameters the search varies (the
+        constants left out), numbers to 4 significant digits, so a decision line fits a row;
+        the summary and ``hookdet show`` give them in full."""
+        shown = []
+        for dotted in searched_names(self.space):
+            value: Any = hparams
+            for part in dotted.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value, separators=(",", ":"))
+            shown.append(f"{dotted}={text}")
+        return ", ".join(shown)
 
     def _batches_trained(self) -> int:
         return sum(int(trial.get("batches") or 0) for trial in self.state["trials"].values())
