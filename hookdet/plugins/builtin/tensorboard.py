@@ -20,9 +20,15 @@ every rank runs unchanged without several processes fighting over one directory.
 A resumed run marks its first step in the event file (a ``SessionLog.START`` at the resume
 point), so TensorBoard hides whatever the interrupted run wrote after its last checkpoint instead
 of drawing two curves over the same steps.
+
+Each run also records its hyperparameters for TensorBoard's HParams tab (nested ones by dotted
+name, values that are not numbers, strings or booleans as JSON) with the searcher metric as the
+metric: TensorBoard pointed at a search directory shows every trial's hyperparameters beside its
+``validation/<searcher metric>``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import numbers
 import time
@@ -51,6 +57,22 @@ WRITE_EVERY_S = 5.0
 def metric_tag(group: str, name: str) -> str:
     """The TensorBoard tag of metric ``name`` reported in ``group`` (``training/loss``)."""
     return f"{group}/{name}"
+
+
+def flat_hparams(hparams: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """Nested hyperparameters by dotted name; a value that is not a number, string or boolean
+    (a list, None) as its JSON text, the kinds the HParams tab shows."""
+    flat: Dict[str, Any] = {}
+    for name, value in hparams.items():
+        if isinstance(value, dict):
+            flat.update(flat_hparams(value, f"{prefix}{name}."))
+        elif isinstance(value, (bool, str)):
+            flat[f"{prefix}{name}"] = value
+        elif isinstance(value, numbers.Real):  # a NumPy number too, as Python's
+            flat[f"{prefix}{name}"] = int(value) if isinstance(value, numbers.Integral) else float(value)
+        else:
+            flat[f"{prefix}{name}"] = json.dumps(value, default=str)
+    return flat
 
 
 def _is_scalar(value: Any) -> bool:
@@ -138,8 +160,12 @@ class TensorBoardPlugin:
 
     @hookimpl
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
-        """On resume, tell TensorBoard to drop what an earlier attempt wrote past the checkpoint."""
-        if first_batch_idx <= 0 or not self._run.is_chief:
+        """Record the hyperparameters for the HParams tab; on resume, tell TensorBoard to drop
+        what an earlier attempt wrote past the checkpoint."""
+        if not self._run.is_chief:
+            return
+        self.write_hparams()
+        if first_batch_idx <= 0:
             return
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
@@ -148,6 +174,17 @@ class TensorBoardPlugin:
         self.get_writer().file_writer.add_event(
             Event(step=first_batch_idx + 1, session_log=SessionLog(status=SessionLog.START))
         )
+
+    def write_hparams(self) -> None:
+        """The run's hyperparameters and searcher metric, as TensorBoard's HParams plugin reads
+        them (an experiment summary and a session start, written by torch's own helper)."""
+        from torch.utils.tensorboard.summary import hparams
+
+        metric = metric_tag("validation", self._run.config.searcher.metric)
+        experiment, session_start, _ = hparams(flat_hparams(self._run.hparams), {metric: 0.0})
+        file_writer = self.get_writer()._get_file_writer()
+        for summary in (experiment, session_start):
+            file_writer.add_summary(summary)
 
     @hookimpl
     def hookdet_report_metrics(
