@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -115,11 +115,36 @@ def assert_optuna_dashboard_reads(search_dir: Path) -> None:
             except OSError:
                 time.sleep(0.3)
         assert studies is not None, dashboard.stderr.read() if dashboard.poll() is not None else "no answer"
-        (study,) = studies
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=30) as answer:
-            trials = json.load(answer)["trials"]
+        (study,) = [study for study in studies if not study["study_name"].endswith(":trials")]
+        (view,) = [each for each in studies if each["study_name"] == study["study_name"] + ":trials"]
+
+        def trials_of(one: Dict[str, Any]) -> List[Dict[str, Any]]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{one['study_id']}", timeout=30) as answer:
+                return json.load(answer)["trials"]
+
         stored = segments(search_dir)
-        assert [(t["number"], t["state"]) for t in trials] == [(s.number, s.state.name.capitalize()) for s in stored]
+        assert [(t["number"], t["state"]) for t in trials_of(study)] == [(s.number, s.state.name.capitalize()) for s in stored]
+        # the view: one Optuna trial per hookdet trial, its hyperparameters as parameters, its
+        # validations as intermediate values, stopped trials pruned, the others complete
+        state = json.loads((search_dir / "search-state.json").read_text())
+        hookdet_trials = sorted(state["trials"].values(), key=lambda trial: trial["number"])
+        view_trials = trials_of(view)
+        assert len(view_trials) == len(hookdet_trials)
+        expected_state = {"completed": "Complete", "stopped": "Pruned", "invalid_hp": "Fail", "errored": "Fail"}
+        # the dashboard's importance plot has what it needs: every searched hyperparameter ranked
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{view['study_id']}/param_importances",
+                                    timeout=120) as answer:
+            (importances,) = json.load(answer)["param_importances"]
+        assert {entry["name"] for entry in importances} == {param["name"] for param in view_trials[0]["params"]}
+        by_trial = {int(next(a["value"] for a in seen["user_attrs"] if a["key"] == "hookdet_trial")): seen
+                    for seen in view_trials}
+        for trial in hookdet_trials:
+            seen = by_trial[trial["number"]]
+            assert seen["state"] == expected_state[trial["state"]], (seen, trial)
+            assert seen["params"] and all(param["name"] for param in seen["params"]), seen
+            steps = [value["step"] for value in seen["intermediate_values"]]
+            assert steps == sorted(steps) and (max(steps) == trial["batches"] if trial["validations"] else not steps), \
+                (seen, trial)
     finally:
         dashboard.kill()
         dashboard.wait()
@@ -597,7 +622,13 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
         best_row = pick(rows, key=lambda row: float(row["best"]))
         assert (f"best: trial {best_row['trial']} (completed), validation_loss {float(best_row['best']):.6g}, "
                 f"hyperparameters {{") in printed[run_dir]
-    assert len(optuna.get_all_study_names(storage)) == 2
+    assert len(optuna.get_all_study_names(storage)) == 4  # each search's segments and its trial view
+    for run_dir, direction, pick in (("larger", "MAXIMIZE", max), ("smaller", "MINIMIZE", min)):
+        view = optuna.load_study(study_name=json.loads((tmp_path / run_dir / "search.json").read_text())["study"]
+                                 + ":trials", storage=storage)
+        rows = [row for row in summary(tmp_path / run_dir) if row["best"]]
+        assert view.direction.name == direction
+        assert view.best_trial.user_attrs["hookdet_trial"] == int(pick(rows, key=lambda row: float(row["best"]))["trial"])
 
     (tmp_path / "smaller" / "search-state.json").write_text("{not json")
     damaged = search(tmp_path, "random.yaml", "--resume", "smaller")

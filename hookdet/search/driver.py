@@ -34,6 +34,7 @@ from hookdet.search import methods
 from hookdet.search.report import STATE_FILE
 from hookdet.search.settings import SearchSettings
 from hookdet.search.space import MasterRandom, searched_names
+from hookdet.search.trial_view import TrialView
 from hookdet.search.store import Queue, StoreError, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
@@ -57,12 +58,23 @@ def _pid_alive(pid: Optional[int]) -> bool:
     return True
 
 
+def open_view(queue: Queue, space: Dict[str, Any], metric: str) -> Optional[TrialView]:
+    """The search's one-Optuna-trial-per-trial study (:mod:`.trial_view`), or None where the
+    store will not take it (said once; the search does not need it)."""
+    try:
+        return TrialView(queue, space, metric)
+    except Exception as error:  # noqa: BLE001 - each store backend has its own errors
+        logger.warning("hookdet: warning: no trial view of the search in its store: %s", error)
+        return None
+
+
 class Driver:
     def __init__(self, search_dir: Path, settings: SearchSettings, space: Dict[str, Any],
                  raw_config: Dict[str, Any], model_dir: Path, queue: Queue,
                  experiment_seed: int) -> None:
         self.search_dir, self.settings, self.space = Path(search_dir), settings, space
         self.raw_config, self.model_dir, self.queue = raw_config, Path(model_dir), queue
+        self.view = open_view(queue, space, settings.metric)
         self.method = settings.build(space)
         self.rand = MasterRandom(experiment_seed)
         self.ctx = methods.Context(self.rand, space)
@@ -277,6 +289,8 @@ class Driver:
         self.save()
         self.flush()
         print(self.progress_line(trial, attrs), flush=True)
+        if self.view is not None:
+            self.view.update(trial)
 
     def progress_line(self, trial: Dict[str, Any], attrs: Dict[str, Any]) -> str:
         """One line after each decision: what the segment gave, what became of its trial, the

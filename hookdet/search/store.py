@@ -255,7 +255,9 @@ class Queue:
 
     def _only_study(self) -> str:
         """The name of the store's one study; a store shared by searches needs the name."""
-        names = [summary.study_name for summary in self.storage.get_all_studies()]
+        from hookdet.search.trial_view import is_view
+
+        names = [summary.study_name for summary in self.storage.get_all_studies() if not is_view(summary.study_name)]
         if len(names) == 1:
             return names[0]
         raise StoreError(
