@@ -490,11 +490,21 @@ def two_workers_finish_a_search(tmp_path: Path, url: str) -> None:
                for i in range(2)]
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err[-3000:]
+    said = []
     for worker in workers:
-        assert worker.wait(timeout=300) == 0
+        worker_out, _ = worker.communicate(timeout=300)
+        assert worker.returncode == 0
+        said += worker_out.splitlines()
     done_by = {s.user_attrs["worker"] for s in segments(tmp_path / "shared")}
     assert done_by == {f"{os.uname().nodename}:{w.pid}" for w in workers}
     assert len(summary(tmp_path / "shared")) == 4
+    # each worker says which trial it trains, and how it ended
+    started = sorted(int(line.split()[2]) for line in said if line.startswith("worker: trial ") and " training " in line)
+    ended = [line for line in said if line.startswith("worker: trial ") and " ended at batch " in line]
+    assert started == [1, 2, 3, 4] and len(ended) == 4, said
+    assert all(re.search(r"ended at batch (\d+ \(validation_loss [\d.e+-]+\)|\?), exit status \d+, after [\d.]+ s$",
+                         line) for line in ended), ended
+    assert any(" exit status 0," in line for line in ended), ended
 
 
 def test_searchers_determined_removed_are_refused_with_its_reason(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
@@ -37,6 +37,8 @@ from hookdet.search.warm_start import SegmentProcess, start_segment
 
 logger = logging.getLogger("hookdet")
 HEARTBEAT_SECONDS = 2.0
+#: Seconds between a separate worker's progress lines while a segment trains.
+PROGRESS_EVERY_S = 30.0
 #: ``hookdet run``'s exit statuses a worker tells apart.
 PREEMPTED, INVALID_HP, BAD_INPUT = PREEMPTED_EXIT_CODE, INVALID_HP_EXIT_CODE, BAD_INPUT_EXIT_CODE
 
@@ -48,6 +50,23 @@ def validations(run_dir: Path, metric: str) -> List[List[float]]:
         for report in read_reports(run_dir)
         if report.get("group") == "validation" and metric in report["metrics"]
     ]
+
+
+def latest_batch(run_dir: Path) -> Optional[int]:
+    """The batch of the trial's newest report, from the end of its ``metrics.jsonl`` alone."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(path.stat().st_size - 4096, 0))
+            tail = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(tail):
+        try:
+            return int(json.loads(line)["steps_completed"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 class Slot:
@@ -97,6 +116,9 @@ class SegmentRunner:
         self.process: Optional[SegmentProcess] = None
         self._lock = threading.Lock()
         self.stopping = False
+        #: Where a separate worker says which trial it trains and how far it got (the driver's
+        #: own workers say nothing: its decision lines do).
+        self.say: Optional[Callable[[str], None]] = None
 
     def place(self, attrs: Dict[str, Any]) -> Tuple[Path, str, str]:
         """(run directory, experiment file, model directory) of a segment on this worker: the
@@ -152,8 +174,14 @@ class SegmentRunner:
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
-        status = self._wait(trial_id)
+        target = f"to batch {attrs['target']}" if attrs.get("target") else "to its end"
+        self._tell(f"worker: trial {attrs['trial']} training {target}"
+                   + (f" from batch {steps}" if steps else "") + f" in {run_dir}")
+        status = self._wait(trial_id, run_dir, attrs)
         found = validations(run_dir, attrs["metric"])
+        self._tell(f"worker: trial {attrs['trial']} ended at batch {found[-1][0] if found else '?'}"
+                   + (f" ({attrs['metric']} {found[-1][1]:.4g})" if found else "")
+                   + f", exit status {status}, after {time.time() - started:.1f} s")
         for batches, value in found:
             if steps is None or batches > steps:
                 self.queue.report(trial_id, int(batches), value)
@@ -164,12 +192,23 @@ class SegmentRunner:
                    "identity": read_identity(run_dir)}  # where any worker finds its checkpoints
         self.queue.finish(trial_id, outcome, ok=status == 0)
 
-    def _wait(self, trial_id: int) -> int:
+    def _tell(self, line: str) -> None:
+        if self.say is not None:
+            self.say(line)
+
+    def _wait(self, trial_id: int, run_dir: Path, attrs: Dict[str, Any]) -> int:
         assert self.process is not None
+        told_at, told = time.monotonic(), None
         while True:
             status = self.process.wait(timeout=HEARTBEAT_SECONDS)
             if status is not None:
                 return status
+            if self.say is not None and time.monotonic() - told_at >= PROGRESS_EVERY_S:
+                told_at, batches = time.monotonic(), latest_batch(run_dir)
+                if batches is not None and batches != told:
+                    told = batches
+                    of = f" of {attrs['target']}" if attrs.get("target") else ""
+                    self._tell(f"worker: trial {attrs['trial']} at batch {batches}{of}")
             try:
                 self.queue.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
             except StoreError:  # the store is gone: the segment checkpoints and stops, then we do
@@ -204,6 +243,7 @@ def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optiona
     queue = Queue(storage_url, study)
     slot = Slot(index, count, int(queue.info().get("slots_per_trial", 1)))
     runner = SegmentRunner(queue, slot, work_dir and work_dir.resolve(), model_dir and model_dir.resolve())
+    runner.say = lambda line: print(line, flush=True)
     done = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
