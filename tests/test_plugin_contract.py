@@ -145,6 +145,30 @@ def test_plugins_outside_hookdet_import_only_its_faces() -> None:
     assert problems == [], "\n".join(problems)
 
 
+def test_builtin_plugins_import_only_the_faces_too() -> None:
+    """hookdet's own plugins are held to the face a stranger gets: ``hookdet.plugin`` (and the
+    trial's ``hookdet.pytorch``), the checkpoint plugin also ``hookdet.plugin.checkpoint``, and
+    their own package; nothing behind them."""
+    problems = []
+    for path in sorted(BUILTINS.rglob("*.py")):
+        top = path.relative_to(BUILTINS).parts[0]
+        own = f"hookdet.plugins.builtin.{top[:-3] if top.endswith('.py') else top}"
+        allowed = FACES | ({"hookdet.plugin.checkpoint"} if own.endswith(".checkpoint") else set())
+        for line, module, _ in imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
+            if module.split(".")[0] == "hookdet" and module not in allowed and not (
+                    module == own or module.startswith(own + ".")):
+                problems.append(f"{relative(path)}:{line}: imports {module}")
+    assert problems == [], "\n".join(problems)
+
+
+def test_every_name_of_the_plugin_face_resolves() -> None:
+    """Each name ``hookdet.plugin`` offers (those resolved on first use too) is there."""
+    import hookdet.plugin as face
+
+    missing = [name for name in face.__all__ if getattr(face, name, None) is None]
+    assert missing == []
+
+
 def test_host_modules_import_no_builtin_plugin() -> None:
     problems = [
         f"{relative(path)}:{line}: imports {module}"

@@ -35,17 +35,17 @@ from typing import Any, Dict, Optional
 import pydantic
 import torch
 
-from hookdet.markers import hookimpl
-from hookdet.trial_api.mixed_precision import (
+from hookdet.plugin import (
+    DTYPE_NAMES,
+    TrialError,
     autocast_forward,
     dtype_name,
-    patch_forward,
-    DTYPE_NAMES,
+    hookimpl,
     known_dtype_name,
+    options_for,
+    patch_forward,
     resolve_half_dtype,
 )
-from hookdet.plugins.options import options_for
-from hookdet.trial_api.trial import TrialError
 
 logger = logging.getLogger("hookdet")
 

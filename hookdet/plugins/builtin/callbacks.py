@@ -15,8 +15,7 @@ import inspect
 import warnings
 from typing import Any, Callable, Dict
 
-from hookdet.markers import hookimpl
-from hookdet.trial_api.trial import PyTorchCallback
+from hookdet.plugin import PyTorchCallback, hookimpl
 
 LIFECYCLE_METHODS = (
     "on_trial_startup",

@@ -52,9 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hookdet.distributed.context import DistributedContext, TorchDistributedContext
-from hookdet.markers import hookimpl
-from hookdet.plugins.options import options_for
+from hookdet.plugin import DistributedContext, TorchDistributedContext, hookimpl, options_for
 
 logger = logging.getLogger("hookdet")
 

@@ -21,8 +21,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from hookdet.markers import hookimpl
-from hookdet.trial_api.trial import PyTorchTrial
+from hookdet.plugin import PyTorchTrial, hookimpl
 
 _TIMED_MARK = "_hookdet_timed"
 

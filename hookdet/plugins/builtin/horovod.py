@@ -32,8 +32,7 @@ from typing import Any, Dict, Generator, List, Optional
 
 import torch
 
-from hookdet.distributed.context import DistributedContext, HorovodDistributedContext
-from hookdet.markers import hookimpl
+from hookdet.plugin import DistributedContext, HorovodDistributedContext, hookimpl
 
 logger = logging.getLogger("hookdet")
 

@@ -15,8 +15,7 @@ from typing import Any, Dict
 
 import pydantic
 
-from hookdet.markers import hookimpl
-from hookdet.plugins.options import options_for
+from hookdet.plugin import hookimpl, options_for
 
 logger = logging.getLogger("hookdet")
 

@@ -22,9 +22,8 @@ import signal
 import threading
 from typing import Any, Dict, Optional
 
-from hookdet.exit_codes import PREEMPTED_EXIT_CODE, ExitReason  # noqa: F401 (``hookdet run``'s status after a stop)
-from hookdet.config import SEGMENT_END_ENV, Length, length_in_batches
-from hookdet.markers import hookimpl
+from hookdet.plugin import PREEMPTED_EXIT_CODE, ExitReason  # noqa: F401 (``hookdet run``'s status after a stop)
+from hookdet.plugin import SEGMENT_END_ENV, Length, hookimpl, length_in_batches
 
 logger = logging.getLogger("hookdet")
 

@@ -32,8 +32,7 @@ import pydantic
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from hookdet.markers import hookimpl
-from hookdet.plugins.options import options_for
+from hookdet.plugin import hookimpl, options_for
 
 logger = logging.getLogger("hookdet")
 

@@ -33,10 +33,7 @@ from typing import IO, Any, Dict, Optional
 
 import pydantic
 
-from hookdet.metrics.live_view import LiveView, format_duration, ordered_metrics
-from hookdet.markers import hookimpl
-from hookdet.plugin import WORKLOAD_METRICS
-from hookdet.plugins.options import options_for
+from hookdet.plugin import WORKLOAD_METRICS, LiveView, format_duration, hookimpl, options_for, ordered_metrics
 
 logger = logging.getLogger("hookdet")
 

@@ -29,9 +29,7 @@ from typing import IO, Any, List, Optional, Tuple
 
 import pydantic
 
-from hookdet.markers import hookimpl
-from hookdet.plugins.options import options_for
-from hookdet.runs.files import LOGS_DIR
+from hookdet.plugin import LOGS_DIR, hookimpl, options_for
 
 NAME = "run_log"
 #: Lines kept in memory before the run directory is known (the rest are dropped).

@@ -36,10 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pydantic
 
-from hookdet.markers import hookimpl
-from hookdet.plugin import TENSORBOARD_METRICS
-from hookdet.plugins.manager import PluginError
-from hookdet.plugins.options import options_for
+from hookdet.plugin import TENSORBOARD_METRICS, PluginError, hookimpl, options_for
 
 logger = logging.getLogger("hookdet")
 
@@ -235,4 +232,4 @@ class TensorBoardPlugin:
 
 
 # Determined's legacy writer lives at its Determined path; kept importable from here too.
-from hookdet.tensorboard.metric_writers.pytorch import TorchWriter  # noqa: E402,F401
+from hookdet.plugin import TorchWriter  # noqa: E402,F401

@@ -16,9 +16,7 @@ from hookdet.plugins.builtin.apex.options import (
     Properties,
     index_in,
 )
-from hookdet.markers import hookimpl
-from hookdet.trial_api.mixed_precision import autocast_forward, cast_tensors, dtype_name, patch_forward
-from hookdet.trial_api.trial import TrialError
+from hookdet.plugin import TrialError, autocast_forward, cast_tensors, dtype_name, hookimpl, patch_forward
 
 logger = logging.getLogger("hookdet")
 

@@ -10,8 +10,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 import pydantic
 import torch
 
-from hookdet.trial_api.mixed_precision import DTYPE_NAMES, known_dtype_name
-from hookdet.trial_api.trial import TrialError
+from hookdet.plugin import DTYPE_NAMES, TrialError, known_dtype_name
 
 NAME = "apex"
 STEPS_NAME = "apex:steps"

@@ -20,11 +20,7 @@ from hookdet.plugins.builtin.apex.options import (
     same_shape,
     wrapped_positions,
 )
-from hookdet.markers import hookimpl
-from hookdet.trial_api.mixed_precision import resolve_half_dtype
-from hookdet.plugins.manager import PluginError
-from hookdet.plugins.options import options_for
-from hookdet.trial_api.trial import TrialError
+from hookdet.plugin import PluginError, TrialError, hookimpl, options_for, resolve_half_dtype
 
 logger = logging.getLogger("hookdet")
 

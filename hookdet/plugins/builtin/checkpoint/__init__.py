@@ -52,21 +52,27 @@ from typing import Any, Dict, List, Optional
 import pydantic
 import torch
 
-from hookdet.checkpoints import format as fmt
-from hookdet.checkpoints import user_index
-from hookdet.trial_api import rng
-from hookdet.checkpoints.writer import BackgroundWriter, HostSnapshot, write_failed
-from hookdet.trial_api.cluster_info import get_cluster_info
-from hookdet.exit_codes import ExitReason
-from hookdet.markers import hookimpl
-from hookdet.plugin import TRIAL_CALLBACKS
-from hookdet.plugins.options import options_for
-from hookdet.runs.lock import noting_the_write
-from hookdet.runs.resume_report import report_resume
-from hookdet.checkpoints.storage import CheckpointNotFoundError
+from hookdet.plugin import (
+    TRIAL_CALLBACKS,
+    CheckpointNotFoundError,
+    ExitReason,
+    PyTorchCallback,
+    get_cluster_info,
+    hookimpl,
+    options_for,
+    rng,
+)
+from hookdet.plugin.checkpoint import (
+    BackgroundWriter,
+    HostSnapshot,
+    fmt,
+    noting_the_write,
+    report_resume,
+    user_index,
+    write_failed,
+)
 from hookdet.plugins.builtin.checkpoint.restore import find, located, metadata_of, plugin_call, restore_checkpoint
 from hookdet.plugins.builtin.checkpoint.retention import checkpoints_to_delete
-from hookdet.trial_api.trial import PyTorchCallback
 
 logger = logging.getLogger("hookdet")
 

@@ -12,13 +12,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from hookdet.trial_api import rng
-from hookdet.checkpoints import format as fmt
-from hookdet.checkpoints import lookup, user_index
-from hookdet.checkpoints.resolver import locate_for_resume, storage_holding
-from hookdet.checkpoints.storage import CheckpointNotFoundError, StorageError
-from hookdet.plugin import TRIAL_CALLBACKS
-from hookdet.plugins.manager import PluginError
+from hookdet.plugin import TRIAL_CALLBACKS, CheckpointNotFoundError, PluginError, StorageError, rng
+from hookdet.plugin.checkpoint import fmt, locate_for_resume, lookup, storage_holding, user_index
 
 logger = logging.getLogger("hookdet")
 

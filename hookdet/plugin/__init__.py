@@ -22,7 +22,17 @@ docs/writing-plugins.md walks through writing a plugin.
   ``PyTorchTrialContext`` what the trial-API hooks receive.
 * ``patch_forward`` and ``autocast_forward`` run a model's forward inside something (autocast)
   on that instance only: what a mixed-precision provider needs.
+
+Hookdet's own plugins are written against this face too (a test holds them to it as it holds a
+stranger's): what they need beyond the above is here, resolved on first use so that importing
+the face stays light — the trial API's ``PyTorchTrial``, ``PyTorchCallback``, ``TrialError`` and
+``get_cluster_info``; the run's end (``ExitReason``, ``PREEMPTED_EXIT_CODE``) and its RNG state
+(``rng``); mixed precision's dtype helpers; the distributed contexts of torch and Horovod; the
+progress view; lengths of the experiment file; Determined's ``TorchWriter``; and the run
+directory's ``LOGS_DIR``. A checkpoint plugin needs more: :mod:`hookdet.plugin.checkpoint`.
 """
+from typing import Any
+
 from hookdet.checkpoints.storage import (
     METADATA_FILE,
     CheckpointExistsError,
@@ -73,3 +83,42 @@ __all__ = [
     "read_seconds_option",
     "run_of",
 ]
+
+#: Names of the face resolved on first use: name -> (module, attribute). Importing them all at
+#: once would load the progress view (rich), TensorBoard's writer and more into every plugin.
+LAZY_NAMES = {
+    "PyTorchTrial": ("hookdet.trial_api.trial", "PyTorchTrial"),
+    "PyTorchCallback": ("hookdet.trial_api.trial", "PyTorchCallback"),
+    "TrialError": ("hookdet.trial_api.trial", "TrialError"),
+    "get_cluster_info": ("hookdet.trial_api.cluster_info", "get_cluster_info"),
+    "rng": ("hookdet.trial_api.rng", None),
+    "ExitReason": ("hookdet.exit_codes", "ExitReason"),
+    "PREEMPTED_EXIT_CODE": ("hookdet.exit_codes", "PREEMPTED_EXIT_CODE"),
+    "DTYPE_NAMES": ("hookdet.trial_api.mixed_precision", "DTYPE_NAMES"),
+    "cast_tensors": ("hookdet.trial_api.mixed_precision", "cast_tensors"),
+    "dtype_name": ("hookdet.trial_api.mixed_precision", "dtype_name"),
+    "known_dtype_name": ("hookdet.trial_api.mixed_precision", "known_dtype_name"),
+    "resolve_half_dtype": ("hookdet.trial_api.mixed_precision", "resolve_half_dtype"),
+    "TorchDistributedContext": ("hookdet.distributed.context", "TorchDistributedContext"),
+    "HorovodDistributedContext": ("hookdet.distributed.context", "HorovodDistributedContext"),
+    "LiveView": ("hookdet.metrics.live_view", "LiveView"),
+    "format_duration": ("hookdet.metrics.live_view", "format_duration"),
+    "ordered_metrics": ("hookdet.metrics.live_view", "ordered_metrics"),
+    "Length": ("hookdet.config", "Length"),
+    "length_in_batches": ("hookdet.config", "length_in_batches"),
+    "SEGMENT_END_ENV": ("hookdet.config", "SEGMENT_END_ENV"),
+    "TorchWriter": ("hookdet.tensorboard.metric_writers.pytorch", "TorchWriter"),
+    "LOGS_DIR": ("hookdet.runs.files", "LOGS_DIR"),
+}
+__all__ += sorted(LAZY_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`LAZY_NAMES`, imported now (PEP 562)."""
+    if name not in LAZY_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attribute = LAZY_NAMES[name]
+    found = importlib.import_module(module)
+    return found if attribute is None else getattr(found, attribute)
