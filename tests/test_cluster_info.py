@@ -133,8 +133,8 @@ def test_script_commands_run_as_determined_runs_them() -> None:
         "python3 -m determined.launch.torch_distributed -- python3 train.py", 2, [], "d.yaml"
     )
     assert is_launcher and env == {"USE_TORCH_DISTRIBUTED": "True"}
-    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
-    assert command[4:] == ["--nproc-per-node=2", "--no-python", "python3", "train.py"]
+    assert command[1].endswith("torchrun_agent.py") and command[2] == "--standalone"
+    assert command[3:] == ["--nproc-per-node=2", "--no-python", "python3", "train.py"]
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 from hookdet.errors import HookdetError
 from hookdet.trial_api.importing import SpecImportError, import_object
 from hookdet.errors import UsageError
-from hookdet.distributed.launcher import LAUNCHER_PID_ENV, TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
+from hookdet.distributed.launcher import TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
+from hookdet.distributed.orphans import LAUNCHER_PID_ENV
 from hookdet.runs.files import CONFIG_FILE
 from hookdet.cli.run_edges import (LateStop, launched_rank, print_summary, refuse_checkpoints_one_machine_keeps,
                                    refuse_what_cannot_be_resumed, says_what_the_file_holds, take_ctrl_c)

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-from hookdet.distributed.launcher import LAUNCHER_PID_ENV
+from hookdet.distributed.orphans import LAUNCHER_PID_ENV
 from hookdet.errors import UsageError
 
 logger = logging.getLogger("hookdet")

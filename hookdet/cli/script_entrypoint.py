@@ -28,20 +28,17 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
 from hookdet.errors import UsageError
-from hookdet.distributed.launcher import resume_target, this_node, torchrun_command
 from hookdet.distributed.launcher import (
-    CRASH_SIGNALS, RANK_ENTRY, killed_ranks, launcher_death_line, pump_filtered, signal_name,
-    stop_signals_passed_on,
+    CRASH_SIGNALS, RANK_ENTRY, killed_ranks, launcher_death_line, resume_target, run_passing_signals, signal_name,
+    this_node, torchrun_command,
 )
 
 logger = logging.getLogger("hookdet")
@@ -51,9 +48,6 @@ LAUNCH_LAYERS = ("torch_distributed", "horovod", "deepspeed")
 #: Each launch layer by its role (a launch layer's module name, not a plugin's).
 TORCH_LAYER, HOROVOD_LAYER, DEEPSPEED_LAYER = LAUNCH_LAYERS
 
-#: How long a plain command's leftover processes (a script under a shell that died of the
-#: signal) are waited for after the command itself exited.
-GROUP_EXIT_WAIT_SECONDS = 120
 
 #: Characters that make a command need a shell (``&&``, pipes, redirections, variables, globs).
 _SHELL_SYNTAX = re.compile(r"[|&;<>()$`*?\[\]{}~\n\\]")
@@ -164,7 +158,11 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
             else f"run directory {run_dir}"
         logger.info("running %s in %s (%s)", shlex.join(command), model_dir, where)
         killed_lines: List[str] = []
-        status = run_passing_signals(command, env, model_dir, to_group=not is_launcher, killed=killed_lines)
+        said: List[str] = []
+        status = run_passing_signals(command, env, said, killed_lines, cwd=model_dir, to_group=not is_launcher)
+        died = launcher_death_line(_launcher_name(command), status) if is_launcher else None
+        if died is not None and not said:
+            print(died, file=sys.stderr, flush=True)
         outcomes = cluster_info.read_outcomes(Path(info_dir))
     ranks = slots // node[1] if is_launcher else 1
     status = tell_killed_ranks(status, outcomes, ranks, killed_ranks(killed_lines))
@@ -271,59 +269,5 @@ def exit_status(status: int, outcomes: Dict[int, Optional[str]], ranks: int, is_
     return 128 - status if status < 0 else status
 
 
-def run_passing_signals(command: Sequence[str], env: Dict[str, str], cwd: Path, to_group: bool,
-                        killed: Optional[List[str]] = None) -> int:
-    """Run ``command`` in its own session, passing stop signals on; its exit status.
-
-    ``to_group``: signals go to the whole process group (a ``sh -c`` command's children too), and
-    the call returns only when every process of the group is gone, so a script still writing its
-    checkpoint is waited for even when the shell above it has died. Otherwise ``command`` is a
-    launcher: its stderr goes through :func:`hookdet.distributed.launcher.filter_launcher_stderr`, and its
-    death by a signal is said in one line; the lines naming ranks killed by a signal are appended
-    to ``killed``, for the caller to tell.
-    """
-    launcher = not to_group
-    process = subprocess.Popen(list(command), env=env, cwd=str(cwd), start_new_session=True,
-                               stderr=subprocess.PIPE if launcher else None)
-    said: List[str] = []
-    pump = pump_filtered(process.stderr, sys.stderr, said, killed) if launcher else None
-
-    def send(signum: int) -> None:
-        try:
-            if to_group:
-                os.killpg(process.pid, signum)
-            elif process.poll() is None:
-                process.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    try:
-        with stop_signals_passed_on(send, "the entrypoint"):
-            status = process.wait()
-            deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
-            while to_group and _group_alive(process.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-        if pump is not None:
-            pump.join(timeout=5)
-            died = launcher_death_line(_launcher_name(command), status)
-            if died is not None and not said:
-                print(died, file=sys.stderr, flush=True)
-        return status
-    finally:
-        if process.poll() is None:  # this process is dying of something else: take the script along
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def _launcher_name(command: Sequence[str]) -> str:
     return "horovodrun" if "horovod.runner.launch" in command else "torchrun"
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

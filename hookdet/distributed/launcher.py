@@ -1,51 +1,46 @@
-"""Process hygiene for ``hookdet run``'s multi-process launch: no orphans, no launcher noise.
+"""``hookdet run``'s multi-process launch: the launcher's command, what it and the ranks say,
+told once.
 
-- **No orphans.** torchrun starts each rank in a session of its own, and ``hookdet run`` starts
-  torchrun in one too, so no process-group signal reaches them all. Instead each link of the
-  chain asks the kernel for a *parent-death signal* (Linux ``prctl(PR_SET_PDEATHSIG)``): torchrun
-  gets SIGKILL when ``hookdet run`` dies, and each rank gets SIGKILL when torchrun dies. A
-  ``kill -9`` of ``hookdet run`` therefore ends torchrun and every rank within moments. The
-  launcher starts each rank with :mod:`hookdet.distributed.rank_entry` as its program (:data:`RANK_ENTRY`), so the request is
-  the rank's first act, before torch is imported; a rank that then finds ``hookdet run`` is no
-  longer among its ancestors (torchrun died first, and the rank was adopted by init or by a
-  *subreaper*, as a desktop ``systemd --user`` session is) exits at once.
-- **One voice.** torchrun's own log lines and its tracebacks (``ChildFailedError`` when a rank
-  failed, ``SignalException`` when it was told to stop) say nothing the ranks' statuses do not,
-  so :func:`filter_launcher_stderr` drops them, turns any other traceback of the launcher's own
-  (a bad option, a rendezvous backend it lacks) into one line, and passes every other line
-  through unchanged; the launcher then prints one line per failed rank from what the rank
-  recorded, or one line naming the launcher when it died itself (:func:`launcher_death_line`).
+- **No orphans** (:mod:`hookdet.distributed.orphans`): torchrun dies with ``hookdet run``, each
+  rank with torchrun; each rank runs :mod:`hookdet.distributed.rank_entry` (:data:`RANK_ENTRY`),
+  whose first act, before torch is imported, is to ask for that.
+- **Outcomes from records, not prose.** torchrun runs through
+  :mod:`hookdet.distributed.torchrun_agent` (:data:`TORCHRUN_AGENT`), which writes how it ended as
+  data from torch's own records (each failed rank's exit code and pid, or the launcher's own
+  exception); each rank writes its exit status and its one-line error into a directory of the
+  launch's (``HOOKDET_RANK_STATUS_DIR``). Together they decide what happened and to which rank:
+  one line per distinct failure, a rank killed by a signal named with it, the launcher's own
+  failure one line (:func:`tell_outcome`, :func:`failure_lines`, :func:`launcher_death_line`).
+- **One voice.** torchrun's log lines are dropped from its stderr (:func:`filter_launcher_stderr`),
+  and a traceback of horovodrun's own becomes one line; a rank's traceback passes on whole.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import json
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from hookdet.distributed.orphans import child_setup_for
 from hookdet.errors import UsageError
 
 logger = logging.getLogger("hookdet")
-
-PR_SET_PDEATHSIG = 1
 
 #: The signals a launcher passes on to what it started instead of stopping (SIGHUP as SIGTERM).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _TORCHRUN_LOG = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/")
 _TORCHRUN_EXCEPTIONS = ("ChildFailedError", "SignalException")
-#: The lines of torchrun's failure summary that say which rank ended how.
-_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-_SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
-#: The line :func:`filter_launcher_stderr` makes of a rank torchrun saw die of a signal.
+#: The line :func:`tell_outcome` makes of a rank torchrun saw die of a signal.
 KILLED_RANK = re.compile(r"^hookdet: error: rank (\d+) \(pid \d+\) was killed by (\w+)")
 #: Signals a rank dies of when it crashes by itself (not stopped by a launcher or a person).
 CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
@@ -58,95 +53,24 @@ _CHAINED = (
 )
 
 
-def set_parent_death_signal(signum: int = signal.SIGKILL, expected_parent: Optional[int] = None) -> bool:
-    """Ask the kernel to send ``signum`` to this process when its parent dies (Linux only).
-
-    If the parent is already gone (``os.getppid()`` is no longer ``expected_parent``, or is 1),
-    the signal is sent now. Returns whether the request could be made.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    parent = os.getppid()
-    if parent == 1 or (expected_parent is not None and parent != expected_parent):
-        os.kill(os.getpid(), signum)
-    return True
-
-
 #: The program ``hookdet run`` gives torchrun (or horovodrun) for each rank: this file.
 RANK_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_entry.py")
-#: The pid of the ``hookdet run`` that launched the ranks, passed to them in the environment.
-LAUNCHER_PID_ENV = "HOOKDET_LAUNCHER_PID"
-#: How far up a rank looks for its launcher (torchrun; horovodrun's gloo runner and shell).
-_ANCESTRY_DEPTH = 8
-
-
-def parent_of(pid: int) -> Optional[int]:
-    """The parent pid of ``pid`` (from ``/proc``), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def die_with_launcher() -> None:
-    """A rank's first act: SIGKILL when its parent dies, and exit now if the ``hookdet run`` that
-    launched it (``$HOOKDET_LAUNCHER_PID``) is no longer among its ancestors."""
-    set_parent_death_signal(signal.SIGKILL)
-    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
-    if not launcher.isdigit() or not sys.platform.startswith("linux"):
-        return
-    pid: Optional[int] = os.getpid()
-    for _ in range(_ANCESTRY_DEPTH):
-        pid = parent_of(pid) if pid is not None else None
-        if pid is None or pid <= 1:
-            break
-        if pid == int(launcher):
-            return
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def child_setup_for(launcher_pid: int):  # type: ignore[no-untyped-def]
-    """A ``preexec_fn`` for the launcher's child: die with the launcher."""
-
-    def setup() -> None:
-        set_parent_death_signal(signal.SIGKILL, expected_parent=launcher_pid)
-
-    return setup
-
+#: The program that runs torchrun for ``hookdet run``, writing how it ended (torchrun_agent.py).
+TORCHRUN_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_agent.py")
+#: The file :data:`TORCHRUN_AGENT` writes its outcome to.
+LAUNCH_OUTCOME_ENV = "HOOKDET_LAUNCH_OUTCOME"
 
 def filter_launcher_stderr(lines: Iterable[str]) -> Iterator[str]:
-    """The lines of torchrun's stderr (its ranks' included) without torchrun's own noise.
-
-    A traceback of the launcher's own (every frame in the launcher's package) becomes one line,
-    naming its last exception when exceptions were chained; torchrun's ``ChildFailedError`` and
-    ``SignalException`` become none (the ranks' statuses tell it), and its failure summary one
-    line per rank it saw die of a signal (a crash after the rank's last word, such as an abort
-    while its interpreter exits, is told nowhere else). A rank's traceback passes on whole.
+    """The lines of a launcher's stderr (its ranks' included) without the launcher's own noise:
+    torchrun's log lines, and a traceback of horovodrun's own (every frame in its package), which
+    becomes one line naming its last exception when exceptions were chained. (How torchrun's
+    ranks ended is not read from here: torchrun, run by :mod:`hookdet.distributed.torchrun_agent`,
+    records it as data.) A rank's traceback passes on whole.
     """
     pending: List[str] = []
     deferred: Optional[str] = None  # the launcher's one line, held while a chained one may follow
-    in_banner = False
-    summary_rank: Optional[str] = None
     for line in lines:
         stripped = line.rstrip("\n")
-        if in_banner:
-            in_banner = not stripped.startswith("=" * 20)
-            rank, ended = _SUMMARY_RANK.match(stripped), _SUMMARY_EXIT.match(stripped)
-            summary_rank = rank.group(1) if rank else summary_rank
-            if ended and summary_rank is not None and int(ended.group(1)) < 0:
-                yield (f"hookdet: error: rank {summary_rank} (pid {ended.group(2)}) was killed by "
-                       f"{signal_name(-int(ended.group(1)))}\n")
-            continue
-        if stripped.startswith("=" * 20):
-            in_banner = True
-            continue
         if _TORCHRUN_LOG.match(stripped):
             continue
         if pending:
@@ -207,19 +131,13 @@ def launcher_death_line(launcher: str, status: int, ranks_reported: Optional[int
     return None
 
 
-def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = None,
-                  killed: Optional[List[str]] = None) -> threading.Thread:
-    """Copy ``source`` (torchrun's stderr) to ``sink`` through the filter, in a thread; the
-    launcher's own one-line failures are also appended to ``said``. The lines naming a rank
-    killed by a signal go to ``killed`` instead of ``sink`` (read them with
-    :func:`killed_ranks`): the caller tells them, knowing whether the rank had finished."""
+def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = None) -> threading.Thread:
+    """Copy ``source`` (a launcher's stderr) to ``sink`` through the filter, in a thread; the
+    launcher's own one-line failures are also appended to ``said``."""
 
     def pump() -> None:
         lines = (raw.decode(errors="replace") for raw in iter(source.readline, b""))
         for line in filter_launcher_stderr(lines):
-            if killed is not None and KILLED_RANK.match(line):
-                killed.append(line.rstrip("\n"))
-                continue
             sink.write(line)
             sink.flush()
             if said is not None and line.startswith("hookdet: error: "):
@@ -236,6 +154,9 @@ def pump_filtered(source: IO[bytes], sink: IO[str], said: Optional[List[str]] = 
 # ---------------------------------------------------------------------------------------------
 
 
+#: How long a plain command's other processes are waited for once it ended (a script's children
+#: still writing their checkpoint), in seconds.
+GROUP_EXIT_WAIT_SECONDS = 120
 #: How long a rank refusing bad input waits for the other ranks of its machine to record theirs.
 SIBLING_REPORT_SECONDS = 30.0
 
@@ -379,7 +300,7 @@ def torchrun_command(
                 f"slots_per_trial {slots} cannot be split evenly across --nnodes={nnodes} machines"
             )
         per_node = slots // int(nnodes)
-    command: List[str] = [sys.executable, "-m", "torch.distributed.run"]
+    command: List[str] = [sys.executable, TORCHRUN_AGENT]
     rendezvous = ("--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--master-addr", "--master-port")
     if not any(option in values for option in rendezvous):
         command.append("--standalone")
@@ -409,29 +330,79 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
 
 
 def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str],
-                        killed: Optional[List[str]] = None, watch: Optional[Callable[[], None]] = None) -> int:
+                        killed: Optional[List[str]] = None, watch: Optional[Callable[[], None]] = None,
+                        cwd: Optional[Path] = None, to_group: bool = False) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status.
-    The launcher's own failures, each one line, are appended to ``said``; the lines naming ranks
-    killed by a signal to ``killed``. ``watch`` is called every few seconds while it runs."""
-    process = subprocess.Popen(
-        list(command), env=env, start_new_session=True, stderr=subprocess.PIPE,
-        preexec_fn=child_setup_for(os.getpid()),  # it dies with this process, even by SIGKILL
-    )
-    pump = pump_filtered(process.stderr, sys.stderr, said, killed)
+    ``watch`` is called every few seconds while it runs.
 
-    def send(signum: int) -> None:
-        if process.poll() is None:
-            process.send_signal(signum)
+    A launcher (torchrun, horovodrun; the default): signals go to it alone, it dies with this
+    process (even by SIGKILL), its stderr goes through :func:`filter_launcher_stderr`, and what
+    torchrun recorded of how it ended (:mod:`hookdet.distributed.torchrun_agent`) becomes lines:
+    its own failure, one line appended to ``said`` and printed; each rank it saw die of a signal,
+    a line appended to ``killed`` for the caller to tell. ``to_group`` (a plain command, a
+    ``sh -c`` one): signals go to its whole process group, its stderr is this process's, and the
+    call returns only when every process of the group is gone, so a script still writing its
+    checkpoint is waited for even when the shell above it has died.
+    """
+    with tempfile.TemporaryDirectory(prefix="hookdet-launch-") as outcome_dir:
+        outcome = Path(outcome_dir) / "outcome.json"
+        process = subprocess.Popen(
+            list(command), env=dict(env, **{LAUNCH_OUTCOME_ENV: str(outcome)}), cwd=cwd, start_new_session=True,
+            stderr=None if to_group else subprocess.PIPE, preexec_fn=None if to_group else child_setup_for(os.getpid()))
+        pump = None if to_group else pump_filtered(process.stderr, sys.stderr, said)
 
+        def send(signum: int) -> None:
+            try:
+                if to_group:
+                    os.killpg(process.pid, signum)
+                elif process.poll() is None:
+                    process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+        try:
+            with stop_signals_passed_on(send, "the entrypoint" if to_group else "the ranks"):
+                status = wait_watching(process, watch)
+                deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
+                while to_group and group_alive(process.pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            if pump is not None:
+                pump.join(timeout=5)
+            tell_outcome(outcome, said, killed)
+            return status
+        finally:
+            if process.poll() is None:  # this process is dying of something else: take them along
+                os.killpg(process.pid, signal.SIGKILL) if to_group else process.kill()
+                process.wait()
+
+
+def tell_outcome(outcome: Path, said: List[str], killed: Optional[List[str]]) -> None:
+    """What torchrun recorded in ``outcome`` (:mod:`hookdet.distributed.torchrun_agent`), as
+    lines: its own failure printed and added to ``said``; a rank killed by a signal added to
+    ``killed`` (as ``hookdet: error: rank N (pid P) was killed by SIGX``)."""
     try:
-        with stop_signals_passed_on(send, "the ranks"):
-            status = wait_watching(process, watch)
-        pump.join(timeout=5)
-        return status
-    finally:
-        if process.poll() is None:  # this process is dying of something else: take the ranks along
-            process.kill()
-            process.wait()
+        recorded = json.loads(outcome.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # it ended well, or it is not torchrun (horovodrun), or it was killed itself
+    if recorded.get("launcher_error"):
+        line = f"hookdet: error: torchrun failed: {recorded['launcher_error']}"
+        said.append(line)
+        print(line, file=sys.stderr, flush=True)
+    for rank, failure in sorted((recorded.get("failures") or {}).items(), key=lambda item: int(item[0])):
+        if killed is not None and failure.get("exitcode", 0) < 0:
+            killed.append(f"hookdet: error: rank {rank} (pid {failure.get('pid')}) was killed by "
+                          f"{signal_name(-failure['exitcode'])}")
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` is still there."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def wait_watching(process: subprocess.Popen, watch: Optional[Callable[[], None]], every: float = 2.0) -> int:

@@ -45,6 +45,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
+from hookdet.distributed.orphans import set_parent_death_signal
+
 logger = logging.getLogger("hookdet")
 
 #: Set to ``1`` to start each segment as a new interpreter instead of a fork of the warm process.
@@ -196,7 +198,7 @@ def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str
                cpus: Sequence[int]) -> SegmentProcess:
     """:func:`start_segment` as a new interpreter: ``python -m hookdet <argv>``."""
     def child_setup() -> None:
-        set_parent_death_signal()
+        set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
         if cpus and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cpus)
 
@@ -216,7 +218,7 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    set_parent_death_signal()
+    set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
     threads = env.get("OMP_NUM_THREADS", "")
@@ -238,13 +240,3 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
         sys.stdout.flush()
         sys.stderr.flush()
     sys.exit(status)
-
-
-def set_parent_death_signal() -> None:
-    """Get SIGTERM (checkpoint and stop) when the parent process dies without a word."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass

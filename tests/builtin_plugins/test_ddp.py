@@ -8,6 +8,7 @@ batch, so the same numbers are summed in a different order.
 """
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -394,13 +395,14 @@ def test_torchrun_command_one_machine_and_several() -> None:
     assert local == 4
     # Each rank runs hookdet's rank entry (hookdet/distributed/rank_entry.py), which asks for its parent-death
     # signal before it imports anything heavy.
-    assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", RANK_ENTRY, *argv]
+    # torchrun, through the agent that records how it ended (hookdet/distributed/torchrun_agent.py)
+    assert command[1:] == [hookdet_launcher.TORCHRUN_AGENT, "--standalone", "--nproc-per-node=4", RANK_ENTRY, *argv]
     assert Path(RANK_ENTRY) == Path(hookdet_launcher.__file__).with_name("rank_entry.py") and Path(RANK_ENTRY).is_file()
 
     options = ["--nnodes=2", "--node-rank=1", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-backend=c10d"]
     command, local = hookdet_launcher.torchrun_command(argv, 4, options)
     assert local == 2 and "--standalone" not in command
-    assert command[3:] == ["--nproc-per-node=2", *options, RANK_ENTRY, *argv]
+    assert command[2:] == ["--nproc-per-node=2", *options, RANK_ENTRY, *argv]
 
     with pytest.raises(UsageError, match="cannot be split evenly"):
         hookdet_launcher.torchrun_command(argv, 3, ["--nnodes=2"])
@@ -427,44 +429,29 @@ def test_a_rank_that_left_its_message_but_no_status_is_not_called_dead(tmp_path:
         "hookdet: error: rank 1 ended without a status (killed by a signal, or out of memory); the other ranks were stopped",
     ]
     assert hookdet_launcher.failure_lines(tmp_path / "none", {}, 2) == []  # nobody said anything: no guess
-    # A death torchrun's summary told names the signal instead.
+    # A death torchrun recorded names the signal instead.
     killed = hookdet_launcher.killed_ranks(["hookdet: error: rank 1 (pid 7) was killed by SIGKILL"])
     assert killed == {1: ("SIGKILL", "hookdet: error: rank 1 (pid 7) was killed by SIGKILL")}
     assert hookdet_launcher.failure_lines(tmp_path, {}, 2, killed) == [
         lines[0], "hookdet: error: rank 1 (pid 7) was killed by SIGKILL; the other ranks were stopped"]
 
 
-TORCHRUN_SUMMARY = """\
-Traceback (most recent call last):
-  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
-    raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
-======================================================
-train.py FAILED
-------------------------------------------------------
-Failures:
-  <NO_OTHER_FAILURES>
-------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-27_01:28:49
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : -6 (pid: 12577)  (SIGABRT)
-  error_file: <N/A>
-  traceback : Signal 6 (SIGABRT) received by PID 12577
-======================================================
-"""
-
-
-def test_a_rank_torchrun_saw_die_of_a_signal_is_one_line() -> None:
-    """A rank aborting after its last word (as it exits) is told by torchrun's summary only: it
-    becomes one line naming the rank, its pid and the signal; a status-only failure none."""
-    lines = list(hookdet_launcher.filter_launcher_stderr(TORCHRUN_SUMMARY.splitlines(keepends=True)))
-    assert lines == ["hookdet: error: rank 1 (pid 12577) was killed by SIGABRT\n"]
-    assert hookdet_launcher.KILLED_RANK.match(lines[0]).group(1) == "1"
-    exited = TORCHRUN_SUMMARY.replace("-6 (pid: 12577)  (SIGABRT)", "1 (pid: 12577)")
-    assert list(hookdet_launcher.filter_launcher_stderr(exited.splitlines(keepends=True))) == []
+def test_a_rank_torchrun_saw_die_of_a_signal_is_one_line(tmp_path: Path) -> None:
+    """How torchrun's ranks ended is read from what it recorded as data (its ``ProcessFailure``
+    records, written by hookdet's torchrun agent), not from its failure summary's text: a rank
+    killed by a signal becomes one line naming the rank, its pid and the signal; a rank that
+    exited with a status none (its own status file tells it); torchrun's own failure one line."""
+    outcome = tmp_path / "outcome.json"
+    outcome.write_text(json.dumps({"failures": {"1": {"exitcode": -6, "pid": 12577, "local_rank": 1},
+                                                "0": {"exitcode": 1, "pid": 12576, "local_rank": 0}}}))
+    said: List[str] = []
+    killed: List[str] = []
+    hookdet_launcher.tell_outcome(outcome, said, killed)
+    assert killed == ["hookdet: error: rank 1 (pid 12577) was killed by SIGABRT"] and said == []
+    assert hookdet_launcher.killed_ranks(killed) == {1: ("SIGABRT", killed[0])}
+    outcome.write_text(json.dumps({"launcher_error": "RendezvousTimeoutError: no peers came"}))
+    hookdet_launcher.tell_outcome(outcome, said, killed)
+    assert said == ["hookdet: error: torchrun failed: RendezvousTimeoutError: no peers came"]
 
 
 def test_torchrun_options_are_refused_for_horovod(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

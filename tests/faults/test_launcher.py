@@ -146,7 +146,7 @@ def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
 
 
 def is_torchrun(command: List[bytes]) -> bool:
-    return command[1:3] == [b"-m", b"torch.distributed.run"]
+    return len(command) > 1 and command[1].endswith(b"torchrun_agent.py")
 
 
 def rank_pids(launcher_pid: int) -> List[int]:
@@ -163,18 +163,34 @@ def rank_pids(launcher_pid: int) -> List[int]:
     return ranks
 
 
-def start_two_ranks_training(tmp_path: Path, sleep: float) -> "tuple[subprocess.Popen, Path]":
-    """``hookdet run`` of 2 slots, returned once both ranks train."""
+#: A ``sitecustomize`` that rewords what torchrun says of its failures, in every process.
+REWORDING = """
+from torch.distributed.elastic.multiprocessing import errors
+errors.ChildFailedError.format_msg = lambda self, *args, **kwargs: "torch said this another way"
+errors.ProcessFailure.signal_name = lambda self: "a signal, in other words"
+"""
+
+
+def start_two_ranks_training(tmp_path: Path, sleep: float, reworded: bool = False) -> "tuple[subprocess.Popen, Path]":
+    """``hookdet run`` of 2 slots, returned once both ranks train; with ``reworded``, torch's
+    failure text is not what it was (:data:`REWORDING`)."""
     run_dir = tmp_path / "run"
-    process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=sleep)), "--run-dir", str(run_dir)])
+    env = {}
+    if reworded:
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(REWORDING)
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(REPO)])
+    process = start(["run", str(write_config(tmp_path / "exp.yaml", sleep=sleep)), "--run-dir", str(run_dir)], env)
     wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(rank_pids(process.pid)) == 2, process,
                "two ranks training", timeout=300)
     return process, run_dir
 
 
 @pytest.mark.slow
-def test_a_rank_killed_by_sigkill_is_named_and_no_gloo_traceback_is_shown(tmp_path: Path) -> None:
-    process, _ = start_two_ranks_training(tmp_path, sleep=0.05)
+@pytest.mark.parametrize("reworded", [False, True], ids=["torchs-words", "torch-reworded"])
+def test_a_rank_killed_by_sigkill_is_named_and_no_gloo_traceback_is_shown(tmp_path: Path, reworded: bool) -> None:
+    """Named from what torchrun recorded as data, so the same when torch words it otherwise."""
+    process, _ = start_two_ranks_training(tmp_path, sleep=0.05, reworded=reworded)
     victim = max(rank_pids(process.pid))  # the later-started rank
     os.kill(victim, signal.SIGKILL)
     status, _, stderr = finish(process, "2 ranks: one rank SIGKILLed", since=time.monotonic())
