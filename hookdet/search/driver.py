@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -33,7 +34,8 @@ from typing import Any, Dict, List, Optional
 from hookdet.search import methods
 from hookdet.search.report import STATE_FILE
 from hookdet.search.settings import SearchSettings
-from hookdet.search.space import MasterRandom, searched_names
+from hookdet.search.live_view import SearchView, best_words, decision_line
+from hookdet.search.space import MasterRandom
 from hookdet.search.trial_view import TrialView
 from hookdet.search.store import Queue, StoreError, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
@@ -41,9 +43,6 @@ from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunne
 logger = logging.getLogger("hookdet")
 #: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
 STALE_SECONDS = 60.0
-#: Trial states the live line counts by name (as the summary and ``hookdet runs`` call them);
-#: the others (queued, running) are "open".
-TALLIED = ("paused", "stopped", "completed", "invalid_hp", "errored")
 
 
 def _pid_alive(pid: Optional[int]) -> bool:
@@ -75,6 +74,7 @@ class Driver:
         self.search_dir, self.settings, self.space = Path(search_dir), settings, space
         self.raw_config, self.model_dir, self.queue = raw_config, Path(model_dir), queue
         self.view = open_view(queue, space, settings.metric)
+        self.live: Optional[SearchView] = None  # the terminal's view, while run() runs in one
         self.method = settings.build(space)
         self.rand = MasterRandom(experiment_seed)
         self.ctx = methods.Context(self.rand, space)
@@ -288,45 +288,24 @@ class Driver:
         self.state["processed"].append(attrs["key"])
         self.save()
         self.flush()
-        print(self.progress_line(trial, attrs), flush=True)
+        self.say(decision_line(self, trial, attrs))
         if self.view is not None:
             self.view.update(trial)
 
-    def progress_line(self, trial: Dict[str, Any], attrs: Dict[str, Any]) -> str:
-        """One line after each decision: what the segment gave, what became of its trial, the
-        search's counts and the best trial so far."""
-        metric = self.settings.metric
-        value = attrs.get("metric")  # the metric's name until a worker records the value
-        reached = (f"reached batch {attrs.get('batches')} ({metric} {value:.4g})"
-                   if attrs.get("exit_code") == 0 and isinstance(value, (int, float))
-                   else f"ended (exit status {attrs.get('exit_code')})")
-        outcome = {"queued": "goes on"}.get(trial["state"], trial["state"])
-        counts: Dict[str, int] = {}
-        for each in self.state["trials"].values():  # the summary's words, errored apart from InvalidHP
-            state = each["state"] if each["state"] in TALLIED else "open"
-            counts[state] = counts.get(state, 0) + 1
-        tally = ", ".join(f"{state} {counts[state]}" for state in ("open",) + TALLIED if counts.get(state))
-        line = f"search: trial {trial['number']} {reached}: {outcome} | {tally}"
-        best = self.best_trial()
-        if best is not None:
-            line += f" | best: trial {best['number']}, {metric} {best['best']:.4g} ({self.searched_values(best['hparams'])})"
-        eta = self.eta_seconds()
-        if eta is not None:
-            line += f" | ETA at most {_duration(eta)}"
-        return line
+    def say(self, line: str) -> None:
+        """A decision line: above the live view in a terminal, else printed."""
+        if self.live is not None:
+            self.live.say(line)
+        else:
+            print(line, flush=True)
 
-    def searched_values(self, hparams: Dict[str, Any]) -> str:
-        """``learning_rate=0.1239, momentum=0.5825``: the hyperparameters the search varies (the
-        constants left out), numbers to 4 significant digits, so a decision line fits a row;
-        the summary and ``hookdet show`` give them in full."""
-        shown = []
-        for dotted in searched_names(self.space):
-            value: Any = hparams
-            for part in dotted.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
-            text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value, separators=(",", ":"))
-            shown.append(f"{dotted}={text}")
-        return ", ".join(shown)
+    def show_live(self) -> None:
+        """Hand the live view what it draws: the trials as they are now, those at work."""
+        if self.live is not None:
+            running = {segment.user_attrs.get("request_id") for segment in self.queue.segments()
+                       if segment.state.name == "RUNNING"}
+            trials = [dict(trial) for trial in self.state["trials"].values()]
+            self.live.show(trials, running, best_words(self))
 
     def _batches_trained(self) -> int:
         return sum(int(trial.get("batches") or 0) for trial in self.state["trials"].values())
@@ -422,11 +401,15 @@ class Driver:
             thread.start()
             threads.append(thread)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if sys.stdout.isatty():
+            self.live = SearchView(sys.stdout, self.settings.metric)
+            self.live.open()
         try:
             while True:
                 seen = self.queue.generation()
                 try:
                     over = self.poll()
+                    self.show_live()
                 except StoreError as error:
                     self.store_failure = self.store_failure or error
                 if self.store_failure is not None:
@@ -438,6 +421,9 @@ class Driver:
             done.set()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.live is not None:
+                self.live.close()
+                self.live = None
         if over:
             self.poll()
             self.state["finished"] = True
@@ -485,12 +471,3 @@ def refusal_of(log: Path) -> str:
         lines = []
     said = [line for line in lines if line.startswith("hookdet: error: ")]
     return said[-1][len("hookdet: error: "):] if said else "hookdet run refused it"
-
-
-def _duration(seconds: float) -> str:
-    """``45s``, ``12m``, ``3h05m``."""
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f}m"
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
