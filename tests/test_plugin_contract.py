@@ -154,10 +154,15 @@ def test_builtin_plugins_import_only_the_faces_too() -> None:
         top = path.relative_to(BUILTINS).parts[0]
         own = f"hookdet.plugins.builtin.{top[:-3] if top.endswith('.py') else top}"
         allowed = FACES | ({"hookdet.plugin.checkpoint"} if own.endswith(".checkpoint") else set())
-        for line, module, _ in imported_modules(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for line, module, _ in imported_modules(tree):
             if module.split(".")[0] == "hookdet" and module not in allowed and not (
                     module == own or module.startswith(own + ".")):
                 problems.append(f"{relative(path)}:{line}: imports {module}")
+        in_a_package = path.parent != BUILTINS  # only there does ``from .x`` stay in the plugin
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level and (node.level > 1 or not in_a_package):
+                problems.append(f"{relative(path)}:{node.lineno}: a relative import out of its plugin")
     assert problems == [], "\n".join(problems)
 
 

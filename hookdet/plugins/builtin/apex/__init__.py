@@ -35,7 +35,7 @@ Split along its seams: :mod:`.options` (settings, the opt-level table, argument 
 :mod:`.backends` (NVIDIA apex and the torch.amp emulation, model casting) and :mod:`.plugin`
 (the plugin class and its hooks).
 """
-from hookdet.plugins.builtin.apex.options import NAME
-from hookdet.plugins.builtin.apex.plugin import ApexPlugin
+from .options import NAME
+from .plugin import ApexPlugin
 
 __all__ = ["NAME", "ApexPlugin"]

@@ -8,7 +8,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from hookdet.plugins.builtin.apex.options import (
+from hookdet.plugin import TrialError, autocast_forward, cast_tensors, dtype_name, hookimpl, patch_forward
+
+from .options import (
     HALF,
     INIT_SCALE,
     SCALE_FACTOR,
@@ -16,7 +18,6 @@ from hookdet.plugins.builtin.apex.options import (
     Properties,
     index_in,
 )
-from hookdet.plugin import TrialError, autocast_forward, cast_tensors, dtype_name, hookimpl, patch_forward
 
 logger = logging.getLogger("hookdet")
 

@@ -8,8 +8,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from hookdet.plugins.builtin.apex.backends import ApexBackend, ApexSteps, TorchBackend
-from hookdet.plugins.builtin.apex.options import (
+from hookdet.plugin import PluginError, TrialError, hookimpl, options_for, resolve_half_dtype
+
+from .backends import ApexBackend, ApexSteps, TorchBackend
+from .options import (
     NAME,
     STEPS_NAME,
     ApexSettings,
@@ -20,7 +22,6 @@ from hookdet.plugins.builtin.apex.options import (
     same_shape,
     wrapped_positions,
 )
-from hookdet.plugin import PluginError, TrialError, hookimpl, options_for, resolve_half_dtype
 
 logger = logging.getLogger("hookdet")
 

@@ -71,8 +71,8 @@ from hookdet.plugin.checkpoint import (
     user_index,
     write_failed,
 )
-from hookdet.plugins.builtin.checkpoint.restore import find, located, metadata_of, plugin_call, restore_checkpoint
-from hookdet.plugins.builtin.checkpoint.retention import checkpoints_to_delete
+from .restore import find, located, metadata_of, plugin_call, restore_checkpoint
+from .retention import checkpoints_to_delete
 
 logger = logging.getLogger("hookdet")
 
