@@ -75,6 +75,7 @@ class Driver:
         self.raw_config, self.model_dir, self.queue = raw_config, Path(model_dir), queue
         self.view = open_view(queue, space, settings.metric)
         self.live: Optional[SearchView] = None  # the terminal's view, while run() runs in one
+        self.segments_seen: List[Any] = []  # what the last poll read of the store
         self.method = settings.build(space)
         self.rand = MasterRandom(experiment_seed)
         self.ctx = methods.Context(self.rand, space)
@@ -300,9 +301,10 @@ class Driver:
             print(line, flush=True)
 
     def show_live(self) -> None:
-        """Hand the live view what it draws: the trials as they are now, those at work."""
+        """Hand the live view what it draws: the trials as they are now, those at work (from the
+        segments :meth:`poll` just read)."""
         if self.live is not None:
-            running = {segment.user_attrs.get("request_id") for segment in self.queue.segments()
+            running = {segment.user_attrs.get("request_id") for segment in self.segments_seen
                        if segment.state.name == "RUNNING"}
             trials = [dict(trial) for trial in self.state["trials"].values()]
             self.live.show(trials, running, best_words(self))
@@ -359,7 +361,7 @@ class Driver:
         while True:  # in number order, stopping at the first still at work; read again after
             # each decision, which may have queued a retry that comes before what was read
             processed = set(self.state["processed"])
-            segments = self.queue.segments()
+            segments = self.segments_seen = self.queue.segments()
             unprocessed = sorted((s for s in segments if s.user_attrs.get("key") not in processed),
                                  key=sequence_number)
             if not unprocessed or unprocessed[0].state.name not in done_states:

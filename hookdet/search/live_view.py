@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.text import Text
 
 from hookdet.search.space import searched_names
+from hookdet.search.trial_view import value_at
 from hookdet.search.worker import latest_batch
 
 #: Redraws per second.
@@ -131,9 +132,7 @@ def searched_values(space: Dict[str, Any], hparams: Dict[str, Any]) -> str:
     summary and ``hookdet show`` give them in full."""
     shown = []
     for dotted in searched_names(space):
-        value: Any = hparams
-        for part in dotted.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+        value = value_at(hparams, dotted)
         text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value, separators=(",", ":"))
         shown.append(f"{dotted}={text}")
     return ", ".join(shown)
