@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hookdet.exit_codes import INVALID_HP_EXIT_CODE
 
-__all__ = ["ArgumentTypeError", "HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP", "PluginError", "UsageError"]
+__all__ = ["ArgumentTypeError", "HookdetError", "INVALID_HP_EXIT_CODE", "InvalidHP", "PluginError", "TrialError", "UsageError"]
 
 
 class HookdetError(Exception):
@@ -15,6 +15,10 @@ class HookdetError(Exception):
 
 class UsageError(HookdetError):
     """A command-line or entrypoint problem; printed as one line."""
+
+
+class TrialError(HookdetError):
+    """A trial broke the ``PyTorchTrial`` contract; the message names the method."""
 
 
 class PluginError(HookdetError):

@@ -366,7 +366,7 @@ def test_unimplemented_per_batch_hooks_are_never_called(tmp_path: Path) -> None:
         trial = OneWeightTrial(context)
         trial.build_callbacks = lambda: {}  # type: ignore[method-assign]
         pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(8), reporting_period=pytorch.Batch(4))
-    per_batch = {"hookdet_train_batch", "hookdet_backward", "hookdet_step_optimizer", "hookdet_train_batch_end",
+    per_batch = {"hookdet_train_batch", "hookdet_make_precision", "hookdet_step_optimizer", "hookdet_train_batch_end",
                  "hookdet_prepare_gradients", "on_before_optimizer_step", "hookdet_validation_batch_end"}
     assert not per_batch & set(calls)
     # Nor are the training loop's per-epoch and per-report hooks that nothing implements ...

@@ -460,8 +460,9 @@ def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
     trial, dtypes = fit_recording_dtypes("amp_pytorch", "MNistAutoAMPTrial", tmp_path / "run", batches=20)
     reduced = torch.float16 if torch.cuda.is_available() else torch.bfloat16
     assert dtypes == {reduced}, "every convolution ran in reduced precision"
-    amp = run_of(trial.context).plugins.get("amp")
-    assert amp is not None and amp.mode == "auto" and amp.dtype == reduced
+    precision = trial.context.precision
+    assert run_of(trial.context).plugins.get("amp") is not None
+    assert precision.name == "amp" and precision.mode == "auto" and precision.dtype == reduced
     for value in trial.model.state_dict().values():
         assert value.dtype == torch.float32, "weights stay float32 under autocast"
     (validation,) = validations(tmp_path / "run")

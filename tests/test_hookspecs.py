@@ -13,10 +13,10 @@ import hookdet.plugin
 from hookdet import pytorch
 from hookdet.plugins import hookspecs
 from hookdet.markers import hookimpl
-from hookdet.plugins.selection import DEFAULT_PROVIDERS
+from hookdet.plugins.selection import DEFAULT_PROVIDERS, PRECISION_FOR_CALL
 from hookdet.plugins.manager import PluginError, installed_plugins
 from hookdet.plugins.builtin.callbacks import LIFECYCLE_METHODS
-from hookdet.plugin import run_of
+from hookdet.plugin import Precision, run_of
 from tests.support.hook_recorder import SPEC_NAMES, HookRecorder
 from tests.support.trials import OneWeightTrial
 
@@ -107,49 +107,57 @@ def test_every_spec_fires(tmp_path: Path) -> None:
     assert fired >= expected, f"never fired: {sorted(expected - fired)}"
 
 
-#: Provider hooks only the trial's own calls reach (fired by the test below).
+#: Provider hooks only the trial's own calls reach, or only a plugin of the trial's (a
+#: precision) answers (fired by the test below).
 TRIAL_API_PROVIDERS = (
-    "hookdet_use_amp",
-    "hookdet_wrap_scaler",
-    "hookdet_configure_apex_amp",
+    "hookdet_make_precision",
     "hookdet_set_profiler",
-    "hookdet_autocast_forward_pass",
     "hookdet_make_tensorboard_writer",
     "hookdet_resume_point",
 )
 
 
+class RecordingPrecision(Precision):
+    """A precision that records Determined's mixed-precision switches and changes nothing."""
+
+    name = "AnswersTheTrialApi"
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def use_amp(self, context: Any) -> None:
+        self.calls.append("use_amp")
+
+    def wrap_scaler(self, context: Any, scaler: Any) -> Any:
+        self.calls.append("wrap_scaler")
+        return scaler
+
+    def configure_apex_amp(self, context: Any, models: Any, optimizers: Any, **arguments: Any) -> Any:
+        self.calls.append(("configure_apex_amp", arguments))
+        return models, optimizers
+
+    def autocast_forward_pass(self, context: Any, module: Any) -> Any:
+        self.calls.append("autocast_forward_pass")
+        return module
+
+
 class AnswersTheTrialApi:
-    """Answers every provider hook of the trial API, so no built-in is loaded for them."""
+    """Answers every provider hook of the trial API, and gives the run's precision, so no
+    built-in is loaded for them."""
 
     def __init__(self) -> None:
         self.calls: list = []
         self.writer = object()
+        self.precision = RecordingPrecision(self.calls)
 
     @hookimpl
-    def hookdet_use_amp(self, context: Any) -> bool:
-        self.calls.append("hookdet_use_amp")
-        return True
-
-    @hookimpl
-    def hookdet_wrap_scaler(self, context: Any, scaler: Any) -> Any:
-        self.calls.append("hookdet_wrap_scaler")
-        return scaler
-
-    @hookimpl
-    def hookdet_configure_apex_amp(self, context: Any, models: Any, optimizers: Any, args: Any, kwargs: Any) -> Any:
-        self.calls.append(("hookdet_configure_apex_amp", tuple(args), dict(kwargs)))
-        return models, optimizers
+    def hookdet_make_precision(self, run: Any) -> Any:
+        return self.precision
 
     @hookimpl
     def hookdet_set_profiler(self, context: Any, args: Any, kwargs: Any) -> bool:
         self.calls.append(("hookdet_set_profiler", tuple(args), dict(kwargs)))
         return True
-
-    @hookimpl
-    def hookdet_autocast_forward_pass(self, context: Any, module: Any) -> Any:
-        self.calls.append("hookdet_autocast_forward_pass")
-        return module
 
     @hookimpl
     def hookdet_make_tensorboard_writer(self, run: Any) -> Any:
@@ -171,8 +179,9 @@ APEX_DEFAULTS = {
 
 
 def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
-    """The context reaches plugins only through hooks: a plugin answering them replaces amp,
-    apex, the profiler, TensorBoard's writer and the resume point, and none of those loads."""
+    """The context reaches plugins only through hooks (and the precision one of them gives): a
+    plugin answering them replaces amp, apex, the profiler, TensorBoard's writer and the resume
+    point, and none of those loads."""
     provider = AnswersTheTrialApi()
     exp_conf = {"plugins": {"only": []}}
     with pytorch.init(hparams={"lr": 0.1}, exp_conf=exp_conf, run_dir=tmp_path, plugins=[provider]) as context:
@@ -191,12 +200,12 @@ def test_every_trial_api_call_is_a_provider_hook(tmp_path: Path) -> None:
         assert context.get_initial_batch() == 7
         loaded = set(run.plugins.named_plugins())
     assert provider.calls == [
-        "hookdet_use_amp",
-        "hookdet_wrap_scaler",
+        "use_amp",
+        "wrap_scaler",
         # Determined's named parameters, every one passed on (opt_level as given).
-        ("hookdet_configure_apex_amp", (), dict(APEX_DEFAULTS, opt_level="O2")),
+        ("configure_apex_amp", dict(APEX_DEFAULTS, opt_level="O2")),
         ("hookdet_set_profiler", (), {"record_shapes": True}),
-        "hookdet_autocast_forward_pass",
+        "autocast_forward_pass",
         "hookdet_make_tensorboard_writer",
         ("hookdet_resume_point", "some-checkpoint"),
     ]
@@ -218,3 +227,5 @@ def test_every_provider_with_a_builtin_answer_names_an_installed_plugin() -> Non
         assert hook_name in SPEC_NAMES and getattr(hookspecs, hook_name).hookdet_spec["firstresult"], hook_name
         assert plugin_name in installed, plugin_name
         assert hook_name in hookspecs.TRIAL_API_HOOKS, hook_name
+    for call, plugin_name in PRECISION_FOR_CALL.items():
+        assert callable(getattr(Precision, call)) and plugin_name in installed, call

@@ -36,9 +36,10 @@ ALLOWED_REACHES: Dict[Tuple[str, str], str] = {
         "SummaryWriter's file writer, reopened if the trial closed it; what add_scalar itself calls",
 }
 
-#: Methods only a particular plugin has: the host reaches them through hooks instead.
-PLUGIN_METHODS = {"use_amp", "wrap_scaler", "configure_apex_amp", "get_writer", "set_profiler",
-                  "add_callbacks", "resume_point", "callbacks"}
+#: Methods only a particular plugin has: the host reaches them through hooks instead. (The
+#: mixed-precision switches, ``use_amp`` and the like, are methods of the documented
+#: ``Precision`` protocol, which the context calls on whatever ``hookdet_make_precision`` gave.)
+PLUGIN_METHODS = {"get_writer", "set_profiler", "add_callbacks", "resume_point", "callbacks"}
 
 #: Host modules that name built-ins by design (see the module docstring).
 NAMING_MODULES = {"hookdet/plugins/selection.py"}

@@ -195,7 +195,7 @@ class TrainingLoop:
         # registration count moved: before the first batch, and from the batch after a plugin
         # registered (from any hook). Between, the check is one comparison per batch.
         bound_generation = -1
-        call_train_hook = call_batch_end = call_epoch_start = call_epoch_end = False
+        call_train_hook = call_batch_end = call_epoch_start = call_epoch_end = precision_steps = False
         train_batch = trial.train_batch
         move_batch = self.move_batch if context.experimental._auto_to_device else None
         lr_schedulers = context.lr_schedulers  # the context's own list: later additions show
@@ -219,6 +219,7 @@ class TrainingLoop:
             if plugins.generation != bound_generation:
                 bound_generation = plugins.generation
                 call_train_hook, call_batch_end, call_epoch_start, call_epoch_end = self._bind_batch_hooks()
+                precision_steps = context._precision_steps
             first = state.batches_trained
             epoch_idx, position = divmod(first, epoch_length)
             if position == 0 and call_epoch_start:
@@ -247,7 +248,7 @@ class TrainingLoop:
                 metrics = as_metrics_dict(returned)
                 workload.append(metrics)
                 state.batches_trained = batch_idx + 1
-                if lr_schedulers:
+                if lr_schedulers or precision_steps:
                     context._end_batch(batch_idx, (batch_idx + 1) % epoch_length == 0, epoch_idx)
                 if call_batch_end:
                     hook.hookdet_train_batch_end(context=context, batch_idx=batch_idx, metrics=metrics)

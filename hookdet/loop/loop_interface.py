@@ -35,13 +35,18 @@ class ContextForLoop(Protocol):
     def _bind_hooks(self) -> None:
         """Decide again which per-step hooks have implementations (after registrations)."""
 
+    #: Whether the run's precision takes part in the steps (its ``batch_end`` then runs in
+    #: :meth:`_end_batch` every batch).
+    _precision_steps: bool
+
     def _end_batch(self, batch_idx: int, epoch_ended: bool, epoch_idx: int) -> None:
-        """Per-batch bookkeeping after ``train_batch``: step per-batch and per-epoch schedulers."""
+        """Per-batch bookkeeping after ``train_batch``: the precision's batch end, then per-batch
+        and per-epoch schedulers."""
 
 
 #: The underscore members of the context the loop may use (``context.X`` or
 #: ``context.experimental.X``).
 LOOP_MEMBERS = frozenset(
-    {"_current_batch_idx", "_stop_requested", "_reducers", "_bind_hooks", "_end_batch",
+    {"_current_batch_idx", "_stop_requested", "_reducers", "_bind_hooks", "_end_batch", "_precision_steps",
      "_auto_to_device", "_data_repro_checks"}
 )

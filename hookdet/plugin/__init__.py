@@ -20,7 +20,9 @@ docs/writing-plugins.md walks through writing a plugin.
   (``StorageError`` and the kinds below it), ``check_storage_id`` and ``METADATA_FILE``;
   ``DistributedContext`` is what ``hookdet_make_distributed`` answers with;
   ``PyTorchTrialContext`` what the trial-API hooks receive.
-* ``patch_forward`` and ``autocast_forward`` run a model's forward inside something (autocast)
+* ``Precision`` is what ``hookdet_make_precision`` answers with: the run's one precision (how a
+  forward runs, how backward and the optimizer step go, its state), float32 as it stands;
+  ``patch_forward`` and ``autocast_forward`` run a model's forward inside something (autocast)
   on that instance only: what a mixed-precision provider needs.
 
 Hookdet's own plugins are written against this face too (a test holds them to it as it holds a
@@ -47,6 +49,7 @@ from hookdet.trial_api.context import PyTorchTrialContext, run_of
 from hookdet.distributed.context import DistributedContext
 from hookdet.markers import HOOK_NAMESPACE, hookimpl, hookspec
 from hookdet.trial_api.mixed_precision import autocast_forward, patch_forward
+from hookdet.trial_api.precision import Precision
 from hookdet.plugins.manager import PluginError, check_known_options, option_error, read_seconds_option
 from hookdet.plugins.options import option_fields, options_for
 from hookdet.loop.run import TENSORBOARD_METRICS, TRIAL_CALLBACKS, WORKLOAD_METRICS, Run, TrainState
@@ -65,6 +68,7 @@ __all__ = [
     "IncompleteCheckpointError",
     "MalformedMetadataError",
     "PluginError",
+    "Precision",
     "PyTorchTrialContext",
     "Run",
     "Stash",

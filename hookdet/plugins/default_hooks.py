@@ -2,7 +2,7 @@
 
 Registered by the plugin manager itself (not an entry point, cannot be removed): this is what
 happens when no plugin has a better idea — one process, the model
-on the run's device, ``loss.backward()``, ``optimizer.step()``.
+on the run's device, the optimizer stepped by the run's precision.
 """
 from __future__ import annotations
 
@@ -46,17 +46,8 @@ def hookdet_train_batch(trial: Any, batch: Any, epoch_idx: int, batch_idx: int) 
 
 
 @hookimpl(trylast=True)
-def hookdet_backward(loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
-    """``loss.backward()``."""
-    loss.backward(**backward_kwargs)
-    return True
-
-
-@hookimpl(trylast=True)
 def hookdet_step_optimizer(optimizer: torch.optim.Optimizer, context: Any, scaler: Any) -> bool:
-    """A step through the trial's scaler when it passed one, else ``optimizer.step()``."""
-    if scaler is not None:
-        scaler.step(optimizer)
-    else:
-        optimizer.step()
+    """The run's precision steps (through the trial's scaler when it passed one, else
+    ``optimizer.step()`` in float32)."""
+    context.precision.step(optimizer, context, scaler)
     return True

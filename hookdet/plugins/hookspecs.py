@@ -74,7 +74,7 @@ def hookdet_unconfigure(run: "Run") -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Providers: one plugin answers (firstresult)
+# Providers: one plugin answers (firstresult; for the precision, a second answer is refused)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -92,47 +92,28 @@ def hookdet_make_distributed(run: "Run") -> Any:
     """
 
 
+@hookspec
+def hookdet_make_precision(run: "Run") -> Any:
+    """Return the run's precision (a :class:`hookdet.plugin.Precision`), or None.
+
+    A run has one: when two plugins answer, the run is refused naming both (asked when the
+    context is made and again whenever the trial switches one on), so precision plugins need no
+    list of conflicts. No answer: float32. ``amp`` answers with native mixed precision, ``apex``
+    with apex's opt levels. The context calls the answer for Determined's mixed-precision
+    switches (``use_amp``, ``wrap_scaler``, ``configure_apex_amp``, ``autocast_forward_pass``),
+    for each model and optimizer it wraps, and per batch for the backward pass and the optimizer
+    step (:mod:`hookdet.trial_api.precision`). Answer with the same object every time.
+
+    **Provides** a new object; changes nothing it is given.
+    """
+
+
 # ---------------------------------------------------------------------------------------------
 # What the trial API asks of plugins (firstresult; the context calls these, nothing else)
 #
 # Each has a built-in answer, loaded by name from selection.DEFAULT_PROVIDERS when no registered plugin
 # implements the hook, so the trial can switch a feature on that the experiment file did not list.
 # ---------------------------------------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def hookdet_use_amp(context: "PyTorchTrialContext") -> Optional[bool]:
-    """``context.experimental.use_amp()``: switch on automatic mixed precision; return True.
-
-    Built-in answer: ``amp`` (autocast every model wrapped afterwards, scale the loss, step
-    through a ``GradScaler``).
-
-    **May change** how the context trains: every model wrapped afterwards, every backward and step.
-    """
-
-
-@hookspec(firstresult=True)
-def hookdet_wrap_scaler(context: "PyTorchTrialContext", scaler: Any) -> Any:
-    """``context.wrap_scaler(scaler)``: register the trial's ``GradScaler``; return what the
-    trial should use (normally ``scaler`` itself). Built-in answer: ``amp``.
-
-    **May change** what the trial uses: the answer replaces ``scaler``.
-    """
-
-
-@hookspec(firstresult=True)
-def hookdet_configure_apex_amp(
-    context: "PyTorchTrialContext",
-    models: Any,
-    optimizers: Any,
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-) -> Any:
-    """``context.configure_apex_amp(models, optimizers, *args, **kwargs)``: return
-    ``(models, optimizers)`` to use from now on. Built-in answer: ``apex``.
-
-    **May change** the models and optimizers: the answer replaces them.
-    """
 
 
 @hookspec(firstresult=True)
@@ -144,16 +125,6 @@ def hookdet_set_profiler(
     Built-in answer: ``profiler``.
 
     **Provides** a new object; changes nothing it is given.
-    """
-
-
-@hookspec(firstresult=True)
-def hookdet_autocast_forward_pass(context: "PyTorchTrialContext", module: Any) -> Any:
-    """``context.autocast_forward_pass(module)``: make ``module``'s forward run under autocast
-    (half-precision outputs cast back to float32); return the module to use. Built-in answer:
-    ``amp``.
-
-    **May change** ``module``: its forward is patched in place.
     """
 
 
@@ -212,8 +183,9 @@ def hookdet_wrap_model(
 
     ``options`` are the keyword arguments the trial passed to ``wrap_model`` (DDP options, for
     example). The default answer moves the model to the run's device. A ``wrapper=True``
-    implementation may post-process the answer (run its forward under autocast, say). The
-    checkpoint stores the unwrapped model's state, so a wrapper never changes the saved keys.
+    implementation may post-process the answer. The run's precision converts the final answer
+    (autocast, say). The checkpoint stores the unwrapped model's state, so a wrapper never
+    changes the saved keys.
 
     **May change** the model: the answer replaces it (moved, wrapped).
     """
@@ -253,19 +225,6 @@ def hookdet_train_batch(
     """
 
 
-@hookspec(firstresult=True)
-def hookdet_backward(
-    loss: "torch.Tensor", context: "PyTorchTrialContext", backward_kwargs: Dict[str, Any]
-) -> Optional[bool]:
-    """Run the backward pass for ``context.backward(loss, ...)``; return True when done.
-
-    The default answer is ``loss.backward(**backward_kwargs)``. Mixed precision answers by scaling
-    the loss first; DDP wraps it in ``no_sync()`` on batches that only accumulate gradients.
-
-    **May change** how gradients are made (a scaled loss, no_sync()).
-    """
-
-
 @hookspec
 def hookdet_prepare_gradients(
     optimizer: "torch.optim.Optimizer", context: "PyTorchTrialContext"
@@ -273,8 +232,8 @@ def hookdet_prepare_gradients(
     """Make ``optimizer``'s gradients final and true-scale before they are averaged and clipped.
 
     Fires inside ``context.step_optimizer`` on optimizer-step batches only, before gradient
-    averaging, ``clip_grads`` and ``on_before_optimizer_step``. A loss scaler unscales here;
-    Horovod synchronizes its pending allreduces here.
+    averaging, ``clip_grads`` and ``on_before_optimizer_step``, and before the run's precision
+    unscales them: Horovod synchronizes its pending allreduces here.
 
     **May change** ``optimizer``'s gradients, in place.
     """
@@ -287,7 +246,8 @@ def hookdet_step_optimizer(
     """Apply one optimizer step; return True when done.
 
     ``scaler`` is the ``GradScaler`` the trial passed to ``step_optimizer`` (or None). The default
-    answer steps through that scaler when given, else calls ``optimizer.step()``.
+    answer is the run's precision's ``step`` (through that scaler when given, else
+    ``optimizer.step()`` in float32); Horovod wraps it.
 
     **May change** the parameters: it steps them.
     """
@@ -573,7 +533,6 @@ class TensorBoardWriter(Protocol):
 #: Hooks the loop may call on every batch; it calls one only when some plugin implements it.
 PER_BATCH_HOOKS = (
     "hookdet_train_batch",
-    "hookdet_backward",
     "hookdet_prepare_gradients",
     "hookdet_step_optimizer",
     "hookdet_train_batch_end",
@@ -589,11 +548,7 @@ CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end")
 #: would be), not re-raised as a ``PluginError``.
 TRIAL_API_HOOKS = (
     "hookdet_add_callbacks",
-    "hookdet_use_amp",
-    "hookdet_wrap_scaler",
-    "hookdet_configure_apex_amp",
     "hookdet_set_profiler",
-    "hookdet_autocast_forward_pass",
     "hookdet_make_tensorboard_writer",
     "hookdet_resume_point",
 )

@@ -4,7 +4,8 @@ Plugins are entry points in the ``hookdet.plugins`` group, built-in and third-pa
 are resolved by name through stevedore: only the named ones are imported. An entry point names a
 module (registered as is) or a class (instantiated; with ``options=`` when its ``__init__`` takes
 them, filled from ``plugin_config.<name>``). A plugin class may declare ``conflicts_with`` (names
-it refuses to run beside). Any exception a plugin raises in a hook is re-raised as a
+it refuses to run beside); what a run has exactly one of (its precision) is asked with
+:meth:`PluginManager.one_answer`, which refuses a second answer by itself. Any exception a plugin raises in a hook is re-raised as a
 :class:`PluginError` naming the plugin and the hook.
 """
 from __future__ import annotations
@@ -191,6 +192,25 @@ class PluginManager:
             raise PluginError(f"no plugin answers {hook_name}; enable one that implements it")
         self.load(default)
         return caller(**kwargs)
+
+    def one_answer(self, hook_name: str, what: str, **kwargs: Any) -> Any:
+        """The answer of the one plugin that answers the provider hook ``hook_name`` (None when
+        none does); a second answering is refused, naming both. A run has one of ``what`` (its
+        precision): the structure keeps it so, not a declared conflict list."""
+        answers: List[Tuple[str, Any]] = []
+        for implementation in getattr(self._pm.hook, hook_name).get_hookimpls():
+            name = implementation.plugin_name
+            if name == DEFAULTS_NAME:
+                continue
+            results = self._call_plugin_hook(name, implementation.plugin, hook_name, **kwargs)
+            answers += [(name, answer) for answer in results if answer is not None]
+        if len(answers) > 1:
+            first, second = sorted(name for name, _ in answers)[:2]
+            raise PluginError(
+                f"plugins {first!r} and {second!r} both provide {what}, and a run has one; remove "
+                "one from the experiment file's plugins (or stop the trial from switching it on)"
+            )
+        return answers[0][1] if answers else None
 
     def unregister(self, name: str) -> Any:
         """Unregister the plugin registered as ``name`` (if any); returns it."""

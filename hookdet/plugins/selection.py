@@ -14,8 +14,9 @@ distributed is refused when the run opens. The result is one :class:`PluginSelec
 :func:`select_plugins`; the plugin manager is built from it and nothing re-reads the raw list.
 
 This module is the one place where hookdet's host knows built-in plugins by name: the
-defaults, the distributed plugins a launch adds, the launcher ``horovod`` needs and the built-in
-answer to each trial-API provider hook (:data:`DEFAULT_PROVIDERS`).
+defaults, the distributed plugins a launch adds, the launcher ``horovod`` needs, the built-in
+answer to each trial-API provider hook (:data:`DEFAULT_PROVIDERS`) and the built-in precision
+each of Determined's mixed-precision calls switches on (:data:`PRECISION_FOR_CALL`).
 """
 from __future__ import annotations
 
@@ -34,12 +35,17 @@ DEFAULT_PLUGINS = ("callbacks", "preemption", "metrics_log", "checkpoint", "tens
 #: experiment file removed it (so ``no:callbacks`` leaves the trial's callbacks unrun, with a warning).
 DEFAULT_PROVIDERS = {
     "hookdet_add_callbacks": "callbacks",
-    "hookdet_use_amp": "amp",
-    "hookdet_wrap_scaler": "amp",
-    "hookdet_configure_apex_amp": "apex",
     "hookdet_set_profiler": "profiler",
-    "hookdet_autocast_forward_pass": "amp",
     "hookdet_make_tensorboard_writer": "tensorboard",
+}
+
+#: The built-in precision each of Determined's mixed-precision calls switches on while a run is
+#: in float32 (:func:`hookdet.trial_api.precision.precision_for_call`).
+PRECISION_FOR_CALL = {
+    "use_amp": "amp",
+    "wrap_scaler": "amp",
+    "autocast_forward_pass": "amp",
+    "configure_apex_amp": "apex",
 }
 
 #: The key of the "exactly these and nothing else" spelling: ``plugins: {only: [...]}``.
@@ -100,7 +106,8 @@ class PluginSelection:
         """Plugins the file's ``plugin_config`` may configure beyond :attr:`names`: the built-in
         providers the trial may switch on (``use_amp()`` loads ``amp``) and the distributed
         plugins a launch adds (one file serves one process and many), unless removed."""
-        return (set(DISTRIBUTED_PLUGINS) | set(DEFAULT_PROVIDERS.values())) - self.removed
+        switchable = set(DEFAULT_PROVIDERS.values()) | set(PRECISION_FOR_CALL.values())
+        return (set(DISTRIBUTED_PLUGINS) | switchable) - self.removed
 
     def not_distributed_reason(self) -> str:
         """Why no plugin of this selection makes a multi-process launch distributed."""

@@ -1,8 +1,10 @@
 """``PyTorchTrialContext``: what a trial uses to register models, step optimizers, read settings.
 
-Every feature-specific call (``wrap_scaler``, ``configure_apex_amp``, ``set_profiler``,
-``get_tensorboard_writer``, ``get_initial_batch``, ``experimental.use_amp``) is a provider hook in
-:mod:`hookdet.plugins.hookspecs`; its built-in answer is loaded when no running plugin implements it.
+Every feature-specific call (``set_profiler``, ``get_tensorboard_writer``, ``get_initial_batch``)
+is a provider hook in :mod:`hookdet.plugins.hookspecs`; its built-in answer is loaded when no
+running plugin implements it. The mixed-precision calls (``experimental.use_amp``,
+``wrap_scaler``, ``configure_apex_amp``, ``autocast_forward_pass``) go to the run's one precision
+(:mod:`hookdet.trial_api.precision`), which also makes the backward pass and the optimizer step.
 
 Why one long module: Determined's ``PyTorchTrialContext`` is one class of some forty public
 methods a trial calls (each short), and its name and shape are Determined's to keep.
@@ -17,6 +19,7 @@ import torch
 from hookdet.data.batch_moving import to_device as _to_device
 from hookdet.errors import ArgumentTypeError
 from hookdet.trial_api.lr_scheduler import LRScheduler
+from hookdet.trial_api.precision import Precision, precision_for_call, precision_of
 from hookdet.metrics.reducers import MetricReducer, ReducerRegistry
 from hookdet.loop.run import TENSORBOARD_METRICS
 
@@ -37,7 +40,9 @@ class PyTorchExperimentalContext:
     def use_amp(self) -> None:
         """Train with automatic mixed precision: the ``amp`` plugin autocasts forward passes,
         scales the loss in ``backward`` and steps optimizers through its ``GradScaler``."""
-        self._context._run.plugins.provide("hookdet_use_amp", context=self._context)
+        context = self._context
+        precision_for_call(context._run, "use_amp").use_amp(context)
+        context._bind_hooks()
 
     def use_plugin(self, name: str) -> Any:
         """Switch on the installed plugin ``name`` from the trial (as ``use_amp`` does for
@@ -86,19 +91,29 @@ class PyTorchTrialContext:
         self._bind_hooks()
 
     def _bind_hooks(self) -> None:
-        """Decide once which per-step hooks have implementations; the others are never called.
+        """Decide once which per-step hooks have implementations, and whether the run's precision
+        takes part in its steps; the others are never called.
 
-        The loop calls this again before training, after the trial may have loaded plugins.
+        Called again after every mixed-precision switch and wrap, and by the loop before
+        training, after the trial may have loaded plugins.
         """
         implemented = self._run.plugins.implemented
-        self._call_backward_hook = implemented("hookdet_backward")
+        self._precision = precision_of(self._run)
+        self._precision_steps = self._precision.changes_steps
         self._call_prepare_gradients = implemented("hookdet_prepare_gradients")
         self._call_step_hook = implemented("hookdet_step_optimizer")
         self._call_before_step = implemented("on_before_optimizer_step")
-        # Every batch steps, and no hook takes part: step_optimizer can call optimizer.step() as is.
+        # Every batch steps, and nothing takes part: step_optimizer can call optimizer.step() as is.
         self._plain_steps = self._aggregation_frequency == 1 and not (
             self._call_prepare_gradients or self._call_step_hook or self._call_before_step
+            or self._precision_steps
         )
+
+    @property
+    def precision(self) -> Precision:
+        """The run's precision (hookdet's; Determined has no such attribute): what makes this
+        context's backward passes and optimizer steps, and converts what it wraps."""
+        return self._precision
 
     # ------------------------------------------------------------------ settings and identity
 
@@ -243,8 +258,10 @@ class PyTorchTrialContext:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"wrap_model takes a torch.nn.Module, got {type(model).__name__}")
         wrapped = self._run.hook.hookdet_wrap_model(model=model, context=self, options=options)
+        wrapped = precision_of(self._run).convert_model(wrapped, self)
         self.unwrapped_models.append(model)
         self.models.append(wrapped)
+        self._bind_hooks()
         return wrapped
 
     def wrap_optimizer(
@@ -287,6 +304,7 @@ class PyTorchTrialContext:
             backward_passes_per_step=backward_passes_per_step,
             options=options,
         )
+        wrapped = precision_of(self._run).convert_optimizer(wrapped, self)
         self.optimizers.append(wrapped)
         self._original_optimizers[id(wrapped)] = optimizer
         self._last_step_batch[id(wrapped)] = -1
@@ -320,7 +338,9 @@ class PyTorchTrialContext:
 
     def wrap_scaler(self, scaler: Any) -> Any:
         """Register a ``torch.amp.GradScaler`` (the amp plugin); returns it."""
-        return self._run.plugins.provide("hookdet_wrap_scaler", context=self, scaler=scaler)
+        registered = precision_for_call(self._run, "wrap_scaler").wrap_scaler(self, scaler)
+        self._bind_hooks()
+        return registered
 
     def configure_apex_amp(
         self,
@@ -354,15 +374,16 @@ class PyTorchTrialContext:
             min_loss_scale=min_loss_scale,
             max_loss_scale=max_loss_scale,
         )
-        return self._run.plugins.provide(
-            "hookdet_configure_apex_amp", context=self, models=models, optimizers=optimizers, args=(), kwargs=named
-        )
+        precision = precision_for_call(self._run, "configure_apex_amp")
+        configured = precision.configure_apex_amp(self, models, optimizers, **named)
+        self._bind_hooks()
+        return configured
 
     def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
         """Run ``to_wrap``'s forward under autocast and return its half-precision outputs as
         float32 (what ``experimental.use_amp()`` does to wrapped models); the amp plugin's dtype
         and device. Unlike Determined's, the module itself is patched and returned, not a copy."""
-        return self._run.plugins.provide("hookdet_autocast_forward_pass", context=self, module=to_wrap)
+        return precision_for_call(self._run, "autocast_forward_pass").autocast_forward_pass(self, to_wrap)
 
     def wrap_reducer(
         self,
@@ -407,9 +428,9 @@ class PyTorchTrialContext:
         create_graph: bool = False,
     ) -> None:
         """Compute gradients of ``loss``; use this instead of ``loss.backward()``."""
-        if self._call_backward_hook:
+        if self._precision_steps:
             kwargs = {"gradient": gradient, "retain_graph": retain_graph, "create_graph": create_graph}
-            self._run.hook.hookdet_backward(loss=loss, context=self, backward_kwargs=kwargs)
+            self._precision.backward(loss, self, kwargs)
         else:
             loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
 
@@ -461,6 +482,8 @@ class PyTorchTrialContext:
             return False
         if self._call_prepare_gradients:
             self._run.hook.hookdet_prepare_gradients(optimizer=optimizer, context=self)
+        if self._precision_steps:
+            self._precision.unscale_gradients(optimizer, self)
         averaging = self._aggregation_frequency > 1 and self._averages_gradients[id(optimizer)]
         if clip_grads is not None or averaging or self._call_before_step:
             parameters = [p for group in optimizer.param_groups for p in group["params"]]
@@ -474,6 +497,8 @@ class PyTorchTrialContext:
                 self._run.hook.on_before_optimizer_step(run=self._run, parameters=parameters)
         if self._call_step_hook:
             self._run.hook.hookdet_step_optimizer(optimizer=optimizer, context=self, scaler=scaler)
+        elif self._precision_steps:
+            self._precision.step(optimizer, self, scaler)
         elif scaler is not None:
             scaler.step(optimizer)
         else:
@@ -490,7 +515,11 @@ class PyTorchTrialContext:
         optimizer step, and a ``STEP_EVERY_OPTIMIZER_STEP`` one, if its optimizer stepped, every
         ``frequency`` optimizer steps (Determined counts batches there, its bug). The counts
         derive from the batch index, so they need no state of their own to resume exactly.
+
+        First, on every batch, the run's precision ends the batch when it takes part in steps.
         """
+        if self._precision_steps:
+            self._precision.batch_end(self)
         aggregation = self._aggregation_frequency
         if (batch_idx + 1) % aggregation:
             return

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 import torch
 
 from hookdet.trial_api.context import PyTorchTrialContext
-from hookdet.errors import HookdetError
+from hookdet.errors import TrialError  # noqa: F401 (re-exported: the trial API's error, defined with hookdet's others)
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookdet.data.loader import DataLoader
@@ -69,10 +69,6 @@ class ShouldExit(Exception):
     def __init__(self, skip_exit_checkpoint: bool = False) -> None:
         super().__init__("training was asked to exit")
         self.skip_exit_checkpoint = skip_exit_checkpoint
-
-
-class TrialError(HookdetError):
-    """A trial broke the ``PyTorchTrial`` contract; the message names the method."""
 
 
 class PyTorchTrial(abc.ABC):

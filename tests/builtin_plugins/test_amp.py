@@ -53,11 +53,10 @@ def test_use_amp_runs_the_forward_in_bfloat16_on_cpu(tmp_path: Path, caplog: Any
     assert trial.hidden_dtypes == [torch.bfloat16] * 3  # inside the model: autocast
     assert trial.output_dtypes == [torch.float32] * 3  # out of the model: back to float32
     assert all(p.dtype == torch.float32 for p in trial.model.parameters())
-    plugins = run_of(trial.context).plugins
-    assert not plugins.get("amp").scaler.is_enabled()
-    # bfloat16 needs no loss scaling, so no per-batch hook was registered at all.
-    assert plugins.get("amp:steps") is None
-    assert not plugins.implemented("hookdet_backward")
+    precision = trial.context.precision
+    assert precision.name == "amp" and not precision.scaler.is_enabled()
+    # bfloat16 needs no loss scaling, so the context calls nothing of the precision per batch.
+    assert not precision.changes_steps and not trial.context._precision_steps
     assert "autocast bfloat16 on cpu, no loss scaling" in caplog.text
 
 
@@ -100,13 +99,41 @@ def test_float16_overflow_skips_the_step_and_backs_off_the_scale(tmp_path: Path)
     assert [s[0] for s in trial.scales_before] == [256.0, 256.0, 256.0, 128.0, 128.0]
 
 
+def test_automatic_float16_trains_bit_for_bit_as_the_plain_torch_amp_recipe(tmp_path: Path) -> None:
+    """The amp precision is PyTorch's own recipe and nothing else: autocast forward (outputs
+    back to float32), scaled backward, unscale, step, update, zero_grad, from the same weights
+    on the same batches, overflowing ones included, gives the same weights, bit for bit."""
+    hp = {**HP, "batchnorm": False, "overflow_batches": [2, 5]}
+    batches = 9
+    trial = fit(UseAmpTrial, hp, tmp_path, float16(init_scale=2.0**8, growth_interval=3),
+                max_length=pytorch.Batch(batches))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    with torch.no_grad():
+        for parameter, initial in zip(model.parameters(), trial.weights_before[0]):
+            parameter.copy_(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3)
+    loader = torch.utils.data.DataLoader(trial._dataset(True), batch_size=hp["global_batch_size"])
+    for _, (x, y) in zip(range(batches), loader):
+        with torch.autocast("cpu", dtype=torch.float16):
+            output = model(x)
+        loss = torch.nn.functional.mse_loss(output.float(), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    assert same_weights(list(model.parameters()), list(trial.model.parameters()))
+    assert scaler.state_dict() == trial.context.precision.scaler.state_dict()
+
+
 def test_scale_grows_after_growth_interval_clean_steps(tmp_path: Path) -> None:
     trial = fit(
         UseAmpTrial, HP, tmp_path, float16(init_scale=2.0**8, growth_interval=3),
         max_length=pytorch.Batch(8),
     )
     assert [s[0] for s in trial.scales_before] == [256.0] * 3 + [512.0] * 3 + [1024.0] * 2
-    assert run_of(trial.context).plugins.get("amp").scaler.get_scale() == 1024.0
+    assert trial.context.precision.scaler.get_scale() == 1024.0
 
 
 def test_with_gradient_aggregation_the_scale_updates_only_on_optimizer_step_batches(tmp_path: Path) -> None:
@@ -148,9 +175,9 @@ def test_unscaled_gradients_reach_clip_grads(tmp_path: Path) -> None:
 def test_wrap_scaler_leaves_the_scaler_to_the_trial_and_checkpoints_it(tmp_path: Path) -> None:
     hp = {**HP, "batchnorm": False, "overflow_batches": [1], "init_scale": 2.0**8, "growth_interval": 2}
     trial = fit(ManualScalerTrial, hp, tmp_path, max_length=pytorch.Batch(5))
-    plugins = run_of(trial.context).plugins
-    assert plugins.get("amp").mode == "manual" and plugins.get("amp").scaler is trial.scaler
-    assert plugins.get("amp:steps") is None  # hookdet neither scales, unscales, nor updates
+    precision = trial.context.precision
+    assert precision.mode == "manual" and precision.scaler is trial.scaler
+    assert not precision.changes_steps  # hookdet neither scales, unscales, nor updates
     # The trial's own update() ran once per batch: a second one would have raised in GradScaler.
     assert [s[0] for s in trial.scales_before] == [256.0, 256.0, 128.0, 128.0, 256.0]
     assert same_weights(trial.weights_before[1], trial.weights_before[2])
@@ -219,18 +246,30 @@ def test_disabled_amp_trains_in_float32(tmp_path: Path) -> None:
 
 
 def test_amp_and_apex_listed_together_are_refused_before_training(tmp_path: Path) -> None:
+    """No declared conflict: both answer ``hookdet_make_precision``, and a run has one."""
+    assert not hasattr(AmpPlugin, "conflicts_with")
     conf = {"hyperparameters": HP, "plugins": {"only": ["callbacks", "amp", "apex"]}}
-    with pytest.raises(PluginError, match="'amp' and 'apex' cannot run together"):
+    with pytest.raises(PluginError, match="plugins 'amp' and 'apex' both provide the run's precision, and a run has one"):
         with pytorch.init(hparams=HP, exp_conf=conf, run_dir=tmp_path):
             pass
 
 
-def test_use_amp_then_configure_apex_amp_is_refused_naming_both(tmp_path: Path) -> None:
+def test_a_second_precision_plugin_is_refused_however_it_arrives(tmp_path: Path) -> None:
+    """A plugin the trial switches on (``use_plugin``) that also provides a precision is refused
+    at the next thing the context asks of the precision, naming both."""
+    with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP}, run_dir=tmp_path) as context:
+        context.experimental.use_amp()
+        context.experimental.use_plugin("apex")
+        with pytest.raises(PluginError, match="plugins 'amp' and 'apex' both provide the run's precision"):
+            context.wrap_model(torch.nn.Linear(2, 2))
+
+
+def test_use_amp_then_configure_apex_amp_is_refused_in_determineds_words(tmp_path: Path) -> None:
     with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP}, run_dir=tmp_path) as context:
         context.experimental.use_amp()
         model = context.wrap_model(torch.nn.Linear(2, 2))
         optimizer = context.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-        with pytest.raises(PluginError, match="'amp' and 'apex' cannot run together"):
+        with pytest.raises(TrialError, match="Do not mix APEX with PyTorch AMP. \\(this run's precision is 'amp'"):
             context.configure_apex_amp(model, optimizer)
 
 
@@ -262,6 +301,7 @@ def test_resume_with_a_scaler_in_a_new_process_is_bitwise_exact(tmp_path: Path) 
     resumed_momentum = [s["momentum_buffer"] for s in resumed["optimizer"]["state"].values()]
     assert all(torch.equal(a, b) for a, b in zip(momentum, resumed_momentum))
     scaler_state = run_of(straight.context).plugins.get("amp").state_dict()
+    assert scaler_state == straight.context.precision.state_dict()  # the plugin keeps its precision's
     assert resumed["plugins"]["amp"] == scaler_state
     # Neither the checkpoint's scaler (512, 2 clean steps) nor the final one is a fresh scaler's.
     assert [s[0] for s in straight.scales_before] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0,

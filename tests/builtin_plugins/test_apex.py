@@ -113,7 +113,7 @@ def test_o3_is_pure_half_precision(tmp_path: Path) -> None:
     trial = fit(ApexTrial, apex_hp(opt_level="O3"), tmp_path, max_length=pytorch.Batch(4))
     assert all(p.dtype == torch.bfloat16 for p in trial.model.parameters())
     assert [p for g in trial.optimizer.param_groups for p in g["params"]] == list(trial.model.parameters())
-    assert run_of(trial.context).plugins.get("apex:steps") is None  # loss scale 1: nothing per batch
+    assert not trial.context.precision.changes_steps  # loss scale 1: nothing per batch
     assert not torch.equal(trial.weights_before[0][0], trial.model[0].weight)
 
 
@@ -201,17 +201,18 @@ def test_configuring_twice_or_wrapping_afterwards_is_refused(tmp_path: Path) -> 
         context.configure_apex_amp(model, optimizer)
         with pytest.raises(TrialError, match="please only call configure_apex_amp once"):
             context.configure_apex_amp(model, optimizer)
-        with pytest.raises(PluginError, match="must call wrap_model\\(\\) before configure_apex_amp"):
+        with pytest.raises(TrialError, match="must call wrap_model\\(\\) before configure_apex_amp"):
             context.wrap_model(torch.nn.Linear(2, 2))
-        with pytest.raises(PluginError, match="must call wrap_optimizer\\(\\) before configure_apex_amp"):
+        with pytest.raises(TrialError, match="must call wrap_optimizer\\(\\) before configure_apex_amp"):
             context.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
 
 
-def test_configure_apex_amp_then_use_amp_is_refused_naming_both(tmp_path: Path) -> None:
+def test_configure_apex_amp_then_use_amp_is_refused_in_determineds_words(tmp_path: Path) -> None:
     with pytorch.init(hparams=HP, exp_conf={"hyperparameters": HP}, run_dir=tmp_path) as context:
         context.configure_apex_amp(*wrapped(context))
-        with pytest.raises(PluginError, match="'apex' and 'amp' cannot run together"):
-            context.experimental.use_amp()
+        for switch in (context.experimental.use_amp, lambda: context.wrap_scaler(torch.amp.GradScaler("cpu"))):
+            with pytest.raises(TrialError, match="Do not mix APEX with PyTorch AMP. \\(this run's precision is 'apex'\\)"):
+                switch()
 
 
 @pytest.mark.parametrize(

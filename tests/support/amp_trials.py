@@ -120,7 +120,7 @@ class UseAmpTrial(RegressionTrial):
         self.context.experimental.use_amp()
 
     def current_scales(self) -> List[float]:
-        scaler = run_of(self.context).plugins.get("amp").scaler
+        scaler = self.context.precision.scaler
         return [scaler.get_scale()] if scaler.is_enabled() else []
 
 
@@ -171,7 +171,7 @@ class ApexTrial(RegressionTrial):
         )
 
     def current_scales(self) -> List[float]:
-        backend = run_of(self.context).plugins.get("apex").backend
+        backend = self.context.precision.backend
         return [scaler.scale.item() for scaler in backend.scalers] if backend is not None else []
 
 

@@ -16,13 +16,14 @@ Three ways in, the first two exactly as in Determined:
   wrapping a model takes over manually instead.
 
 Determined's ordering rules hold: ``use_amp``/``wrap_scaler`` come before any ``wrap_model`` and
-are called once; ``amp`` and ``apex`` never run together (``conflicts_with``).
+are called once. The plugin provides the run's precision (:class:`AmpPrecision`, answering
+``hookdet_make_precision``), so ``amp`` and ``apex`` never run together: a run has one precision.
 
 ``plugin_config.amp`` (all optional): ``enabled`` (false: ``use_amp`` trains in float32),
 ``dtype`` (``auto``: float16 on CUDA, bfloat16 elsewhere; or ``float16``/``bfloat16``), and the
 ``GradScaler``'s ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``.
 Loss scaling runs for float16 only: bfloat16 has float32's exponent range and needs none, so with
-bfloat16 the per-batch hooks are not even registered.
+bfloat16 the context calls nothing of the precision per batch.
 
 ``GradScaler.step`` reads one flag from the device per optimizer step to decide whether to skip
 it (PyTorch's own design); nothing else here waits on the device per batch.
@@ -37,6 +38,7 @@ import torch
 
 from hookdet.plugin import (
     DTYPE_NAMES,
+    Precision,
     TrialError,
     autocast_forward,
     dtype_name,
@@ -50,7 +52,6 @@ from hookdet.plugin import (
 logger = logging.getLogger("hookdet")
 
 NAME = "amp"
-STEPS_NAME = "amp:steps"
 BY_FILE = "the experiment file"
 
 # ---------------------------------------------------------------------------------------------
@@ -74,48 +75,44 @@ class AmpSettings(pydantic.BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# The plugin
+# The precision
 # ---------------------------------------------------------------------------------------------
 
 
-class AmpPlugin:
-    """``use_amp``, ``wrap_scaler`` and ``plugins: [amp]``; the scaler's state in checkpoints."""
+class AmpPrecision(Precision):
+    """``use_amp``, ``wrap_scaler``, ``autocast_forward_pass`` and ``plugins: [amp]``: autocast
+    forwards and, in automatic float16 mode, a ``GradScaler`` around backward and step."""
 
-    conflicts_with = ("apex",)
-    Options = AmpSettings
+    name = NAME
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        self.settings: AmpSettings = options_for(AmpPlugin, options, NAME)
+    def __init__(self, settings: AmpSettings, listed_in_config: bool) -> None:
+        self.settings = settings
         #: The registered ``GradScaler`` (``use_amp``'s own, or the trial's from ``wrap_scaler``).
         self.scaler: Any = None
         #: ``None`` until switched on, then ``"auto"`` or ``"manual"``.
         self.mode: Optional[str] = None
         #: The autocast dtype in automatic mode (None when disabled or manual).
         self.dtype: Optional[torch.dtype] = None
+        self._listed_in_config = listed_in_config
         self._switched_on_by: Optional[str] = None
-        self._listed_in_config = False
         self._device_type = "cpu"
-        self._run: Any = None
+        self._unscaled = False
 
-    @hookimpl
-    def hookdet_configure(self, run: Any) -> None:
-        """Note whether the experiment file lists ``amp`` (automatic mode for every model)."""
-        self._run = run
-        self._listed_in_config = NAME in run.plugin_names
+    @property
+    def changes_steps(self) -> bool:
+        """In automatic mode with an active (float16) scaler; manual mode leaves them to the trial."""
+        return self.mode == "auto" and self._scaler_active()
 
-    # ------------------------------------------------------------------ the trial's calls
+    # ------------------------------------------------------------------ the trial's switches
 
-    @hookimpl
-    def hookdet_use_amp(self, context: Any) -> bool:
+    def use_amp(self, context: Any) -> None:
         """``context.experimental.use_amp()``: automatic mixed precision with a fresh scaler."""
         if self._switched_on_by == BY_FILE and self.mode == "auto":
-            return True
+            return
         self._check_can_register(context, "use_amp")
         self._switch_on_auto(context, "use_amp()")
-        return True
 
-    @hookimpl
-    def hookdet_wrap_scaler(self, context: Any, scaler: Any) -> Any:
+    def wrap_scaler(self, context: Any, scaler: Any) -> Any:
         """``context.wrap_scaler(scaler)``: the trial drives ``scaler``; hookdet checkpoints it."""
         missing = [m for m in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict")
                    if not callable(getattr(scaler, m, None))]
@@ -131,8 +128,7 @@ class AmpPlugin:
         logger.info("amp: the trial's %s is registered (manual mixed precision)", type(scaler).__name__)
         return scaler
 
-    @hookimpl
-    def hookdet_autocast_forward_pass(self, context: Any, module: torch.nn.Module) -> torch.nn.Module:
+    def autocast_forward_pass(self, context: Any, module: torch.nn.Module) -> torch.nn.Module:
         """``context.autocast_forward_pass(model)``: ``model``'s forward under autocast, its
         half-precision outputs cast back to float32; no scaler is registered. The dtype is the
         one automatic mode uses (``plugin_config.amp.dtype``); disabled amp leaves it as is."""
@@ -146,17 +142,42 @@ class AmpPlugin:
         patch_forward(module, autocast_forward(context.device.type, dtype))
         return module
 
-    # ------------------------------------------------------------------ hooks
+    def configure_apex_amp(self, context: Any, models: Any, optimizers: Any, **arguments: Any) -> Any:
+        """Refused, in Determined's words: apex and native AMP never mix."""
+        raise TrialError(
+            "context.configure_apex_amp: Do not mix APEX with PyTorch AMP. (this run's precision "
+            f"is 'amp', switched on by {self._switched_on_by or 'the experiment file'})"
+        )
 
-    @hookimpl(wrapper=True)
-    def hookdet_wrap_model(self, model: torch.nn.Module, context: Any, options: Dict[str, Any]) -> Any:
+    # ------------------------------------------------------------------ wrapping and steps
+
+    def convert_model(self, model: torch.nn.Module, context: Any) -> torch.nn.Module:
         """In automatic mode, run the wrapped model's forward under autocast."""
-        wrapped = yield
         if self.mode is None and self._listed_in_config:
             self._switch_on_auto(context, BY_FILE)
         if self.mode == "auto" and self.dtype is not None:
-            patch_forward(wrapped, autocast_forward(self._device_type, self.dtype))
-        return wrapped
+            patch_forward(model, autocast_forward(self._device_type, self.dtype))
+        return model
+
+    def backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> None:
+        """Backward through the scaled loss."""
+        self.scaler.scale(loss).backward(**backward_kwargs)
+
+    def unscale_gradients(self, optimizer: Any, context: Any) -> None:
+        """Unscale ``optimizer``'s gradients (before averaging, clipping and the step)."""
+        self.scaler.unscale_(optimizer)
+        self._unscaled = True
+
+    def step(self, optimizer: Any, context: Any, scaler: Any) -> None:
+        """Step through the trial's scaler if it passed one, else this one (skips on inf/NaN)."""
+        (scaler if scaler is not None else self.scaler).step(optimizer)
+
+    def batch_end(self, context: Any) -> None:
+        """Update the scale once per batch that stepped (with gradient aggregation, the last
+        batch of each window; the others never reach the step)."""
+        if self._unscaled:
+            self._unscaled = False
+            self.scaler.update()
 
     # ------------------------------------------------------------------ state
 
@@ -220,39 +241,39 @@ class AmpPlugin:
             "amp: automatic mixed precision (%s): autocast %s on %s, %s",
             by, dtype_name(self.dtype), self._device_type, scaling,
         )
-        if self.scaler.is_enabled():
-            self._run.plugins.register(STEPS_NAME, _AutoScalerSteps(self.scaler))
 
 
-class _AutoScalerSteps:
-    """The per-batch half of automatic mode, registered only when the scaler is active."""
+# ---------------------------------------------------------------------------------------------
+# The plugin
+# ---------------------------------------------------------------------------------------------
 
-    def __init__(self, scaler: Any) -> None:
-        self.scaler = scaler
-        self._touched = False
 
-    @hookimpl
-    def hookdet_backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
-        """Backward through the scaled loss."""
-        self.scaler.scale(loss).backward(**backward_kwargs)
-        return True
+class AmpPlugin:
+    """Provides :class:`AmpPrecision` as the run's precision and keeps its state in checkpoints."""
 
-    @hookimpl
-    def hookdet_prepare_gradients(self, optimizer: Any, context: Any) -> None:
-        """Unscale ``optimizer``'s gradients (before averaging, clipping and the step)."""
-        self.scaler.unscale_(optimizer)
-        self._touched = True
+    Options = AmpSettings
+
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        self.settings: AmpSettings = options_for(AmpPlugin, options, NAME)
+        #: The run's precision, made when the run is configured.
+        self.precision: Optional[AmpPrecision] = None
 
     @hookimpl
-    def hookdet_step_optimizer(self, optimizer: Any, context: Any, scaler: Any) -> bool:
-        """Step through the trial's scaler if it passed one, else this one (skips on inf/NaN)."""
-        (scaler if scaler is not None else self.scaler).step(optimizer)
-        return True
+    def hookdet_configure(self, run: Any) -> None:
+        """Make the precision; listing ``amp`` in the experiment file means automatic mode for
+        every model."""
+        self.precision = AmpPrecision(self.settings, listed_in_config=NAME in run.plugin_names)
 
     @hookimpl
-    def hookdet_train_batch_end(self, context: Any, batch_idx: int, metrics: Dict[str, Any]) -> None:
-        """Update the scale once per batch that stepped (with gradient aggregation, the last
-        batch of each window; the others never reach the step)."""
-        if self._touched:
-            self._touched = False
-            self.scaler.update()
+    def hookdet_make_precision(self, run: Any) -> Optional[AmpPrecision]:
+        """The run's precision."""
+        return self.precision
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The precision's state (the scaler's)."""
+        return self.precision.state_dict() if self.precision is not None else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the precision's state."""
+        if self.precision is not None:
+            self.precision.load_state_dict(state)

@@ -1,6 +1,6 @@
 """The apex plugin's backends: NVIDIA apex.amp when it runs, else apex's opt levels on torch.amp
-(loss scalers, master weights, model casting); :class:`ApexSteps` puts the chosen backend on
-the per-batch hooks."""
+(loss scalers, master weights, model casting); the plugin's precision calls the chosen one per
+batch."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from hookdet.plugin import TrialError, autocast_forward, cast_tensors, dtype_name, hookimpl, patch_forward
+from hookdet.plugin import TrialError, autocast_forward, cast_tensors, dtype_name, patch_forward
 
 from .options import (
     HALF,
@@ -83,15 +83,18 @@ class ApexBackend:
                 context.optimizers[position] = out
         return list(models), list(optimizers_out)
 
-    def backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
+    def backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> None:
         _check_single_backward(context, self._backward_state)
         loss_id = self.loss_ids(loss, context.current_train_batch())
         with self.amp.scale_loss(loss, context.optimizers, loss_id=loss_id) as scaled:
             scaled.backward(**backward_kwargs)
-        return True
 
-    def step(self, optimizer: Any, scaler: Any, context: Any) -> Optional[bool]:
-        return None  # apex patches a skipped step into the optimizer itself
+    def step(self, optimizer: Any, scaler: Any, context: Any) -> None:
+        """A plain step: apex patches a skipped step into the optimizer itself."""
+        if scaler is not None:
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
 
     def state_dict(self) -> Dict[str, Any]:
         return {"backend": "apex", "amp": self.amp.state_dict()}
@@ -218,7 +221,7 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ per batch
 
-    def backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
+    def backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> None:
         """Backward through ``loss * scale``, then unscale the new gradients at once (checking
         them for inf/NaN) and add them to those already accumulated — into the float32 masters
         when there are master weights."""
@@ -268,16 +271,15 @@ class TorchBackend:
         if scaler.dynamic:
             self.found_inf.add_(found)
             scaler.update(found)
-        return True
 
-    def step(self, optimizer: Any, scaler: Any, context: Any) -> bool:
+    def step(self, optimizer: Any, scaler: Any, context: Any) -> None:
         """Step unless a dynamic scaler overflowed in this window; refresh the model from the masters."""
         window = context.current_train_batch() // self.aggregation_frequency
         if self.any_dynamic and window == self.window and bool(self.found_inf.item()):
             if self.verbosity >= 1:
                 scales = ", ".join(f"{s.scale.item():g}" for s in self.scalers)
                 logger.info("apex: gradient overflow; skipping this step, loss scale(s) now %s", scales)
-            return True
+            return
         if scaler is not None:
             scaler.step(optimizer)
         else:
@@ -286,7 +288,6 @@ class TorchBackend:
         if distinct:
             with torch.no_grad():
                 torch._foreach_copy_([p for p, _ in distinct], [m for _, m in distinct])
-        return True
 
     # ------------------------------------------------------------------ state
 
@@ -326,23 +327,6 @@ class TorchBackend:
             for current, saved in zip(mine, masters):
                 for master, value in zip(current, saved):
                     master.copy_(value)
-
-
-class ApexSteps:
-    """The per-batch hooks of a configured apex backend (registered only when needed)."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-
-    @hookimpl
-    def hookdet_backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> bool:
-        """Scaled backward (apex's ``scale_loss``)."""
-        return self.backend.backward(loss, context, backward_kwargs)
-
-    @hookimpl
-    def hookdet_step_optimizer(self, optimizer: Any, context: Any, scaler: Any) -> Optional[bool]:
-        """Step, or skip after an overflow; refresh half-precision weights from the masters."""
-        return self.backend.step(optimizer, scaler, context)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import torch
 from hookdet.plugin import DTYPE_NAMES, TrialError, known_dtype_name
 
 NAME = "apex"
-STEPS_NAME = "apex:steps"
 
 #: Placeholder in the opt-level table for the device's half precision.
 HALF = "half"

@@ -1,5 +1,6 @@
-"""The apex plugin itself: ``configure_apex_amp`` (answering ``hookdet_configure_apex_amp``),
-Determined's ordering rules around it, and its state in checkpoints."""
+"""The apex plugin itself: :class:`ApexPrecision` (``configure_apex_amp``, Determined's ordering
+rules around it, the backend's backward and step, its state), and the plugin that provides it
+as the run's precision."""
 from __future__ import annotations
 
 import logging
@@ -8,12 +9,11 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from hookdet.plugin import PluginError, TrialError, hookimpl, options_for, resolve_half_dtype
+from hookdet.plugin import PluginError, Precision, TrialError, hookimpl, options_for, resolve_half_dtype
 
-from .backends import ApexBackend, ApexSteps, TorchBackend
+from .backends import ApexBackend, TorchBackend
 from .options import (
     NAME,
-    STEPS_NAME,
     ApexSettings,
     as_list,
     check_loss_arguments,
@@ -26,45 +26,55 @@ from .options import (
 logger = logging.getLogger("hookdet")
 
 
-class ApexPlugin:
-    """``configure_apex_amp`` and Determined's ordering rules around it; its state in checkpoints."""
+class ApexPrecision(Precision):
+    """``configure_apex_amp`` and Determined's ordering rules around it; then the backend's
+    scaled backward, its step (skipped after an overflow) and its state."""
 
-    conflicts_with = ("amp",)
-    Options = ApexSettings
+    name = NAME
 
-    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
-        self.settings: ApexSettings = options_for(ApexPlugin, options, NAME)
+    def __init__(self, settings: ApexSettings, aggregation_frequency: int) -> None:
+        self.settings = settings
+        self.aggregation_frequency = aggregation_frequency
         #: The backend in use once ``configure_apex_amp`` ran: ``ApexBackend`` or ``TorchBackend``.
         self.backend: Any = None
-        self._run: Any = None
 
-    @hookimpl
-    def hookdet_configure(self, run: Any) -> None:
-        """Remember the run (its aggregation frequency and plugin manager)."""
-        self._run = run
+    @property
+    def changes_steps(self) -> bool:
+        """Once configured, unless the backend changes nothing per batch (loss scale 1, no
+        master weights)."""
+        return self.backend is not None and self.backend.needs_step_hooks
 
-    @hookimpl
-    def hookdet_configure_apex_amp(
-        self, context: Any, models: Any, optimizers: Any, args: Any, kwargs: Dict[str, Any]
-    ) -> Tuple[Any, Any]:
-        """``context.configure_apex_amp(models, optimizers, *args, **kwargs)``."""
-        return self.configure_apex_amp(context, models, optimizers, *args, **kwargs)
+    def use_amp(self, context: Any) -> None:
+        """Refused, in Determined's words: apex and native AMP never mix."""
+        raise self.refusal("context.experimental.use_amp")
 
-    @hookimpl(wrapper=True)
-    def hookdet_wrap_model(self, model: torch.nn.Module, context: Any, options: Dict[str, Any]) -> Any:
+    def wrap_scaler(self, context: Any, scaler: Any) -> Any:
+        """Refused, in Determined's words: apex and native AMP never mix."""
+        raise self.refusal("context.wrap_scaler")
+
+    def refusal(self, call: str) -> TrialError:
+        """Determined's words, then which precision the run has."""
+        return TrialError(f"{call}: Do not mix APEX with PyTorch AMP. (this run's precision is 'apex')")
+
+    def convert_model(self, model: torch.nn.Module, context: Any) -> torch.nn.Module:
         """Determined's rule: every model is wrapped before ``configure_apex_amp``."""
         if self.backend is not None:
             raise TrialError("context.wrap_model: must call wrap_model() before configure_apex_amp")
-        return (yield)
+        return model
 
-    @hookimpl(wrapper=True)
-    def hookdet_wrap_optimizer(
-        self, optimizer: Any, context: Any, backward_passes_per_step: int, options: Dict[str, Any]
-    ) -> Any:
+    def convert_optimizer(self, optimizer: torch.optim.Optimizer, context: Any) -> torch.optim.Optimizer:
         """Determined's rule: every optimizer is wrapped before ``configure_apex_amp``."""
         if self.backend is not None:
             raise TrialError("context.wrap_optimizer: must call wrap_optimizer() before configure_apex_amp")
-        return (yield)
+        return optimizer
+
+    def backward(self, loss: torch.Tensor, context: Any, backward_kwargs: Dict[str, Any]) -> None:
+        """Scaled backward (apex's ``scale_loss``)."""
+        self.backend.backward(loss, context, backward_kwargs)
+
+    def step(self, optimizer: torch.optim.Optimizer, context: Any, scaler: Any) -> None:
+        """Step, or skip after an overflow; refresh half-precision weights from the masters."""
+        self.backend.step(optimizer, scaler, context)
 
     def configure_apex_amp(
         self,
@@ -99,7 +109,7 @@ class ApexPlugin:
         model_list, _ = as_list(models, torch.nn.Module, "models")
         optimizer_list, _ = as_list(optimizers, torch.optim.Optimizer, "optimizers")
         model_indices = wrapped_positions(context, models, optimizers)
-        aggregation_frequency = int(self._run.config.optimizations.aggregation_frequency)
+        aggregation_frequency = self.aggregation_frequency
         check_loss_arguments(
             context, aggregation_frequency, num_losses, min_loss_scale, max_loss_scale, cast_model_outputs
         )
@@ -118,8 +128,6 @@ class ApexPlugin:
             context, model_list, model_indices, optimizer_list, arguments, resolve_properties(opt_level, overrides),
             aggregation_frequency,
         )
-        if backend.needs_step_hooks:
-            self._run.plugins.register(STEPS_NAME, ApexSteps(backend))
         self.backend = backend
         return same_shape(models, models_out), same_shape(optimizers, optimizers_out)
 
@@ -171,3 +179,33 @@ class ApexPlugin:
             )
             return
         self.backend.load_state_dict(state)
+
+
+class ApexPlugin:
+    """Provides :class:`ApexPrecision` as the run's precision and keeps its state in checkpoints."""
+
+    Options = ApexSettings
+
+    def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
+        self.settings: ApexSettings = options_for(ApexPlugin, options, NAME)
+        #: The run's precision, made when the run is configured.
+        self.precision: Optional[ApexPrecision] = None
+
+    @hookimpl
+    def hookdet_configure(self, run: Any) -> None:
+        """Make the precision (it needs the run's aggregation frequency)."""
+        self.precision = ApexPrecision(self.settings, int(run.config.optimizations.aggregation_frequency))
+
+    @hookimpl
+    def hookdet_make_precision(self, run: Any) -> Optional[ApexPrecision]:
+        """The run's precision."""
+        return self.precision
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The precision's state (loss scalers, master weights)."""
+        return self.precision.state_dict() if self.precision is not None else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the precision's state."""
+        if self.precision is not None:
+            self.precision.load_state_dict(state)
