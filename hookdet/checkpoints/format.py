@@ -434,6 +434,18 @@ def _check_file(directory: Path, relative: str, expected: Dict[str, Any]) -> Non
         raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} fails its {algorithm} check")
 
 
+def size_problem(directory: Path, metadata: Dict[str, Any]) -> Optional[str]:
+    """Why the checkpoint at ``directory`` is not intact by its manifest's sizes (a file missing,
+    cut short, or leading out through a symlink), or None: the quick look ``hookdet ui`` takes,
+    reading no file's contents (the checksums are checked when a checkpoint is loaded)."""
+    try:
+        for relative, expected in (metadata.get("files") or {}).items():
+            _check_size(directory, relative, expected)
+    except (CheckpointError, OSError, KeyError, TypeError) as error:
+        return str(error)
+    return None
+
+
 def verify(directory: Path) -> Dict[str, Any]:
     """Check the metadata and every file against the manifest; return the metadata.
 

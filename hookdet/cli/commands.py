@@ -332,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hookdet.cli.reading import add_reading_commands
 
     add_reading_commands(commands)
+    from hookdet.ui.command import add_ui_command
+
+    add_ui_command(commands)
     return parser
 
 

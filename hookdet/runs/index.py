@@ -238,16 +238,21 @@ def metrics_summary(reports: List[Dict[str, Any]]) -> List[List[str]]:
 def checkpoints_of(summary: RunSummary) -> Tuple[str, List[Tuple[str, Dict[str, Any]]]]:
     """Where the run's checkpoints are, and (location, metadata) of each one this run wrote,
     wherever its storage keeps them (a shared store's checkpoints of other runs are left out)."""
+    return checkpoints_in(summary.path)
+
+
+def checkpoints_in(run_dir: Path) -> Tuple[str, List[Tuple[str, Dict[str, Any]]]]:
+    """:func:`checkpoints_of` the run directory ``run_dir``."""
     from hookdet.checkpoints import format as fmt
     from hookdet.checkpoints import lookup
     from hookdet.checkpoints.storage import StorageError
     from hookdet.checkpoints.resolver import checkpoints_of_run, read_identity, storage_of
 
-    identity = read_identity(summary.path)
+    identity = read_identity(run_dir)
     if identity is None:  # a run directory of hookdet 0.1: its own checkpoints folder
-        root = summary.path / CHECKPOINTS_DIR
-        found = [(_relative(path, summary.path), metadata) for path, metadata in lookup.find_checkpoints(root)]
-        return _relative(root, summary.path), found
+        root = run_dir / CHECKPOINTS_DIR
+        found = [(_relative(path, run_dir), metadata) for path, metadata in lookup.find_checkpoints(root)]
+        return _relative(root, run_dir), found
     try:
         storage = storage_of(identity, None)
         checkpoints = checkpoints_of_run(storage, str(identity["run_id"]))
@@ -257,8 +262,8 @@ def checkpoints_of(summary: RunSummary) -> Tuple[str, List[Tuple[str, Dict[str, 
     for storage_id, metadata in checkpoints:
         local = storage.local_dir(storage_id)
         if local is not None:
-            where = _relative(local.parent, summary.path)
-        found.append((_relative(local, summary.path) if local is not None else storage.location(storage_id), metadata))
+            where = _relative(local.parent, run_dir)
+        found.append((_relative(local, run_dir) if local is not None else storage.location(storage_id), metadata))
     return where, found
 
 

@@ -55,12 +55,12 @@ def _stamp(line: str) -> str:
 def follow(run_dir: Path, rank: Optional[int] = None) -> Iterator[str]:
     """The lines there are, then new ones as they are written, until the run has ended (its
     record says it is not running) and its files have no more."""
-    followers: Dict[int, _Follower] = {}
+    followers: Dict[int, LogFollower] = {}
     for number, paths in log_files(run_dir, rank).items():
-        followers[number] = _Follower(paths[-1], already=paths[:-1])
+        followers[number] = LogFollower(paths[-1], already=paths[:-1])
     while True:
         for number, paths in log_files(run_dir, rank).items():  # a rank that started logging since
-            followers.setdefault(number, _Follower(paths[-1], already=[]))
+            followers.setdefault(number, LogFollower(paths[-1], already=[]))
         ended = _has_ended(run_dir)
         new = [line for follower in followers.values() for line in follower.new_lines()]
         yield from sorted(new, key=_stamp)
@@ -75,7 +75,7 @@ def _has_ended(run_dir: Path) -> bool:
     return record is None or record.get("state") != "running"
 
 
-class _Follower:
+class LogFollower:
     """One rank's current log file, read from where it stopped; when the file is rotated away,
     its end is read from the handle still open, then the new file from its start."""
 

@@ -8,8 +8,13 @@ replaces the file atomically. A run killed outright (SIGKILL, power cut) cannot 
 :func:`read_record` checks the pid of a run still marked ``running`` on this host: if that
 process is gone, the run reads as ``killed``.
 
+Each start and each end is also appended to ``history.jsonl``, one JSON object a line
+(``event``: ``started`` or ``resumed``, then how it ended; ``time``; on a resume, the checkpoint
+and the experiment fields that changed since the last start), so the run's story is kept, not
+only its last chapter (``hookdet ui`` shows it).
+
 A resume that fails before it trains a batch (a checkpoint that does not fit, a trial that
-does not build) changed nothing of the run, so it leaves nothing either: both files are put back
+does not build) changed nothing of the run, so it leaves nothing either: its files are put back
 as they were, and the run reads as it did before the attempt.
 """
 from __future__ import annotations
@@ -23,7 +28,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from hookdet.exit_codes import ExitReason
-from hookdet.runs.files import CONFIG_FILE, IDENTITY_FILE, METRICS_FILE, RUN_RECORD_FILE
+from hookdet.runs.files import CONFIG_FILE, HISTORY_FILE, IDENTITY_FILE, METRICS_FILE, RUN_RECORD_FILE
+from hookdet.runs.resume_report import changed_fields
 
 logger = logging.getLogger("hookdet")
 
@@ -81,10 +87,13 @@ def record_start(run: Any) -> None:
     """Write the run's ``config.json`` and mark it running in this process, keeping the records
     it replaces in ``run.prior_records``."""
     run_dir = Path(run.run_dir)
-    run.prior_records = {name: _read_bytes(run_dir / name) for name in (RUN_RECORD_FILE, CONFIG_FILE, IDENTITY_FILE)}
+    kept = (RUN_RECORD_FILE, CONFIG_FILE, IDENTITY_FILE, HISTORY_FILE)
+    run.prior_records = {name: _read_bytes(run_dir / name) for name in kept}
     run_dir.mkdir(parents=True, exist_ok=True)
-    _replace(run_dir / CONFIG_FILE, json.dumps(run.config.to_dict(), indent=2, sort_keys=True).encode())
+    config = run.config.to_dict()
+    _replace(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
     previous = read_record(run.run_dir) or {}
+    _append_history(run_dir, _start_entry(run, previous, config))
     _write(run.run_dir, {
         "state": "running",
         "pid": os.getpid(),
@@ -121,8 +130,51 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
     })
     try:
         _write(run.run_dir, record)
+        _append_history(Path(run.run_dir), {
+            "event": record["state"], "time": record["ended"], "batches_trained": state.batches_trained,
+            **({"error": record["error"]} if error is not None else {}),
+        })
     except OSError as problem:  # never hide how the run really ended behind this
         logger.warning("could not record the end of the run in %s: %s", Path(run.run_dir) / RUN_RECORD_FILE, problem)
+
+
+def _start_entry(run: Any, previous: Dict[str, Any], config: Dict[str, Any]) -> Dict[str, Any]:
+    """The history line of a start: ``resumed`` (with the checkpoint and what changed in the
+    experiment since the last start) when the directory held a run, else ``started``."""
+    entry: Dict[str, Any] = {"event": "resumed" if previous else "started", "time": _now(),
+                             "host": socket.gethostname()}
+    if run.resume_from is not None:
+        entry["resumed_from"] = str(run.resume_from)
+    before = (run.prior_records or {}).get(CONFIG_FILE)
+    if previous and before:
+        try:
+            entry["changed"] = changed_fields(json.loads(before), config)
+        except ValueError:
+            pass
+    return entry
+
+
+def _append_history(run_dir: Path, entry: Dict[str, Any]) -> None:
+    """One line on ``history.jsonl``."""
+    with open(run_dir / HISTORY_FILE, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read_history(run_dir: Path) -> list:
+    """The run's history lines, in order ([] when it has none; a torn line is skipped)."""
+    entries = []
+    try:
+        with open(Path(run_dir) / HISTORY_FILE, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict):
+                    entries.append(entry)
+    except OSError:
+        pass
+    return entries
 
 
 def trained(run: Any) -> bool:
@@ -153,7 +205,7 @@ def forget_attempt(run_dir: Path) -> None:
     """Remove the records of an attempt that left no checkpoint (its run id stays), so the
     directory holds no run and the next attempt starts it afresh (a search restarts a trial
     killed before its first checkpoint this way)."""
-    for name in (RUN_RECORD_FILE, CONFIG_FILE, METRICS_FILE):
+    for name in (RUN_RECORD_FILE, CONFIG_FILE, METRICS_FILE, HISTORY_FILE):
         (Path(run_dir) / name).unlink(missing_ok=True)
 
 

@@ -1,0 +1,148 @@
+"""The web application: Starlette routes, Jinja2 pages, JSON for the charts, the access token.
+
+Pages (each a stable URL): ``/`` runs and searches; ``/run/<root>/<path>`` a run;
+``/search/<root>/<path>`` a search; ``/compare?run=<root>/<path>&run=...`` runs side by side.
+Each page is rendered whole on the server (Jinja2, autoescaped: whatever a run file holds is
+shown as text) and its charts and live parts come from ``/api/...`` as JSON, which the page's
+script (``static/ui.js``) asks for again every second, saying what it already has, so only what
+is new travels. Charts are Plotly's (its JavaScript is served from the ``plotly`` package: no
+CDN). Every route answers GET only; nothing changes on disk.
+
+Off 127.0.0.1 every request needs the server's token (``?token=`` once, then a cookie).
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Dict, List, Optional
+
+from hookdet.ui import pages
+from hookdet.ui.catalog import Catalog, NotServed
+
+HERE = Path(__file__).parent
+TOKEN_COOKIE = "hookdet_ui_token"
+
+
+def plotly_js() -> Path:
+    """plotly.js as the ``plotly`` package ships it."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
+    """The ASGI application over ``catalog``; with ``token``, every request must carry it."""
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+    from starlette.applications import Starlette
+    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
+    templates.filters["tojson_attr"] = lambda value: json.dumps(value)
+
+    def page(name: str, **values: Any) -> HTMLResponse:
+        return HTMLResponse(templates.get_template(name).render(**values))
+
+    def served(handler: Callable[..., Any]) -> Callable[[Any], Awaitable[Response]]:
+        async def endpoint(request: Any) -> Response:
+            try:
+                return handler(request)
+            except NotServed as refusal:
+                return PlainTextResponse(f"not found: {refusal}", status_code=404)
+        return endpoint
+
+    def located(request: Any, kind: str) -> Path:
+        params = request.path_params
+        return catalog.locate(params["key"], params["path"], kind)
+
+    def list_page(request: Any) -> Response:
+        return page("list.html", rows=pages.list_rows(catalog))
+
+    def run_page(request: Any) -> Response:
+        return page("run.html", run=pages.run_page(catalog, located(request, "run")))
+
+    def search_page(request: Any) -> Response:
+        return page("search.html", search=pages.search_page(catalog, located(request, "search")))
+
+    def compare_page(request: Any) -> Response:
+        paths = [catalog.locate(*_key_and_path(given), "run") for given in request.query_params.getlist("run")]
+        return page("compare.html", compare=pages.compare_page(catalog, paths))
+
+    def list_api(request: Any) -> Response:
+        return JSONResponse({"rows": pages.list_rows(catalog)})
+
+    def run_api(request: Any) -> Response:
+        have = _have(request)
+        return JSONResponse(pages.run_updates(catalog, located(request, "run"), have,
+                                              int(request.query_params.get("log", "0") or 0)))
+
+    def search_api(request: Any) -> Response:
+        return JSONResponse(pages.search_updates(catalog, located(request, "search"), _have(request)))
+
+    def compare_api(request: Any) -> Response:
+        paths = [catalog.locate(*_key_and_path(given), "run") for given in request.query_params.getlist("run")]
+        return JSONResponse(pages.compare_updates(catalog, paths, _have(request)))
+
+    static = {"ui.js": HERE / "static" / "ui.js", "ui.css": HERE / "static" / "ui.css", "plotly.min.js": plotly_js()}
+
+    def static_file(request: Any) -> Response:
+        path = static.get(request.path_params["name"])
+        if path is None:
+            return PlainTextResponse("not found", status_code=404)
+        return FileResponse(path, headers={"Cache-Control": "max-age=3600"})
+
+    routes = [
+        Route("/", served(list_page)),
+        Route("/run/{key}/{path:path}", served(run_page)),
+        Route("/search/{key}/{path:path}", served(search_page)),
+        Route("/compare", served(compare_page)),
+        Route("/api/list", served(list_api)),
+        Route("/api/run/{key}/{path:path}", served(run_api)),
+        Route("/api/search/{key}/{path:path}", served(search_api)),
+        Route("/api/compare", served(compare_api)),
+        Route("/static/{name}", static_file),
+    ]
+    app = Starlette(routes=routes)
+    return _guarded(app, token) if token else app
+
+
+def _key_and_path(given: str) -> List[str]:
+    key, _, relative = given.partition("/")
+    return [key, relative or "."]
+
+
+def _have(request: Any) -> Dict[str, List[int]]:
+    """What the page already holds: ``{series: [epoch, points]}`` (see :mod:`hookdet.ui.tail`)."""
+    try:
+        have = json.loads(request.query_params.get("have") or "{}")
+    except ValueError:
+        return {}
+    return have if isinstance(have, dict) else {}
+
+
+def _guarded(app: Any, token: str) -> Any:
+    """``app`` behind the access token: from ``?token=`` (then remembered in a cookie) or the cookie."""
+    from starlette.responses import PlainTextResponse, RedirectResponse
+
+    async def guarded(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        from starlette.requests import Request
+
+        request = Request(scope)
+        given = request.query_params.get("token")
+        if given is not None and secrets.compare_digest(given, token):
+            response = RedirectResponse(str(request.url.remove_query_params("token")), status_code=303)
+            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            await response(scope, receive, send)
+            return
+        if not secrets.compare_digest(request.cookies.get(TOKEN_COOKIE, ""), token):
+            refusal = PlainTextResponse("this hookdet ui needs its access token: open the URL it printed when it "
+                                        "started (…?token=...)", status_code=403)
+            await refusal(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guarded

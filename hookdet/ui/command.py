@@ -1,0 +1,90 @@
+"""``hookdet ui [DIR ...] [--host 127.0.0.1] [--port 8080]``: serve the web view until Ctrl-C.
+
+The server is uvicorn running :func:`hookdet.ui.app.build_app`; it binds 127.0.0.1 unless
+``--host`` says otherwise, and then every request needs the access token it prints. Without the
+``ui`` extra (Starlette, uvicorn, Jinja2, Plotly) it says which extra in one line.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import secrets
+import socket
+from pathlib import Path
+from typing import Any, List
+
+from hookdet.errors import UsageError
+
+#: What ``pip install 'hookdet[ui]'`` brings.
+UI_MODULES = ("starlette", "uvicorn", "jinja2", "plotly")
+LOOPBACK_NAMES = ("localhost",)
+
+
+def add_ui_command(commands: Any) -> None:
+    """Add ``ui`` to the ``hookdet`` parser's subcommands."""
+    ui = commands.add_parser("ui", help="a local, read-only web view of runs and searches (hookdet[ui])")
+    ui.add_argument("dirs", nargs="*", metavar="DIR",
+                    help="folders of runs and searches (default: ./runs and the runs in your checkpoint index)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1; another needs the printed token)")
+    ui.add_argument("--port", type=int, default=8080, help="the port (default 8080; 0: any free one)")
+    ui.set_defaults(handler=command_ui)
+
+
+def missing_modules() -> List[str]:
+    """The ``ui`` extra's modules this environment lacks."""
+    import importlib.util
+
+    return [name for name in UI_MODULES if importlib.util.find_spec(name) is None]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def command_ui(args: argparse.Namespace) -> int:
+    """Start the server, print its URL, serve until Ctrl-C."""
+    missing = missing_modules()
+    if missing:
+        raise UsageError(f"hookdet ui needs the 'ui' extra ({', '.join(missing)} missing): pip install 'hookdet[ui]'")
+    from hookdet.ui.catalog import Catalog, default_roots
+
+    roots = [Path(given) for given in args.dirs] or default_roots()
+    absent = [str(root) for root in roots if not root.is_dir()]
+    if absent:
+        raise UsageError(f"hookdet ui: {', '.join(absent)}: not a directory")
+    token = None if is_loopback(args.host) else secrets.token_urlsafe(18)
+    serve(Catalog(roots), args.host, args.port, token)
+    return 0
+
+
+def serve(catalog: Any, host: str, port: int, token: Any) -> None:
+    """Run uvicorn on an already bound socket, so the printed URL is the real one (port 0 too)."""
+    import uvicorn
+
+    from hookdet.ui.app import build_app
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        raise UsageError(f"hookdet ui: cannot listen on {host}:{port}: {error.strerror}") from None
+    bound = listener.getsockname()[1]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
+    roots = ", ".join(str(root) for root in catalog.roots.values()) or "nothing"
+    print(f"hookdet ui: serving {roots}", flush=True)
+    if token:
+        print(f"hookdet ui: listening on {host}, beyond this machine; every request needs this token "
+              f"(open the URL below once): {token}", flush=True)
+    print(f"hookdet ui: {url}  (Ctrl-C stops it)", flush=True)
+    config = uvicorn.Config(build_app(catalog, token), log_level="warning", lifespan="off")
+    uvicorn.Server(config).run(sockets=[listener])
+    print("hookdet ui: stopped", flush=True)

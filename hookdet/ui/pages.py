@@ -1,0 +1,211 @@
+"""What each page of ``hookdet ui`` shows, as plain values for its template and its JSON.
+
+Every ``*_page`` function gives a template what it renders once; every ``*_updates`` function
+gives the page's script what is new since what it says it has (``have``: for each series, the
+epoch and the number of points it holds; for logs, the number of lines). Values go out as they
+are in the run's files: the templates escape them, and the script sets them as text or escapes
+them for Plotly's labels (which take a little HTML).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hookdet.runs.index import flatten
+from hookdet.ui.catalog import Catalog
+from hookdet.ui.records import RunRecords
+from hookdet.ui.tail import BoundedSeries
+
+#: A search trial's state as the list says it.
+STATE_WORDS = {"stopped": "stopped by the searcher"}
+
+
+def series_update(series: BoundedSeries, have: Optional[List[int]]) -> Dict[str, Any]:
+    """The points of ``series`` the page lacks (all of them after a thinning or a reset)."""
+    since = have[1] if isinstance(have, list) and len(have) == 2 and have[0] == series.epoch else 0
+    since = since if 0 <= since <= series.kept else 0
+    xs, ys = series.xs[since:], series.ys[since:]
+    return {"epoch": series.epoch, "from": since, "x": xs, "y": ys, "tail": series.tail}
+
+
+# ------------------------------------------------------------------------------ the list
+
+
+def list_rows(catalog: Catalog) -> List[Dict[str, Any]]:
+    """Every run and search under the roots, newest first; a search with its trials."""
+    searches, runs = catalog.scan()
+    rows = []
+    for path in runs:
+        rows.append(dict(catalog.run(path).summary(), url=catalog.url_of(path)))
+    for path in searches:
+        search = catalog.search(path)
+        row = dict(search.summary(), url=catalog.url_of(path))
+        states = catalog.trial_states(search)
+        row["trials"] = [
+            dict(trial.summary(STATE_WORDS.get(states.get(trial.path.resolve(), ""), states.get(trial.path.resolve()))),
+                 url=catalog.url_of(trial.path), name=f"{path.name}/{trial.path.name}")
+            for trial in search.trials.values() if trial.path.resolve().is_relative_to(path)
+        ]
+        rows.append(row)
+    rows.sort(key=lambda row: str(row.get("started") or ""), reverse=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------ a run
+
+
+def run_page(catalog: Catalog, path: Path) -> Dict[str, Any]:
+    """The run page's fixed parts: identity, configuration, history, checkpoints."""
+    records = catalog.run(path)
+    owner = catalog.owner_search(path)
+    state = None
+    if owner is not None:
+        search = catalog.search(owner)
+        search.refresh()
+        state = STATE_WORDS.get(catalog.trial_states(search).get(path.resolve(), ""))
+    config = records.config()
+    where, checkpoints = records.checkpoints()
+    return {
+        "name": path.name,
+        "api": catalog.url_of(path).replace("/run/", "/api/run/", 1),
+        "summary": records.summary(state),
+        "hparams": flatten(config.get("hyperparameters") or {}),
+        "config": json.dumps(config, indent=2, sort_keys=True),
+        "history": records.history() or _history_from_record(records.record()),
+        "checkpoints": checkpoints, "checkpoint_store": where,
+        "search": None if owner is None else {"name": owner.name, "url": catalog.url_of(owner)},
+    }
+
+
+def _history_from_record(record: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A run from before ``history.jsonl``: its one start and its end, from ``run.json``."""
+    entries = []
+    if record.get("started"):
+        entries.append({"event": "resumed" if record.get("resumed_from") else "started", "time": record["started"],
+                        "resumed_from": record.get("resumed_from")})
+    if record.get("ended"):
+        entries.append({"event": record.get("state"), "time": record["ended"],
+                        "batches_trained": record.get("batches_trained"), "error": record.get("error")})
+    return entries
+
+
+def run_updates(catalog: Catalog, path: Path, have: Dict[str, Any], log_count: int) -> Dict[str, Any]:
+    """What is new on the run page: its summary, its series' new points, its new log lines."""
+    records = catalog.run(path)
+    records.refresh()
+    records.new_log_lines()
+    return {
+        "summary": records.summary(),
+        "series": {name: series_update(series, have.get(name)) for name, series in sorted(records.series.items())},
+        "logs": _log_update(records, log_count),
+    }
+
+
+def _log_update(records: RunRecords, log_count: int) -> Dict[str, Any]:
+    kept = list(records.log_lines)
+    first_kept = records.log_count - len(kept)
+    start = max(log_count, first_kept) - first_kept if 0 <= log_count <= records.log_count else 0
+    return {"count": records.log_count, "reset": log_count < first_kept or log_count > records.log_count,
+            "lines": kept[start:]}
+
+
+# ------------------------------------------------------------------------------ a search
+
+
+def search_page(catalog: Catalog, path: Path) -> Dict[str, Any]:
+    """The search page's fixed parts: its experiment, searcher and where its store is."""
+    search = catalog.search(path)
+    search.refresh()
+    metric, smaller = search.metric
+    meta = search.meta
+    return {
+        "name": path.name,
+        "api": catalog.url_of(path).replace("/search/", "/api/search/", 1),
+        "metric": metric, "smaller": smaller,
+        "searcher": meta.get("searcher") or (meta.get("experiment") or {}).get("searcher", {}).get("name", "search"),
+        "store": meta.get("storage"),
+        "config": json.dumps(meta.get("experiment") or {}, indent=2, sort_keys=True),
+        "summary": search.summary(),
+    }
+
+
+def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any]) -> Dict[str, Any]:
+    """The trials' table, each trial's searcher-metric curve (new points), the rungs."""
+    search = catalog.search(path)
+    search.refresh()
+    metric, smaller = search.metric
+    rows, curves = [], {}
+    for request_id in search.state["order"]:
+        trial, records = search.state["trials"][request_id], search.trials[request_id]
+        series = records.series.get(f"validation/{metric}")
+        label = f"trial {trial['number']}"
+        if series is not None:
+            curves[label] = series_update(series, have.get(label))
+        rows.append(_trial_row(catalog, trial, records, series, smaller))
+    return {"summary": search.summary(), "metric": metric, "smaller": smaller, "trials": rows,
+            "curves": curves, "rungs": _rungs(search.state), "hparams": _varied(rows)}
+
+
+def _trial_row(catalog: Catalog, trial: Dict[str, Any], records: RunRecords, series: Optional[BoundedSeries],
+               smaller: bool) -> Dict[str, Any]:
+    values = (series.ys + ([series.tail[1]] if series.tail else [])) if series is not None else []
+    return {
+        "number": trial["number"], "state": STATE_WORDS.get(trial["state"], trial["state"]),
+        "bracket": trial.get("bracket"), "rung": trial["rung"] if (trial.get("rung") or -1) >= 0 else None,
+        "best": ((min if smaller else max)(values) if values else None), "last": values[-1] if values else None,
+        "batches": max(int(trial.get("batches") or 0), records.last_batch),
+        "hparams": {name: value for name, value in flatten(trial.get("hparams") or {}).items()},
+        "url": catalog.url_of(records.path),
+    }
+
+
+def _varied(rows: List[Dict[str, Any]]) -> List[str]:
+    """The hyperparameters that differ between trials (what the plots of a search are about)."""
+    names = sorted({name for row in rows for name in row["hparams"]})
+    return [name for name in names
+            if len({json.dumps(row["hparams"].get(name), sort_keys=True) for row in rows}) > 1]
+
+
+def _rungs(state: Dict[str, Any]) -> List[Dict[str, int]]:
+    """For each rung: the trials that reached it, went on past it, and were stopped at it."""
+    trials = list(state["trials"].values())
+    top = max([int(trial.get("rung") if trial.get("rung") is not None else -1) for trial in trials] or [-1])
+    table = []
+    for rung in range(top + 1):
+        reached = [t for t in trials if (t.get("rung") if t.get("rung") is not None else -1) >= rung]
+        table.append({"rung": rung, "reached": len(reached),
+                      "continued": sum(1 for t in reached if t["rung"] > rung),
+                      "stopped": sum(1 for t in reached if t["rung"] == rung and t["state"] == "stopped")})
+    return table
+
+
+# ------------------------------------------------------------------------------ compare
+
+
+def compare_page(catalog: Catalog, paths: List[Path]) -> Dict[str, Any]:
+    """Runs side by side: their configurations, field by field, with the differing ones marked."""
+    configs = [flatten(catalog.run(path).config()) for path in paths]
+    fields = sorted({name for config in configs for name in config})
+    rows = [{"field": name, "values": [_shown(config.get(name)) for config in configs],
+             "differs": len({json.dumps(config.get(name), sort_keys=True, default=str) for config in configs}) > 1}
+            for name in fields]
+    query = "&".join(f"run={catalog.url_of(path).split('/', 2)[2]}" for path in paths)
+    return {"names": [path.name for path in paths], "urls": [catalog.url_of(path) for path in paths],
+            "rows": rows, "api": f"/api/compare?{query}"}
+
+
+def _shown(value: Any) -> str:
+    return "-" if value is None else (value if isinstance(value, str) else json.dumps(value))
+
+
+def compare_updates(catalog: Catalog, paths: List[Path], have: Dict[str, Any]) -> Dict[str, Any]:
+    """Every run's series, keyed ``<metric>@<run>``, new points only."""
+    found: Dict[str, Any] = {}
+    for path in paths:
+        records = catalog.run(path)
+        records.refresh()
+        for name, series in sorted(records.series.items()):
+            key = f"{name}@{path.name}"
+            found[key] = dict(series_update(series, have.get(key)), metric=name, run=path.name)
+    return {"series": found}

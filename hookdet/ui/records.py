@@ -1,0 +1,215 @@
+"""One run directory and one search directory as the web view shows them, refreshed in place.
+
+A :class:`RunRecords` follows its run's ``metrics.jsonl`` (:class:`hookdet.ui.tail.JsonLinesTail`:
+only new bytes each refresh) into one bounded series per metric, and the last lines of its logs
+(:class:`hookdet.runs.logs.LogFollower`) into a bounded list; ``run.json``, ``config.json``,
+``history.jsonl`` and the checkpoints' metadata are small and read when asked. A
+:class:`SearchRecords` reads ``search.json`` and, when it changed, ``search-state.json`` (the
+driver replaces it whole at each decision), and each trial through a :class:`RunRecords` of its
+own. Nothing is locked or written; every file read is one of the run directory's own names.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import math
+import os
+from pathlib import Path
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from hookdet.runs import index as run_index
+from hookdet.runs.files import METRICS_FILE
+from hookdet.runs.logs import LogFollower, log_files
+from hookdet.runs.record import read_history, read_record
+from hookdet.search import report
+from hookdet.ui.tail import BoundedSeries, JsonLinesTail
+
+#: Log lines a run page keeps and shows (the newest).
+LOG_LINES = 2000
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def seconds_between(start: Optional[str], end: Optional[str]) -> Optional[float]:
+    """Seconds from one ISO time to another (``end`` None: now)."""
+    try:
+        first = datetime.datetime.fromisoformat(str(start))
+        last = datetime.datetime.fromisoformat(end) if end else datetime.datetime.now(first.tzinfo)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (last - first).total_seconds())
+
+
+class RunRecords:
+    """A run directory, read incrementally (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.series: Dict[str, BoundedSeries] = {}
+        self.last_batch = 0
+        self.validations: List[Tuple[int, Dict[str, Any]]] = []  # (batch, metrics), bounded below
+        self.resets = 0
+        self._tail = JsonLinesTail(self.path / METRICS_FILE, self._take, self._forget)
+        self._logs: Dict[int, LogFollower] = {}
+        self.log_lines: Deque[str] = collections.deque(maxlen=LOG_LINES)
+        self.log_count = 0
+
+    # ------------------------------------------------------------------ metrics
+
+    def refresh(self) -> None:
+        """Read what the run appended since the last refresh."""
+        while self._tail.refresh():
+            pass
+
+    def _take(self, report: Dict[str, Any]) -> None:
+        metrics, batch = report.get("metrics"), report.get("steps_completed")
+        if not isinstance(metrics, dict) or not isinstance(batch, int):
+            return
+        group = "validation" if report.get("group") == "validation" else "training"
+        self.last_batch = max(self.last_batch, batch)
+        for name, value in metrics.items():
+            if is_number(value):
+                self.series.setdefault(f"{group}/{name}", BoundedSeries()).add(batch, float(value))
+        if group == "validation":
+            self.validations.append((batch, {k: v for k, v in metrics.items() if is_number(v)}))
+            if len(self.validations) > 2 * LOG_LINES:
+                del self.validations[: len(self.validations) - LOG_LINES]
+
+    def _forget(self) -> None:
+        self.series, self.validations, self.last_batch = {}, [], 0
+        self.resets += 1
+
+    def best(self, metric: Optional[str], smaller: bool) -> Optional[float]:
+        """The best value of the validation ``metric`` so far (over the kept points)."""
+        series = self.series.get(f"validation/{metric}")
+        if series is None:
+            return None
+        values = series.ys + ([series.tail[1]] if series.tail else [])
+        return (min if smaller else max)(values) if values else None
+
+    # ------------------------------------------------------------------ files read when asked
+
+    def record(self) -> Dict[str, Any]:
+        return read_record(self.path) or {}
+
+    def config(self) -> Dict[str, Any]:
+        return run_index.read_config(self.path)
+
+    def history(self) -> List[Dict[str, Any]]:
+        return read_history(self.path)
+
+    def summary(self, state: Optional[str] = None) -> Dict[str, Any]:
+        """The list's row: name, state, progress, best searcher metric, times."""
+        self.refresh()
+        record, searcher = self.record(), (self.config().get("searcher") or {})
+        metric = record.get("searcher_metric") or searcher.get("metric")
+        smaller = bool(record.get("smaller_is_better", searcher.get("smaller_is_better", True)))
+        ended = None if record.get("state") == "running" else record.get("ended")
+        return {
+            "name": self.path.name,
+            "kind": "run",
+            "state": state or record.get("state", "unknown"),
+            "batches": max(int(record.get("batches_trained") or 0), self.last_batch),
+            "max_batches": record.get("max_batches"),
+            "metric": metric,
+            "best": self.best(metric, smaller),
+            "started": record.get("created") or record.get("started") or "",
+            "seconds": seconds_between(record.get("started"), ended),
+        }
+
+    # ------------------------------------------------------------------ logs
+
+    def new_log_lines(self) -> int:
+        """Read the run's new log lines into :attr:`log_lines`; how many came."""
+        for rank, paths in log_files(self.path).items():
+            if rank not in self._logs:
+                self._logs[rank] = LogFollower(paths[-1], already=paths[:-1][-1:])
+        new = sorted((line for follower in self._logs.values() for line in follower.new_lines()),
+                     key=lambda line: line[1:line.find("]")] if line.startswith("[") else "")
+        self.log_lines.extend(new)
+        self.log_count += len(new)
+        return len(new)
+
+    def checkpoints(self) -> Tuple[str, List[Dict[str, Any]]]:
+        """Where the checkpoints are, and one row per checkpoint the run wrote."""
+        from hookdet.checkpoints.format import size_problem
+
+        where, found = run_index.checkpoints_in(self.path)
+        rows = []
+        for location, metadata in found:
+            local = self.path / location
+            problem = size_problem(local, metadata) if local.is_dir() else None
+            rows.append({
+                "id": Path(location).name, "location": location,
+                "batch": metadata.get("steps_completed"),
+                "bytes": sum(int(entry.get("size") or 0) for entry in (metadata.get("files") or {}).values()),
+                "metrics": ({str(metadata.get("searcher_metric")): metadata["validation_metric"]}
+                            if is_number(metadata.get("validation_metric")) else {}),
+                "intact": problem is None, "problem": problem,
+            })
+        return where, rows
+
+
+class SearchRecords:
+    """A search directory: its meta, its state (read again when the file changes), its trials."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.trials: Dict[str, RunRecords] = {}
+        self._state_stamp: Optional[Tuple[int, int]] = None
+        self.meta: Dict[str, Any] = {}
+        self.state: Dict[str, Any] = {"order": [], "trials": {}}
+
+    def refresh(self) -> None:
+        """Read the search's files again where they changed, then each trial's new reports."""
+        try:
+            status = os.stat(self.path / report.STATE_FILE)
+            stamp: Optional[Tuple[int, int]] = (status.st_mtime_ns, status.st_size)
+        except OSError:
+            stamp = None
+        if stamp != self._state_stamp or not self.meta:
+            self.meta, self.state = report.read_search(self.path)
+            self._state_stamp = stamp
+        for request_id in self.state["order"]:
+            directory = Path(self.state["trials"][request_id]["dir"])
+            if not directory.is_absolute():
+                directory = self.path / directory
+            records = self.trials.get(request_id)
+            if records is None:
+                records = self.trials[request_id] = RunRecords(directory)
+            records.refresh()
+
+    @property
+    def metric(self) -> Tuple[str, bool]:
+        return report.metric_of(self.meta)
+
+    def summary(self) -> Dict[str, Any]:
+        """The list's row for the search: its trials' counts, the best metric, times."""
+        self.refresh()
+        metric, smaller = self.metric
+        bests = [value for value in (trial.best(metric, smaller) for trial in self.trials.values()) if value is not None]
+        states = collections.Counter(trial["state"] for trial in self.state["trials"].values())
+        records = [trial.record() for trial in self.trials.values()]
+        starts = sorted(r.get("created") or r.get("started") for r in records if r.get("created") or r.get("started"))
+        return {
+            "name": self.path.name, "kind": "search",
+            "state": _search_state(states),
+            "batches": sum(trial.last_batch for trial in self.trials.values()),
+            "max_batches": None, "metric": metric,
+            "best": ((min if smaller else max)(bests) if bests else None),
+            "started": starts[0] if starts else "",
+            "seconds": None,
+            "counts": dict(states),
+        }
+
+
+def _search_state(counts: "collections.Counter[str]") -> str:
+    """One word for a search: running while any trial is, else how its trials ended."""
+    if not counts:
+        return "starting"
+    for word in ("running", "queued", "paused"):
+        if counts.get(word):
+            return "running"
+    return "completed" if set(counts) <= {"completed", "stopped"} else ", ".join(sorted(counts))

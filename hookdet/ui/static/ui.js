@@ -1,0 +1,363 @@
+// hookdet ui: what each page does in the browser. The pages come rendered from the server;
+// this asks /api/... for what is new every second (saying what it has), keeps the tables
+// current and hands data to Plotly, which draws every chart. Text from run files is only ever
+// set as text (textContent), never parsed as HTML.
+"use strict";
+
+const POLL_MS = 1000;
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function link(href, text) {
+  const a = el("a", text);
+  a.href = href;
+  return a;
+}
+
+// Plotly's labels take a little HTML: what comes from run files is escaped for them.
+function plotText(value) {
+  return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+function number(value) {
+  if (value === null || value === undefined) return "-";
+  if (typeof value !== "number") return String(value);
+  return Number.isInteger(value) ? String(value) : value.toPrecision(4);
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  const s = Math.round(seconds), h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
+  return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(s % 60).padStart(2, "0")}s` : `${s}s`;
+}
+
+async function fetchJSON(url) {
+  const response = await fetch(url, {credentials: "same-origin"});
+  if (!response.ok) throw new Error(`${url}: ${response.status}`);
+  return response.json();
+}
+
+function poll(step) {
+  const again = () => step().catch((error) => console.warn(String(error))).finally(() => setTimeout(again, POLL_MS));
+  return step().then(() => { document.body.dataset.ready = "1"; }).finally(() => setTimeout(again, POLL_MS));
+}
+
+// ---------------------------------------------------------------- series kept by a page
+
+// A page's copy of the server's series: {key: {epoch, x, y, tail}}; what it has goes back as
+// `have`, and each answer brings only the points after it (all of them after a thinning).
+class SeriesStore {
+  constructor() { this.series = {}; }
+  have() {
+    const have = {};
+    for (const [key, s] of Object.entries(this.series)) have[key] = [s.epoch, s.x.length];
+    return encodeURIComponent(JSON.stringify(have));
+  }
+  merge(updates) {
+    for (const [key, u] of Object.entries(updates)) {
+      const s = this.series[key];
+      if (!s || s.epoch !== u.epoch || u.from === 0) {
+        this.series[key] = {epoch: u.epoch, x: u.x.slice(), y: u.y.slice(), tail: u.tail, meta: u};
+      } else {
+        s.x.push(...u.x); s.y.push(...u.y); s.tail = u.tail; s.meta = u;
+      }
+    }
+  }
+  points(key) {
+    const s = this.series[key];
+    return s.tail ? [s.x.concat([s.tail[0]]), s.y.concat([s.tail[1]])] : [s.x, s.y];
+  }
+}
+
+function smooth(ys, weight) {
+  if (!weight) return ys;
+  const out = [];
+  let last = null;
+  for (const y of ys) { last = last === null ? y : last * weight + (1 - weight) * y; out.push(last); }
+  return out;
+}
+
+function layout(title, logScale, xTitle) {
+  return {title: {text: plotText(title), font: {size: 14}, x: 0.02}, margin: {l: 56, r: 16, t: 36, b: 40}, hovermode: "x unified",
+          showlegend: true,
+          xaxis: {title: {text: plotText(xTitle || "batches")}}, yaxis: {type: logScale ? "log" : "linear"},
+          legend: {orientation: "h"}};
+}
+
+function chartDiv(container, id) {
+  let div = document.getElementById(id);
+  if (!div) { div = el("div"); div.id = id; div.className = "chart"; container.appendChild(div); }
+  return div;
+}
+
+// ---------------------------------------------------------------- the list
+
+function listPage() {
+  let rows = JSON.parse(document.getElementById("initial").textContent);
+  const open = new Set(), chosen = new Set();
+  let sortKey = "started", descending = true;
+  const nameFilter = document.getElementById("filter-name"), stateFilter = document.getElementById("filter-state");
+  const compare = document.getElementById("compare");
+
+  function cells(row, isTrial, index) {
+    const tr = el("tr", null, isTrial ? "trial" : row.kind);
+    const first = el("td");
+    if (row.kind === "search") {
+      const button = el("button", open.has(row.url) ? "▾" : "▸", "toggle");
+      button.title = "show its trials";
+      button.onclick = () => { open.has(row.url) ? open.delete(row.url) : open.add(row.url); render(); };
+      first.appendChild(button);
+    } else {
+      const box = el("input"); box.type = "checkbox"; box.checked = chosen.has(row.url);
+      box.onchange = () => { box.checked ? chosen.add(row.url) : chosen.delete(row.url); compare.disabled = chosen.size < 2; };
+      first.appendChild(box);
+    }
+    tr.appendChild(first);
+    const name = el("td"); name.appendChild(link(row.url, row.name)); tr.appendChild(name);
+    tr.appendChild(el("td", row.kind));
+    tr.appendChild(el("td", row.state, "state state-" + String(row.state).split(" ")[0]));
+    const progress = el("td");
+    if (row.max_batches) {
+      const bar = el("span", null, "progress"), fill = el("span");
+      fill.style.width = `${Math.min(100, 100 * row.batches / row.max_batches)}%`;
+      bar.appendChild(fill); progress.appendChild(bar);
+      progress.appendChild(document.createTextNode(`${row.batches} / ${row.max_batches}`));
+    } else if (row.kind === "search") {
+      progress.textContent = Object.entries(row.counts || {}).map(([s, n]) => `${s} ${n}`).join(", ") || "no trials yet";
+    } else {
+      progress.textContent = String(row.batches);
+    }
+    tr.appendChild(progress);
+    tr.appendChild(el("td", row.best === null || row.best === undefined ? "-" : `${row.metric}=${number(row.best)}`));
+    tr.appendChild(el("td", String(row.started || "-").replace("T", " ").slice(0, 19)));
+    tr.appendChild(el("td", duration(row.seconds)));
+    return tr;
+  }
+
+  function shown(row) {
+    const name = nameFilter.value.toLowerCase(), state = stateFilter.value;
+    const matches = (r) => (!name || r.name.toLowerCase().includes(name)) && (!state || r.state === state);
+    return matches(row) || (row.trials || []).some(matches);
+  }
+
+  function render() {
+    const body = document.querySelector("#runs tbody");
+    const sorted = rows.filter(shown).sort((a, b) => {
+      const x = a[sortKey], y = b[sortKey];
+      const order = x === y ? 0 : (x === null || x === undefined) ? 1 : (y === null || y === undefined) ? -1 : x < y ? -1 : 1;
+      return descending ? -order : order;
+    });
+    body.replaceChildren();
+    for (const row of sorted) {
+      body.appendChild(cells(row, false));
+      if (open.has(row.url)) for (const trial of row.trials || []) body.appendChild(cells(trial, true));
+    }
+    const states = new Set(rows.flatMap((r) => [r.state, ...(r.trials || []).map((t) => t.state)]));
+    const known = new Set([...stateFilter.options].map((o) => o.value));
+    for (const state of [...states].sort()) if (!known.has(state)) stateFilter.appendChild(new Option(state, state));
+    document.getElementById("counts").textContent = `${sorted.length} of ${rows.length} shown`;
+    for (const th of document.querySelectorAll("#runs th[data-key]")) {
+      th.className = th.dataset.key === sortKey ? (descending ? "sorted-down" : "sorted-up") : "";
+    }
+  }
+
+  for (const th of document.querySelectorAll("#runs th[data-key]")) {
+    th.onclick = () => { descending = th.dataset.key === sortKey ? !descending : false; sortKey = th.dataset.key; render(); };
+  }
+  nameFilter.oninput = render; stateFilter.onchange = render;
+  compare.onclick = () => {
+    const query = [...chosen].map((url) => "run=" + encodeURIComponent(url.split("/").slice(2).join("/"))).join("&");
+    window.location.href = "/compare?" + query;
+  };
+  render();
+  document.body.dataset.ready = "1";
+  const again = () => fetchJSON("/api/list").then((answer) => { rows = answer.rows; render(); })
+    .catch((error) => console.warn(String(error))).finally(() => setTimeout(again, 2 * POLL_MS));
+  setTimeout(again, 2 * POLL_MS);
+}
+
+// ---------------------------------------------------------------- a run
+
+function runPage() {
+  const summary = document.getElementById("summary"), api = summary.dataset.api;
+  const store = new SeriesStore(), charts = document.getElementById("charts");
+  const logScale = document.getElementById("log-scale"), smoothing = document.getElementById("smoothing");
+  const logs = document.getElementById("logs");
+  let logCount = 0;
+
+  function draw() {
+    const weight = Number(smoothing.value);
+    document.getElementById("smoothing-value").textContent = weight.toFixed(2);
+    const byMetric = {};
+    for (const key of Object.keys(store.series).sort()) {
+      const [group, metric] = [key.slice(0, key.indexOf("/")), key.slice(key.indexOf("/") + 1)];
+      (byMetric[metric] = byMetric[metric] || []).push([group, key]);
+    }
+    for (const [metric, keys] of Object.entries(byMetric)) {
+      const traces = keys.map(([group, key]) => {
+        const [x, y] = store.points(key);
+        return {x, y: smooth(y, weight), name: group, mode: group === "validation" ? "lines+markers" : "lines"};
+      });
+      Plotly.react(chartDiv(charts, "chart-" + metric), traces, layout(metric, logScale.checked));
+    }
+  }
+
+  function showSummary(s) {
+    summary.replaceChildren();
+    const field = (label, value, className) => {
+      const span = el("span", null, "field"); span.appendChild(el("b", label + " "));
+      span.appendChild(el("span", value, className)); summary.appendChild(span);
+    };
+    field("state", s.state, "state state-" + s.state);
+    field("batches", s.max_batches ? `${s.batches} / ${s.max_batches} (${Math.floor(100 * s.batches / s.max_batches)}%)` : s.batches);
+    field("best " + (s.metric || "metric"), number(s.best));
+    field("started", String(s.started || "-").replace("T", " ").slice(0, 19));
+    field("duration", duration(s.seconds));
+  }
+
+  function addLogs(update) {
+    if (update.reset) logs.textContent = "";
+    const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
+    if (update.lines.length) logs.appendChild(document.createTextNode(update.lines.join("\n") + "\n"));
+    logCount = update.count;
+    document.getElementById("log-count").textContent = `${logCount} lines`;
+    if (atBottom) logs.scrollTop = logs.scrollHeight;
+  }
+
+  logScale.onchange = draw; smoothing.oninput = draw;
+  poll(async () => {
+    const answer = await fetchJSON(`${api}?have=${store.have()}&log=${logCount}`);
+    showSummary(answer.summary);
+    store.merge(answer.series);
+    draw();
+    addLogs(answer.logs);
+  });
+}
+
+// ---------------------------------------------------------------- a search
+
+function searchPage() {
+  const summary = document.getElementById("summary"), api = summary.dataset.api, store = new SeriesStore();
+  const logScale = document.getElementById("log-scale");
+  const heatX = document.getElementById("heat-x"), heatY = document.getElementById("heat-y");
+  let last = null;
+
+  function trialsTable(answer) {
+    const table = document.getElementById("trials");
+    const head = el("tr");
+    const columns = ["trial", "state", "bracket", "rung", "best", "last", "batches", ...answer.hparams];
+    for (const column of columns) head.appendChild(el("th", column));
+    table.tHead.replaceChildren(head);
+    const body = table.tBodies[0];
+    body.replaceChildren();
+    for (const row of answer.trials) {
+      const tr = el("tr"), first = el("td");
+      first.appendChild(link(row.url, `trial ${row.number}`)); tr.appendChild(first);
+      tr.appendChild(el("td", row.state, "state state-" + row.state.split(" ")[0]));
+      for (const key of ["bracket", "rung", "best", "last", "batches"]) tr.appendChild(el("td", number(row[key])));
+      for (const name of answer.hparams) tr.appendChild(el("td", number(row.hparams[name])));
+      body.appendChild(tr);
+    }
+  }
+
+  function rungsTable(rungs) {
+    const body = document.querySelector("#rungs tbody");
+    body.replaceChildren();
+    for (const r of rungs) {
+      const tr = el("tr");
+      for (const key of ["rung", "reached", "continued", "stopped"]) tr.appendChild(el("td", r[key]));
+      body.appendChild(tr);
+    }
+  }
+
+  function bestTrial(answer) {
+    const measured = answer.trials.filter((row) => row.best !== null);
+    const line = document.getElementById("best-trial");
+    line.replaceChildren();
+    if (!measured.length) { line.textContent = "no trial has reported the metric yet"; return; }
+    const pick = measured.reduce((a, b) => (answer.smaller ? b.best < a.best : b.best > a.best) ? b : a);
+    line.appendChild(document.createTextNode("best: "));
+    line.appendChild(link(pick.url, `trial ${pick.number}`));
+    line.appendChild(document.createTextNode(` with ${number(pick.best)}`));
+    const counts = answer.summary.counts || {};
+    document.getElementById("search-counts").textContent =
+      `${answer.trials.length} trials: ` + Object.entries(counts).map(([s, n]) => `${s} ${n}`).join(", ");
+  }
+
+  function hparamCharts(answer) {
+    const rows = answer.trials.filter((row) => row.best !== null), metric = answer.metric;
+    const numeric = answer.hparams.filter((name) => rows.every((row) => typeof row.hparams[name] === "number"));
+    const dimension = (label, values) => ({label: plotText(label), values});
+    const parallel = [{type: "parcoords", line: {color: rows.map((r) => r.best), colorscale: "Viridis", showscale: true},
+      dimensions: [...numeric.map((name) => dimension(name, rows.map((r) => r.hparams[name]))),
+                   dimension(metric, rows.map((r) => r.best))]}];
+    Plotly.react(document.getElementById("parallel"), parallel, {title: {text: "parallel coordinates", font: {size: 14}}, margin: {l: 60, r: 40, t: 60, b: 30}});
+    const scatters = document.getElementById("scatters");
+    for (const name of answer.hparams) {
+      const trace = {x: rows.map((r) => r.hparams[name]), y: rows.map((r) => r.best), mode: "markers", type: "scatter",
+                     text: rows.map((r) => `trial ${r.number}`), name: plotText(name)};
+      Plotly.react(chartDiv(scatters, "scatter-" + name), [trace], layout(`${metric} by ${name}`, false, name));
+    }
+    for (const select of [heatX, heatY]) {
+      const known = new Set([...select.options].map((o) => o.value));
+      for (const name of numeric) if (!known.has(name)) select.appendChild(new Option(name, name));
+    }
+    if (!heatY.dataset.touched && heatY.options.length > 1 && heatY.selectedIndex === 0) heatY.selectedIndex = 1;
+    const x = heatX.value, y = heatY.value;
+    const heat = x && y ? [{type: "histogram2d", histfunc: "avg", x: rows.map((r) => r.hparams[x]), y: rows.map((r) => r.hparams[y]),
+                            z: rows.map((r) => r.best), colorscale: "Viridis", nbinsx: 8, nbinsy: 8}] : [];
+    Plotly.react(document.getElementById("heatmap"), heat, layout(`${metric} (mean) by ${x} and ${y}`, false, x));
+  }
+
+  function draw(answer) {
+    const traces = Object.keys(store.series).map((key) => {
+      const [x, y] = store.points(key);
+      return {x, y, name: key, mode: "lines+markers"};
+    });
+    Plotly.react(document.getElementById("curves"), traces, layout(answer.metric, logScale.checked));
+  }
+
+  logScale.onchange = () => last && draw(last);
+  for (const select of [heatX, heatY]) select.onchange = () => { select.dataset.touched = "1"; if (last) hparamCharts(last); };
+  poll(async () => {
+    const answer = await fetchJSON(`${api}?have=${store.have()}`);
+    last = answer;
+    store.merge(answer.curves);
+    trialsTable(answer); rungsTable(answer.rungs); bestTrial(answer);
+    draw(answer); hparamCharts(answer);
+  });
+}
+
+// ---------------------------------------------------------------- compare
+
+function comparePage() {
+  const api = document.getElementById("summary").dataset.api, store = new SeriesStore();
+  const charts = document.getElementById("charts"), logScale = document.getElementById("log-scale");
+
+  function draw() {
+    const byMetric = {};
+    for (const [key, s] of Object.entries(store.series)) (byMetric[s.meta.metric] = byMetric[s.meta.metric] || []).push(key);
+    for (const [metric, keys] of Object.entries(byMetric)) {
+      const traces = keys.sort().map((key) => {
+        const [x, y] = store.points(key);
+        return {x, y, name: plotText(store.series[key].meta.run), mode: "lines"};
+      });
+      Plotly.react(chartDiv(charts, "chart-" + metric), traces, layout(metric, logScale.checked));
+    }
+  }
+
+  logScale.onchange = draw;
+  poll(async () => {
+    const answer = await fetchJSON(`${api}&have=${store.have()}`);
+    store.merge(answer.series);
+    draw();
+  });
+}
+
+const PAGES = {list: listPage, run: runPage, search: searchPage, compare: comparePage};
+PAGES[document.body.dataset.page]();
