@@ -34,7 +34,13 @@ def missing_modules() -> List[str]:
     """The ``ui`` extra's modules this environment lacks."""
     import importlib.util
 
-    return [name for name in UI_MODULES if importlib.util.find_spec(name) is None]
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a module set to None in sys.modules, a broken package
+            return True
+
+    return [name for name in UI_MODULES if absent(name)]
 
 
 def is_loopback(host: str) -> bool:
@@ -48,16 +54,17 @@ def is_loopback(host: str) -> bool:
 
 
 def command_ui(args: argparse.Namespace) -> int:
-    """Start the server, print its URL, serve until Ctrl-C."""
+    """Start the server, print its URL, serve until Ctrl-C (which ends it with status 0)."""
     missing = missing_modules()
     if missing:
-        raise UsageError(f"hookdet ui needs the 'ui' extra ({', '.join(missing)} missing): pip install 'hookdet[ui]'")
+        raise UsageError(f"ui: the web view needs the 'ui' extra ({', '.join(missing)} missing): "
+                         "pip install 'hookdet[ui]'")
     from hookdet.ui.catalog import Catalog, default_roots
 
     roots = [Path(given) for given in args.dirs] or default_roots()
     absent = [str(root) for root in roots if not root.is_dir()]
     if absent:
-        raise UsageError(f"hookdet ui: {', '.join(absent)}: not a directory")
+        raise UsageError(f"ui: {', '.join(absent)}: not a directory")
     token = None if is_loopback(args.host) else secrets.token_urlsafe(18)
     serve(Catalog(roots), args.host, args.port, token)
     return 0
@@ -75,7 +82,8 @@ def serve(catalog: Any, host: str, port: int, token: Any) -> None:
     try:
         listener.bind((host, port))
     except OSError as error:
-        raise UsageError(f"hookdet ui: cannot listen on {host}:{port}: {error.strerror}") from None
+        raise UsageError(f"ui: cannot listen on {host}:{port}: {error.strerror}") from None
+    listener.listen(128)  # connections wait in the backlog until uvicorn takes them
     bound = listener.getsockname()[1]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
@@ -86,5 +94,8 @@ def serve(catalog: Any, host: str, port: int, token: Any) -> None:
               f"(open the URL below once): {token}", flush=True)
     print(f"hookdet ui: {url}  (Ctrl-C stops it)", flush=True)
     config = uvicorn.Config(build_app(catalog, token), log_level="warning", lifespan="off")
-    uvicorn.Server(config).run(sockets=[listener])
+    try:
+        uvicorn.Server(config).run(sockets=[listener])
+    except KeyboardInterrupt:  # uvicorn shut down, then passes Ctrl-C on: it is how the view ends
+        pass
     print("hookdet ui: stopped", flush=True)

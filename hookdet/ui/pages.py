@@ -41,12 +41,8 @@ def list_rows(catalog: Catalog) -> List[Dict[str, Any]]:
     for path in searches:
         search = catalog.search(path)
         row = dict(search.summary(), url=catalog.url_of(path))
-        states = catalog.trial_states(search)
-        row["trials"] = [
-            dict(trial.summary(STATE_WORDS.get(states.get(trial.path.resolve(), ""), states.get(trial.path.resolve()))),
-                 url=catalog.url_of(trial.path), name=f"{path.name}/{trial.path.name}")
-            for trial in search.trials.values() if trial.path.resolve().is_relative_to(path)
-        ]
+        row["trials"] = [dict(search.trial_summary(request_id, STATE_WORDS), url=catalog.url_of(trial.path))
+                         for request_id, trial in search.trials.items() if trial.path.resolve().is_relative_to(path)]
         rows.append(row)
     rows.sort(key=lambda row: str(row.get("started") or ""), reverse=True)
     return rows
@@ -133,7 +129,7 @@ def search_page(catalog: Catalog, path: Path) -> Dict[str, Any]:
 def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any]) -> Dict[str, Any]:
     """The trials' table, each trial's searcher-metric curve (new points), the rungs."""
     search = catalog.search(path)
-    search.refresh()
+    search.refresh_trials()
     metric, smaller = search.metric
     rows, curves = [], {}
     for request_id in search.state["order"]:
@@ -200,12 +196,13 @@ def _shown(value: Any) -> str:
 
 
 def compare_updates(catalog: Catalog, paths: List[Path], have: Dict[str, Any]) -> Dict[str, Any]:
-    """Every run's series, keyed ``<metric>@<run>``, new points only."""
+    """Every run's series, keyed ``<group>/<metric>@<run>``, new points only."""
     found: Dict[str, Any] = {}
     for path in paths:
         records = catalog.run(path)
         records.refresh()
         for name, series in sorted(records.series.items()):
             key = f"{name}@{path.name}"
-            found[key] = dict(series_update(series, have.get(key)), metric=name, run=path.name)
+            group, _, metric = name.partition("/")
+            found[key] = dict(series_update(series, have.get(key)), metric=metric, group=group, run=path.name)
     return {"series": found}

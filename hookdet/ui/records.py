@@ -6,7 +6,9 @@ only new bytes each refresh) into one bounded series per metric, and the last li
 ``history.jsonl`` and the checkpoints' metadata are small and read when asked. A
 :class:`SearchRecords` reads ``search.json`` and, when it changed, ``search-state.json`` (the
 driver replaces it whole at each decision), and each trial through a :class:`RunRecords` of its
-own. Nothing is locked or written; every file read is one of the run directory's own names.
+own. Nothing is locked or written; every file read is one of the run directory's own names, and
+is read only while its resolved path lies inside the run directory (a symlink out of it reads
+as absent).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from hookdet.runs import index as run_index
-from hookdet.runs.files import METRICS_FILE
+from hookdet.runs.files import CONFIG_FILE, HISTORY_FILE, METRICS_FILE, RUN_RECORD_FILE
 from hookdet.runs.logs import LogFollower, log_files
 from hookdet.runs.record import read_history, read_record
 from hookdet.search import report
@@ -45,21 +47,32 @@ def seconds_between(start: Optional[str], end: Optional[str]) -> Optional[float]
 class RunRecords:
     """A run directory, read incrementally (see the module docstring)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, validations_only: bool = False) -> None:
+        """``validations_only``: follow the validation reports alone (a search's curves)."""
         self.path = Path(path)
         self.series: Dict[str, BoundedSeries] = {}
         self.last_batch = 0
         self.validations: List[Tuple[int, Dict[str, Any]]] = []  # (batch, metrics), bounded below
         self.resets = 0
-        self._tail = JsonLinesTail(self.path / METRICS_FILE, self._take, self._forget)
+        self._tail = JsonLinesTail(self.path / METRICS_FILE, self._take, self._forget,
+                                   only_lines_with=b'"validation"' if validations_only else None)
         self._logs: Dict[int, LogFollower] = {}
         self.log_lines: Deque[str] = collections.deque(maxlen=LOG_LINES)
         self.log_count = 0
 
     # ------------------------------------------------------------------ metrics
 
+    def owns(self, path: Path) -> bool:
+        """Whether ``path``, resolved, lies inside the run directory (resolved)."""
+        try:
+            return Path(path).resolve().is_relative_to(self.path.resolve())
+        except OSError:
+            return False
+
     def refresh(self) -> None:
         """Read what the run appended since the last refresh."""
+        if not self.owns(self.path / METRICS_FILE):
+            return
         while self._tail.refresh():
             pass
 
@@ -92,13 +105,13 @@ class RunRecords:
     # ------------------------------------------------------------------ files read when asked
 
     def record(self) -> Dict[str, Any]:
-        return read_record(self.path) or {}
+        return (read_record(self.path) or {}) if self.owns(self.path / RUN_RECORD_FILE) else {}
 
     def config(self) -> Dict[str, Any]:
-        return run_index.read_config(self.path)
+        return run_index.read_config(self.path) if self.owns(self.path / CONFIG_FILE) else {}
 
     def history(self) -> List[Dict[str, Any]]:
-        return read_history(self.path)
+        return read_history(self.path) if self.owns(self.path / HISTORY_FILE) else []
 
     def summary(self, state: Optional[str] = None) -> Dict[str, Any]:
         """The list's row: name, state, progress, best searcher metric, times."""
@@ -124,9 +137,11 @@ class RunRecords:
     def new_log_lines(self) -> int:
         """Read the run's new log lines into :attr:`log_lines`; how many came."""
         for rank, paths in log_files(self.path).items():
-            if rank not in self._logs:
+            paths = [path for path in paths if self.owns(path)]
+            if rank not in self._logs and paths:
                 self._logs[rank] = LogFollower(paths[-1], already=paths[:-1][-1:])
-        new = sorted((line for follower in self._logs.values() for line in follower.new_lines()),
+        followed = [follower for follower in self._logs.values() if self.owns(follower.path)]
+        new = sorted((line for follower in followed for line in follower.new_lines()),
                      key=lambda line: line[1:line.find("]")] if line.startswith("[") else "")
         self.log_lines.extend(new)
         self.log_count += len(new)
@@ -163,7 +178,7 @@ class SearchRecords:
         self.state: Dict[str, Any] = {"order": [], "trials": {}}
 
     def refresh(self) -> None:
-        """Read the search's files again where they changed, then each trial's new reports."""
+        """Read the search's files again where they changed (not its trials': :meth:`refresh_trials`)."""
         try:
             status = os.stat(self.path / report.STATE_FILE)
             stamp: Optional[Tuple[int, int]] = (status.st_mtime_ns, status.st_size)
@@ -173,34 +188,58 @@ class SearchRecords:
             self.meta, self.state = report.read_search(self.path)
             self._state_stamp = stamp
         for request_id in self.state["order"]:
-            directory = Path(self.state["trials"][request_id]["dir"])
-            if not directory.is_absolute():
-                directory = self.path / directory
-            records = self.trials.get(request_id)
-            if records is None:
-                records = self.trials[request_id] = RunRecords(directory)
+            if request_id not in self.trials:
+                directory = Path(self.state["trials"][request_id]["dir"])
+                self.trials[request_id] = RunRecords(directory if directory.is_absolute() else self.path / directory,
+                                                     validations_only=True)
+
+    def refresh_trials(self) -> None:
+        """Read each trial's new validation reports (its curve on the search page)."""
+        self.refresh()
+        for records in self.trials.values():
             records.refresh()
 
     @property
     def metric(self) -> Tuple[str, bool]:
         return report.metric_of(self.meta)
 
+    def trial_summary(self, request_id: str, state_words: Dict[str, str]) -> Dict[str, Any]:
+        """A trial's row in the list, from the search's state and the trial's ``run.json`` alone
+        (no ``metrics.jsonl`` read: the list of a large search stays quick)."""
+        trial, records = self.state["trials"][request_id], self.trials[request_id]
+        record = records.record()
+        metric, smaller = self.metric
+        values = [value for _, value in trial.get("validations") or [] if is_number(value)]
+        ended = None if record.get("state") == "running" else record.get("ended")
+        return {
+            "name": f"{self.path.name}/{records.path.name}", "kind": "run",
+            "state": state_words.get(trial["state"], trial["state"]),
+            "batches": int(trial.get("batches") or 0), "max_batches": trial.get("target"), "metric": metric,
+            "best": (min if smaller else max)(values) if values else None,
+            "started": record.get("created") or record.get("started") or "",
+            "seconds": seconds_between(record.get("started"), ended),
+        }
+
     def summary(self) -> Dict[str, Any]:
-        """The list's row for the search: its trials' counts, the best metric, times."""
+        """The list's row for the search: its trials' counts, the best metric, times (from the
+        search's files and the trials' ``run.json``)."""
         self.refresh()
         metric, smaller = self.metric
-        bests = [value for value in (trial.best(metric, smaller) for trial in self.trials.values()) if value is not None]
+        bests = [value for trial in self.state["trials"].values()
+                 for _, value in trial.get("validations") or [] if is_number(value)]
         states = collections.Counter(trial["state"] for trial in self.state["trials"].values())
         records = [trial.record() for trial in self.trials.values()]
         starts = sorted(r.get("created") or r.get("started") for r in records if r.get("created") or r.get("started"))
+        ends = sorted(str(r.get("ended")) for r in records if r.get("ended"))
+        running = any(r.get("state") == "running" for r in records) or not records
         return {
             "name": self.path.name, "kind": "search",
             "state": _search_state(states),
-            "batches": sum(trial.last_batch for trial in self.trials.values()),
+            "batches": sum(int(trial.get("batches") or 0) for trial in self.state["trials"].values()),
             "max_batches": None, "metric": metric,
             "best": ((min if smaller else max)(bests) if bests else None),
             "started": starts[0] if starts else "",
-            "seconds": None,
+            "seconds": seconds_between(starts[0], None if running else ends[-1]) if starts and (running or ends) else None,
             "counts": dict(states),
         }
 

@@ -67,8 +67,11 @@ class JsonLinesTail:
     ``on_reset`` is called when the file was replaced or cut (the caller forgets what it had)."""
 
     def __init__(self, path: Path, on_record: Callable[[Dict[str, Any]], None],
-                 on_reset: Callable[[], None]) -> None:
+                 on_reset: Callable[[], None], only_lines_with: Optional[bytes] = None) -> None:
+        """``only_lines_with``: parse only the lines that contain these bytes (the others are
+        skipped unread, which makes a reader of validations alone many times faster)."""
         self.path = Path(path)
+        self.only_lines_with = only_lines_with
         self.on_record = on_record
         self.on_reset = on_reset
         self.offset = 0
@@ -93,6 +96,8 @@ class JsonLinesTail:
             chunk = handle.read(READ_CHUNK)
         self.offset += len(chunk)
         *lines, self.partial = (self.partial + chunk).split(b"\n")
+        if self.only_lines_with is not None:
+            lines = [line for line in lines if self.only_lines_with in line]
         for line in lines:
             record = _parsed(line)
             if record is not None:

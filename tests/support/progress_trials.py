@@ -51,3 +51,17 @@ class FailingTrial(OneWeightTrial):
         if batch_idx == self.context.get_hparam("fail_at"):
             raise RuntimeError(f"deliberate failure at batch {batch_idx} (pid {os.getpid()})")
         return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+class OddNamesTrial(OneWeightTrial):
+    """Reports a metric and prints a line that are HTML (``hookdet ui`` must show them as text)."""
+
+    METRIC = "<img src=x onerror=alert('metric')>"
+    LINE = "<script>alert('log')</script>"
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
+        if batch_idx == 0:
+            print(self.LINE, flush=True)
+        metrics = super().train_batch(batch, epoch_idx, batch_idx)
+        metrics[self.METRIC] = metrics["loss"]
+        return metrics

@@ -4,7 +4,7 @@
 // set as text (textContent), never parsed as HTML.
 "use strict";
 
-const POLL_MS = 1000;
+const POLL_MS = 700;
 
 function el(tag, text, className) {
   const node = document.createElement(tag);
@@ -83,10 +83,10 @@ function smooth(ys, weight) {
 }
 
 function layout(title, logScale, xTitle) {
-  return {title: {text: plotText(title), font: {size: 14}, x: 0.02}, margin: {l: 56, r: 16, t: 36, b: 40}, hovermode: "x unified",
+  return {title: {text: plotText(title), font: {size: 14}, x: 0.02, y: 0.98}, margin: {l: 56, r: 16, t: 64, b: 40}, hovermode: "x unified",
           showlegend: true,
           xaxis: {title: {text: plotText(xTitle || "batches")}}, yaxis: {type: logScale ? "log" : "linear"},
-          legend: {orientation: "h"}};
+          legend: {orientation: "h", x: 0, y: 1, xanchor: "left", yanchor: "bottom"}};
 }
 
 function chartDiv(container, id) {
@@ -315,17 +315,22 @@ function searchPage() {
   }
 
   function draw(answer) {
-    const traces = Object.keys(store.series).map((key) => {
+    const keys = Object.keys(store.series), mode = keys.length > 20 ? "lines" : "lines+markers";
+    const traces = keys.map((key) => {
       const [x, y] = store.points(key);
-      return {x, y, name: key, mode: "lines+markers"};
+      return {x, y, name: key, mode};
     });
     Plotly.react(document.getElementById("curves"), traces, layout(answer.metric, logScale.checked));
   }
 
   logScale.onchange = () => last && draw(last);
   for (const select of [heatX, heatY]) select.onchange = () => { select.dataset.touched = "1"; if (last) hparamCharts(last); };
+  let lastText = "";
   poll(async () => {
     const answer = await fetchJSON(`${api}?have=${store.have()}`);
+    const text = JSON.stringify(answer);
+    if (text === lastText) return;  // nothing new: nothing to draw again
+    lastText = text;
     last = answer;
     store.merge(answer.curves);
     trialsTable(answer); rungsTable(answer.rungs); bestTrial(answer);
@@ -345,7 +350,8 @@ function comparePage() {
     for (const [metric, keys] of Object.entries(byMetric)) {
       const traces = keys.sort().map((key) => {
         const [x, y] = store.points(key);
-        return {x, y, name: plotText(store.series[key].meta.run), mode: "lines"};
+        const meta = store.series[key].meta;
+        return {x, y, name: plotText(`${meta.run} (${meta.group})`), mode: meta.group === "validation" ? "lines+markers" : "lines"};
       });
       Plotly.react(chartDiv(charts, "chart-" + metric), traces, layout(metric, logScale.checked));
     }

@@ -1,0 +1,227 @@
+"""``hookdet ui`` in a real headless Chromium, over real runs and a real search of the digits
+example: every page loads with no console error and draws the traces its data implies, the list
+sorts, filters and opens a search, what run files hold is shown as text (never run as HTML), and
+an open run page shows a new validation of a live run within the 2-second bound.
+
+With ``HOOKDET_UI_SCREENSHOTS=DIR`` the pages are also saved there as PNGs (docs/ui.md's pictures
+come from this test: ``HOOKDET_UI_SCREENSHOTS=docs/images pytest -n 0 tests/test_ui_browser.py``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Set
+
+import pytest
+
+from tests.support.browser import browser, chromium_missing, console_errors, ui_server, wait_for, wait_ready
+from tests.support.progress_trials import OddNamesTrial
+
+REPO = Path(__file__).resolve().parents[1]
+HOOKDET = Path(sys.executable).with_name("hookdet")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ODD_NAME = "<script>alert('name')</script>"
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))]
+
+
+def hookdet(*arguments: str, cwd: Path) -> str:
+    result = subprocess.run([str(HOOKDET), *arguments], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def run_dir_of(output: str) -> Path:
+    (line,) = [line for line in output.splitlines() if line.strip().startswith("run directory:")]
+    return Path(line.split(":", 1)[1].strip())
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
+    """The digits example trained twice, one run resumed with a change, its adaptive search, and a
+    run whose names are HTML; ``hookdet ui`` over them and a browser."""
+    digits = tmp_path_factory.mktemp("digits")
+    for path in (REPO / "examples" / "digits").iterdir():
+        if path.is_file():
+            shutil.copy(path, digits)
+    first = run_dir_of(hookdet("run", "const.yaml", cwd=digits))
+    second = run_dir_of(hookdet("run", "const.yaml", "--config", "hyperparameters.learning_rate=0.02", cwd=digits))
+    hookdet("run", "const.yaml", "--resume", str(first), "--config", "searcher.max_length.epochs=12", cwd=digits)
+    hookdet("run", "adaptive.yaml", cwd=digits)
+    (search,) = [path for path in (digits / "runs").iterdir() if (path / "search.json").exists()]
+    (digits / "odd.yaml").write_text(textwrap.dedent(f"""
+        name: "{ODD_NAME}"
+        entrypoint: tests.support.progress_trials:OddNamesTrial
+        hyperparameters: {{lr: 0.1, records: 8, global_batch_size: 2, note: "<b>bold</b>"}}
+        searcher: {{name: single, metric: validation_loss, max_length: {{batches: 4}}}}
+        """))
+    odd = digits / "runs" / "<img src=x onerror=alert('dir')>"
+    hookdet("run", "odd.yaml", "--model-dir", str(REPO), "--run-dir", str(odd), cwd=digits)
+    with ui_server(str(digits / "runs")) as (url, _, _), browser() as driver:
+        yield {"url": url.rstrip("/"), "driver": driver, "first": first, "second": second, "search": search,
+               "odd": odd, "root": digits / "runs"}
+
+
+def shot(driver: Any, name: str) -> None:
+    """Save the page for docs/ui.md when asked to (``HOOKDET_UI_SCREENSHOTS``)."""
+    folder = os.environ.get("HOOKDET_UI_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(folder) / f"ui-{name}.png"))
+
+
+def open_page(site: Dict[str, Any], href: str) -> Any:
+    driver = site["driver"]
+    console_errors(driver)  # drop what earlier pages logged
+    driver.get(href if href.startswith("http") else site["url"] + href)
+    wait_ready(driver)
+    return driver
+
+
+def traces(driver: Any) -> Dict[str, int]:
+    """Each Plotly chart on the page (by its element id) and how many traces it draws."""
+    return driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('.js-plotly-plot')].map(d => [d.id, d.data.length]))")
+
+
+def expected_run_charts(run_dir: Path) -> Dict[str, int]:
+    """One chart per metric, one trace per group (training, validation) that reported it."""
+    groups: Dict[str, Set[str]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        report = json.loads(line)
+        for name in report["metrics"]:
+            groups.setdefault(f"chart-{name}", set()).add(report["group"])
+    return {chart: len(names) for chart, names in groups.items()}
+
+
+def link_to(driver: Any, text: str) -> str:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('a')].find(a => a.textContent === arguments[0]).href", text)
+
+
+def test_every_page_loads_cleanly_and_draws_the_traces_its_data_implies(site: Dict[str, Any]) -> None:
+    driver = open_page(site, "/")
+    names = driver.execute_script("return [...document.querySelectorAll('#runs tbody tr')].map(r => r.cells[1].textContent)")
+    assert sorted(names) == sorted([site["first"].name, site["second"].name, site["search"].name, site["odd"].name])
+    assert console_errors(driver) == []
+    shot(driver, "list")
+
+    open_page(site, link_to(driver, site["first"].name))
+    wait_for(lambda: traces(driver) == expected_run_charts(site["first"]))
+    events = driver.execute_script("return [...document.querySelectorAll('#history tbody tr')].map(r => r.cells[0].textContent)")
+    assert events == ["started", "completed", "resumed", "completed"]
+    assert "searcher.max_length.epochs: 10 -> 12" in driver.find_element("id", "history").text
+    assert driver.find_elements("css selector", "#checkpoints tbody tr td:last-child")[0].text == "yes"
+    wait_for(lambda: "[rank=0]" in driver.find_element("id", "logs").text)
+    assert console_errors(driver) == []
+    shot(driver, "run")
+
+    driver = open_page(site, "/")
+    open_page(site, link_to(driver, site["search"].name))
+    state = json.loads((site["search"] / "search-state.json").read_text())
+    measured = sum(1 for trial in state["trials"].values() if trial["validations"])
+    charts = wait_for(lambda: (lambda found: found if found.get("curves") == measured else None)(traces(driver)))
+    assert charts == {"curves": measured, "parallel": 1, "heatmap": 1, "scatter-dropout": 1,
+                      "scatter-learning_rate": 1, "scatter-momentum": 1}
+    assert len(driver.find_elements("css selector", "#trials tbody tr")) == len(state["order"])
+    rungs = driver.execute_script("return [...document.querySelectorAll('#rungs tbody tr')].map(r => r.cells[1].textContent)")
+    assert rungs[0] == str(len(state["order"]))  # every trial reached the first rung
+    assert console_errors(driver) == []
+    shot(driver, "search")
+
+    driver = open_page(site, "/")
+    for name in (site["first"].name, site["second"].name):
+        driver.execute_script("[...document.querySelectorAll('#runs tbody tr')].find(r => r.cells[1].textContent === "
+                              "arguments[0]).querySelector('input').click()", name)
+    driver.find_element("id", "compare").click()
+    wait_ready(driver)
+    # One chart per metric, a trace per run and group.
+    expected = {chart: 2 * groups for chart, groups in expected_run_charts(site["first"]).items()}
+    assert wait_for(lambda: traces(driver) == expected or None)
+    differing = [row.text for row in driver.find_elements("css selector", "#configs tr.differs th")]
+    assert "≠ hyperparameters.learning_rate" in differing
+    assert console_errors(driver) == []
+    shot(driver, "compare")
+
+
+def test_the_list_sorts_filters_and_opens_a_search(site: Dict[str, Any]) -> None:
+    driver = open_page(site, "/")
+    rows = "return [...document.querySelectorAll('#runs tbody tr')].map(r => r.cells[1].textContent)"
+    driver.find_element("css selector", "#runs th[data-key=name]").click()
+    names = driver.execute_script(rows)
+    assert names == sorted(names)
+    driver.find_element("css selector", "#runs th[data-key=name]").click()
+    assert driver.execute_script(rows) == sorted(names, reverse=True)
+    driver.find_element("id", "filter-name").send_keys("adaptive")
+    assert driver.execute_script(rows) == [site["search"].name]
+    driver.find_element("css selector", "#runs button.toggle").click()
+    trials = driver.execute_script("return [...document.querySelectorAll('#runs tr.trial')].map(r => r.cells[3].textContent)")
+    assert len(trials) == len(json.loads((site["search"] / "search-state.json").read_text())["order"])
+    assert "stopped by the searcher" in trials
+
+
+def test_what_run_files_hold_is_shown_as_text(site: Dict[str, Any]) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    driver = open_page(site, "/")
+    assert site["odd"].name in driver.execute_script(
+        "return [...document.querySelectorAll('#runs a')].map(a => a.textContent)")
+    open_page(site, link_to(driver, site["odd"].name))
+    wait_for(lambda: OddNamesTrial.LINE in driver.find_element("id", "logs").text)
+    page_text = driver.find_element("tag name", "body").text
+    for shown in (ODD_NAME, "<b>bold</b>", OddNamesTrial.LINE, site["odd"].name):
+        assert shown in page_text, shown
+    chart_titles = driver.execute_script("return [...document.querySelectorAll('.gtitle')].map(t => t.textContent)")
+    assert OddNamesTrial.METRIC in chart_titles
+    assert driver.execute_script("return document.querySelectorAll('img').length") == 0
+    assert driver.execute_script("return [...document.querySelectorAll('b')].filter(b => b.textContent === 'bold').length") == 0
+    assert len(driver.find_elements("tag name", "script")) == 2  # plotly.min.js and ui.js, nothing else
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text
+    assert console_errors(driver) == []
+
+
+def test_an_open_run_page_shows_a_new_validation_within_two_seconds(site: Dict[str, Any]) -> None:
+    experiment = site["root"].parent / "live.yaml"
+    experiment.write_text(textwrap.dedent("""
+        entrypoint: tests.support.progress_trials:SlowTrainingTrial
+        hyperparameters: {lr: 0.1, records: 8, global_batch_size: 2, train_sleep_s: 0.05}
+        searcher: {name: single, metric: validation_loss, max_length: {batches: 400}}
+        min_validation_period: {batches: 10}
+        """))
+    run_dir = site["root"] / "live"
+    process = subprocess.Popen([str(HOOKDET), "run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir)],
+                               cwd=site["root"].parent, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and '"validation"' in metrics.read_text(), timeout=300)
+        driver = open_page(site, f"/run/{_root_key(site['root'])}/live")
+        points = "const d = document.getElementById('chart-validation_loss'); return d && d.data ? d.data[0].x.length : 0"
+        lags: List[float] = []
+        for _ in range(3):
+            before = wait_for(lambda: driver.execute_script(points))
+            wait_for(lambda: _validations(metrics) > before, timeout=120, every=0.01)
+            written = time.monotonic()
+            wait_for(lambda: driver.execute_script(points) > before, timeout=10, every=0.02)
+            lags.append(time.monotonic() - written)
+        assert max(lags) < 2.0, lags
+        assert console_errors(driver) == []
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _validations(metrics: Path) -> int:
+    return sum(1 for line in metrics.read_text().splitlines() if '"validation"' in line and line.endswith("}"))
+
+
+def _root_key(root: Path) -> str:
+    from hookdet.ui.catalog import root_key
+
+    return root_key(root)

@@ -1,0 +1,101 @@
+"""``hookdet ui``'s reading of run files: incremental, bounded, never outside a run directory.
+
+The web pages are tested in a real browser (``tests/test_ui_browser.py``); here, what the server
+reads: a file is read from where the last refresh stopped (never whole again), a curve keeps at
+most twice its limit of points however long the run, a replaced or cut file starts over, and a
+run's file that is a symlink out of the run directory reads as absent.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from hookdet.ui.records import RunRecords
+from hookdet.ui.tail import BoundedSeries, JsonLinesTail
+
+
+def report(batch: int, loss: float, group: str = "training") -> str:
+    return json.dumps({"group": group, "steps_completed": batch, "metrics": {"loss": loss}, "time": 0.0}) + "\n"
+
+
+def test_a_series_stays_bounded_and_spans_the_whole_run() -> None:
+    series = BoundedSeries(limit=100)
+    epochs = set()
+    for batch in range(1, 100_001):
+        series.add(batch, 1.0 / batch)
+        assert series.kept < 200
+        epochs.add(series.epoch)
+    assert series.xs[0] == 1 and series.xs[-1] > 99_000  # first point kept, last stretch covered
+    assert series.xs == sorted(series.xs)
+    assert len(epochs) > 5  # each thinning starts a new epoch, so pages take the series anew
+    if series.tail is not None:
+        assert series.tail == (100_000, 1.0 / 100_000)  # the latest point is never lost
+    else:
+        assert series.xs[-1] == 100_000
+
+
+def test_a_file_is_read_from_where_it_stopped_and_a_torn_line_waits(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    seen: List[Dict[str, Any]] = []
+    resets: List[int] = []
+    tail = JsonLinesTail(path, seen.append, lambda: resets.append(1))
+    assert not tail.refresh()  # no file yet
+    path.write_text(report(1, 1.0) + report(2, 0.5))
+    assert tail.refresh() and [r["steps_completed"] for r in seen] == [1, 2]
+    offset = tail.offset
+    with open(path, "a") as handle:
+        line = report(3, 0.25)
+        handle.write(line[:10])  # a writer caught mid-line
+        handle.flush()
+        assert tail.refresh() and len(seen) == 2
+        handle.write(line[10:])
+    assert tail.refresh() and [r["steps_completed"] for r in seen] == [1, 2, 3]
+    assert tail.offset == offset + len(line)  # only the appended bytes were read
+    assert not tail.refresh() and not resets
+
+
+def test_a_replaced_or_cut_file_starts_over(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(report(1, 1.0) + report(2, 0.5) + report(3, 0.25))
+    records = RunRecords(tmp_path)
+    records.refresh()
+    assert records.series["training/loss"].xs == [1, 2, 3]
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_text(report(1, 1.0))  # a resume dropped a killed attempt's reports
+    os.replace(replacement, path)
+    records.refresh()
+    assert records.series["training/loss"].xs == [1] and records.resets == 1 and records.last_batch == 1
+
+
+def test_a_long_run_costs_a_bounded_number_of_points(tmp_path: Path) -> None:
+    with open(tmp_path / "metrics.jsonl", "w") as handle:
+        for batch in range(1, 50_001):
+            handle.write(report(batch, 1.0 / batch))
+            if batch % 100 == 0:
+                handle.write(report(batch, 2.0 / batch, group="validation"))
+    records = RunRecords(tmp_path)
+    records.refresh()
+    assert records.last_batch == 50_000
+    assert all(series.kept < 2000 for series in records.series.values())
+    assert records.best("loss", smaller=True) == pytest.approx(2.0 / 50_000)
+
+
+def test_files_that_lead_out_of_the_run_directory_read_as_absent(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "metrics.jsonl").write_text(report(1, 1.0))
+    (outside / "run.json").write_text(json.dumps({"state": "completed", "secret": "outside"}))
+    (outside / "rank-0.log").write_text("[2026-01-01T00:00:00] [rank=0] [stdout] a secret line\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    for name in ("metrics.jsonl", "run.json"):
+        (run_dir / name).symlink_to(outside / name)
+    (run_dir / "logs" / "rank-0.log").symlink_to(outside / "rank-0.log")
+    records = RunRecords(run_dir)
+    records.refresh()
+    assert records.series == {} and records.record() == {}
+    assert records.new_log_lines() == 0 and list(records.log_lines) == []

@@ -1,0 +1,136 @@
+"""``hookdet ui`` as a user starts it, over HTTP: it prints its URL, stops on Ctrl-C, serves only
+what lies inside its roots, changes nothing on disk, and off 127.0.0.1 wants its token.
+
+Every test starts the real command (``tests/support/browser.ui_server``: uvicorn in a process of
+its own) and speaks HTTP to it with the standard library.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from hookdet.ui.catalog import root_key
+from tests.support.browser import ui_server
+
+
+def make_run(directory: Path, state: str = "completed", batches: int = 4) -> Path:
+    """A run directory as hookdet writes one: its record, its experiment, its reports."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"name": directory.name, "hyperparameters": {"lr": 0.1},
+                                                       "searcher": {"metric": "validation_loss"}}))
+    (directory / "run.json").write_text(json.dumps({"state": state, "started": "2026-11-27T10:00:00+00:00",
+                                                    "ended": "2026-11-27T10:01:00+00:00",
+                                                    "batches_trained": batches, "max_batches": batches}))
+    lines = [{"group": "training", "steps_completed": b, "metrics": {"loss": 1.0 / b}, "time": 0.0}
+             for b in range(1, batches + 1)]
+    lines.append({"group": "validation", "steps_completed": batches, "metrics": {"validation_loss": 0.5}, "time": 0.0})
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return directory
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def get(url: str, method: str = "GET", cookie: Optional[str] = None) -> Tuple[int, Dict[str, str], bytes]:
+    """(status, headers, body) of one request, redirects not followed."""
+    request = urllib.request.Request(url, method=method, headers={"Cookie": cookie} if cookie else {})
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def snapshot(root: Path) -> Dict[str, Tuple[int, int]]:
+    """Every path under ``root`` with its size and modification time (symlinks not followed)."""
+    found = {}
+    for directory, subdirectories, files in os.walk(root):
+        for name in subdirectories + files:
+            status = os.lstat(os.path.join(directory, name))
+            found[os.path.join(directory, name)] = (status.st_size, status.st_mtime_ns)
+    return found
+
+
+def test_it_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    make_run(tmp_path / "runs" / "first")
+    with ui_server(str(tmp_path / "runs")) as (url, process, lines):
+        assert url.startswith("http://127.0.0.1:") and "?token" not in url
+        status, headers, body = get(url)
+        assert status == 200 and b"/run/" in body and headers["content-type"].startswith("text/html")
+        process.send_signal(signal.SIGINT)
+        rest = process.communicate(timeout=20)[0]
+    assert process.returncode == 0
+    assert rest.strip().splitlines()[-1] == "hookdet ui: stopped" and "Traceback" not in rest
+
+
+def test_paths_from_urls_are_resolved_inside_the_roots(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    make_run(root / "mine")
+    outside = make_run(tmp_path / "outside")
+    (root / "link-out").symlink_to(outside)  # a run directory that is a symlink out of the root
+    key = root_key(root)
+    with ui_server(str(root)) as (url, _, _):
+        base = url.rstrip("/")
+        assert get(f"{base}/run/{key}/mine")[0] == 200
+        assert get(f"{base}/api/run/{key}/mine")[0] == 200
+        refused = [f"/run/{key}/../outside", f"/run/{key}/%2e%2e/outside", f"/run/{key}/..%2foutside",
+                   f"/api/run/{key}/%2E%2E%2Foutside", f"/run/{key}/link-out", f"/api/run/{key}/link-out",
+                   f"/run/{key}/{tmp_path}/outside", "/run/00000000/mine", f"/search/{key}/mine",
+                   "/static/..%2f..%2fapp.py", "/static/app.py", f"/compare?run={key}/../outside&run={key}/mine"]
+        for path in refused:
+            status, _, body = get(base + path)
+            assert status == 404, (path, status, body[:200])
+            assert b"validation_loss" not in body
+
+
+def test_no_request_changes_anything_on_disk(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    make_run(root / "a", state="running")
+    make_run(root / "b")
+    key = root_key(root)
+    before = snapshot(root)
+    with ui_server(str(root)) as (url, _, _):
+        base = url.rstrip("/")
+        pages = ["/", "/api/list", f"/run/{key}/a", f"/api/run/{key}/a?log=0", f"/run/{key}/b",
+                 f"/compare?run={key}/a&run={key}/b", f"/api/compare?run={key}/a&run={key}/b"]
+        for page in pages:
+            assert get(base + page)[0] == 200, page
+            for method in ("POST", "PUT", "DELETE"):
+                assert get(base + page, method=method)[0] == 405, (method, page)
+    assert snapshot(root) == before
+
+
+def test_off_this_machine_every_request_needs_the_printed_token(tmp_path: Path) -> None:
+    make_run(tmp_path / "runs" / "first")
+    with ui_server(str(tmp_path / "runs"), "--host", "0.0.0.0") as (url, _, lines):
+        (token,) = re.findall(r"token=([\w-]+)", url)
+        assert any("every request needs this token" in line and token in line for line in lines)
+        base = url.split("?")[0].replace("0.0.0.0", "127.0.0.1").rstrip("/")
+        for path in ("/", "/api/list", "/static/ui.js"):
+            assert get(base + path)[0] == 403, path
+        assert get(base + "/?token=not-" + token)[0] == 403
+        status, headers, _ = get(f"{base}/?token={token}")
+        assert status == 303 and headers["location"].endswith("/") and "token" not in headers["location"]
+        cookie = headers["set-cookie"].split(";")[0]
+        assert get(base + "/", cookie=cookie)[0] == 200
+        assert get(base + "/api/list", cookie=cookie)[0] == 200
+        assert get(base + "/", cookie=cookie.split("=")[0] + "=wrong")[0] == 403
+
+
+def test_without_the_ui_extra_one_line_names_it(tmp_path: Path) -> None:
+    code = "import sys; sys.modules['plotly'] = None; from hookdet.cli.commands import main; sys.exit(main(['ui']))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "hookdet: error: ui: the web view needs the 'ui' extra (plotly missing): pip install 'hookdet[ui]'"]
