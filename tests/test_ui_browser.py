@@ -73,7 +73,11 @@ def shot(driver: Any, name: str) -> None:
     folder = os.environ.get("HOOKDET_UI_SCREENSHOTS")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
+        width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+        driver.set_window_size(width, min(3200, driver.execute_script("return document.body.scrollHeight") + 40))
+        time.sleep(1)  # charts follow the new width on their own resize handler
         driver.save_screenshot(str(Path(folder) / f"ui-{name}.png"))
+        driver.set_window_size(width, height)
 
 
 def open_page(site: Dict[str, Any], href: str) -> Any:
@@ -132,6 +136,8 @@ def test_every_page_loads_cleanly_and_draws_the_traces_its_data_implies(site: Di
     assert len(driver.find_elements("css selector", "#trials tbody tr")) == len(state["order"])
     rungs = driver.execute_script("return [...document.querySelectorAll('#rungs tbody tr')].map(r => r.cells[1].textContent)")
     assert rungs[0] == str(len(state["order"]))  # every trial reached the first rung
+    shown_rungs = driver.execute_script("return [...document.querySelectorAll('#trials tbody tr')].map(r => r.cells[3].textContent)")
+    assert shown_rungs == [str(state["trials"][rid]["rung"]) for rid in state["order"]]
     assert console_errors(driver) == []
     shot(driver, "search")
 

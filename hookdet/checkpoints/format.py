@@ -434,27 +434,15 @@ def _check_file(directory: Path, relative: str, expected: Dict[str, Any]) -> Non
         raise CheckpointError(f"checkpoint {directory} is corrupt: {relative} fails its {algorithm} check")
 
 
-def size_problem(directory: Path, metadata: Dict[str, Any]) -> Optional[str]:
-    """Why the checkpoint at ``directory`` is not intact by its manifest's sizes (a file missing,
-    cut short, or leading out through a symlink), or None: the quick look ``hookdet ui`` takes,
-    reading no file's contents (the checksums are checked when a checkpoint is loaded)."""
-    try:
-        for relative, expected in (metadata.get("files") or {}).items():
-            _check_size(directory, relative, expected)
-    except (CheckpointError, OSError, KeyError, TypeError) as error:
-        return str(error)
-    return None
-
-
-def verify(directory: Path) -> Dict[str, Any]:
+def verify(directory: Path, sizes_only: bool = False) -> Dict[str, Any]:
     """Check the metadata and every file against the manifest; return the metadata.
 
-    Raises CheckpointError naming the first thing that does not match.
+    Raises CheckpointError naming the first mismatch; ``sizes_only``: reads no file's contents.
     """
     directory = Path(directory)
     metadata = read_metadata(directory)
     for relative, expected in metadata.get("files", {}).items():  # Determined's have no manifest
-        _check_file(directory, relative, expected)
+        (_check_size if sizes_only else _check_file)(directory, relative, expected)
     return metadata
 
 

@@ -31,77 +31,97 @@ def plotly_js() -> Path:
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
+class Views:
+    """Each route's handler: a page rendered whole, or the JSON of what is new on it."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+        self.catalog = catalog
+        self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
+                                     autoescape=select_autoescape(default=True))
+        self.static = {"ui.js": HERE / "static" / "ui.js", "ui.css": HERE / "static" / "ui.css",
+                       "plotly.min.js": plotly_js()}
+
+    def page(self, name: str, **values: Any) -> Any:
+        from starlette.responses import HTMLResponse
+
+        return HTMLResponse(self.templates.get_template(name).render(**values))
+
+    def located(self, request: Any, kind: str) -> Path:
+        return self.catalog.locate(request.path_params["key"], request.path_params["path"], kind)
+
+    def compared(self, request: Any) -> List[Path]:
+        return [self.catalog.locate(*_key_and_path(given), "run") for given in request.query_params.getlist("run")]
+
+    def list_page(self, request: Any) -> Any:
+        return self.page("list.html", rows=pages.list_rows(self.catalog))
+
+    def run_page(self, request: Any) -> Any:
+        return self.page("run.html", run=pages.run_page(self.catalog, self.located(request, "run")))
+
+    def search_page(self, request: Any) -> Any:
+        return self.page("search.html", search=pages.search_page(self.catalog, self.located(request, "search")))
+
+    def compare_page(self, request: Any) -> Any:
+        return self.page("compare.html", compare=pages.compare_page(self.catalog, self.compared(request)))
+
+    def list_api(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"rows": pages.list_rows(self.catalog)})
+
+    def run_api(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        log_count = int(request.query_params.get("log", "0") or 0)
+        return JSONResponse(pages.run_updates(self.catalog, self.located(request, "run"), _have(request), log_count))
+
+    def search_api(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(pages.search_updates(self.catalog, self.located(request, "search"), _have(request)))
+
+    def compare_api(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(pages.compare_updates(self.catalog, self.compared(request), _have(request)))
+
+    def static_file(self, request: Any) -> Any:
+        from starlette.responses import FileResponse
+
+        path = self.static.get(request.path_params["name"])
+        if path is None:
+            raise NotServed(f"no static file {request.path_params['name']!r}")
+        return FileResponse(path, headers={"Cache-Control": "max-age=3600"})
+
+
 def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
     """The ASGI application over ``catalog``; with ``token``, every request must carry it."""
-    from jinja2 import Environment, FileSystemLoader, select_autoescape
     from starlette.applications import Starlette
-    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
-    templates.filters["tojson_attr"] = lambda value: json.dumps(value)
+    views = Views(catalog)
 
-    def page(name: str, **values: Any) -> HTMLResponse:
-        return HTMLResponse(templates.get_template(name).render(**values))
-
-    def served(handler: Callable[..., Any]) -> Callable[[Any], Awaitable[Response]]:
-        async def endpoint(request: Any) -> Response:
+    def served(handler: Callable[[Any], Any]) -> Callable[[Any], Awaitable[Any]]:
+        async def endpoint(request: Any) -> Any:
             try:
                 return handler(request)
             except NotServed as refusal:
                 return PlainTextResponse(f"not found: {refusal}", status_code=404)
         return endpoint
 
-    def located(request: Any, kind: str) -> Path:
-        params = request.path_params
-        return catalog.locate(params["key"], params["path"], kind)
-
-    def list_page(request: Any) -> Response:
-        return page("list.html", rows=pages.list_rows(catalog))
-
-    def run_page(request: Any) -> Response:
-        return page("run.html", run=pages.run_page(catalog, located(request, "run")))
-
-    def search_page(request: Any) -> Response:
-        return page("search.html", search=pages.search_page(catalog, located(request, "search")))
-
-    def compare_page(request: Any) -> Response:
-        paths = [catalog.locate(*_key_and_path(given), "run") for given in request.query_params.getlist("run")]
-        return page("compare.html", compare=pages.compare_page(catalog, paths))
-
-    def list_api(request: Any) -> Response:
-        return JSONResponse({"rows": pages.list_rows(catalog)})
-
-    def run_api(request: Any) -> Response:
-        have = _have(request)
-        return JSONResponse(pages.run_updates(catalog, located(request, "run"), have,
-                                              int(request.query_params.get("log", "0") or 0)))
-
-    def search_api(request: Any) -> Response:
-        return JSONResponse(pages.search_updates(catalog, located(request, "search"), _have(request)))
-
-    def compare_api(request: Any) -> Response:
-        paths = [catalog.locate(*_key_and_path(given), "run") for given in request.query_params.getlist("run")]
-        return JSONResponse(pages.compare_updates(catalog, paths, _have(request)))
-
-    static = {"ui.js": HERE / "static" / "ui.js", "ui.css": HERE / "static" / "ui.css", "plotly.min.js": plotly_js()}
-
-    def static_file(request: Any) -> Response:
-        path = static.get(request.path_params["name"])
-        if path is None:
-            return PlainTextResponse("not found", status_code=404)
-        return FileResponse(path, headers={"Cache-Control": "max-age=3600"})
-
     routes = [
-        Route("/", served(list_page)),
-        Route("/run/{key}/{path:path}", served(run_page)),
-        Route("/search/{key}/{path:path}", served(search_page)),
-        Route("/compare", served(compare_page)),
-        Route("/api/list", served(list_api)),
-        Route("/api/run/{key}/{path:path}", served(run_api)),
-        Route("/api/search/{key}/{path:path}", served(search_api)),
-        Route("/api/compare", served(compare_api)),
-        Route("/static/{name}", static_file),
+        Route("/", served(views.list_page)),
+        Route("/run/{key}/{path:path}", served(views.run_page)),
+        Route("/search/{key}/{path:path}", served(views.search_page)),
+        Route("/compare", served(views.compare_page)),
+        Route("/api/list", served(views.list_api)),
+        Route("/api/run/{key}/{path:path}", served(views.run_api)),
+        Route("/api/search/{key}/{path:path}", served(views.search_api)),
+        Route("/api/compare", served(views.compare_api)),
+        Route("/static/{name}", served(views.static_file)),
     ]
     app = Starlette(routes=routes)
     return _guarded(app, token) if token else app

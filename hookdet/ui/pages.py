@@ -148,12 +148,17 @@ def _trial_row(catalog: Catalog, trial: Dict[str, Any], records: RunRecords, ser
     values = (series.ys + ([series.tail[1]] if series.tail else [])) if series is not None else []
     return {
         "number": trial["number"], "state": STATE_WORDS.get(trial["state"], trial["state"]),
-        "bracket": trial.get("bracket"), "rung": trial["rung"] if (trial.get("rung") or -1) >= 0 else None,
+        "bracket": trial.get("bracket"), "rung": _rung(trial.get("rung")),
         "best": ((min if smaller else max)(values) if values else None), "last": values[-1] if values else None,
         "batches": max(int(trial.get("batches") or 0), records.last_batch),
         "hparams": {name: value for name, value in flatten(trial.get("hparams") or {}).items()},
         "url": catalog.url_of(records.path),
     }
+
+
+def _rung(rung: Any) -> Optional[int]:
+    """The highest rung a trial reached; None before the first (or in a search without rungs)."""
+    return rung if isinstance(rung, int) and rung >= 0 else None
 
 
 def _varied(rows: List[Dict[str, Any]]) -> List[str]:

@@ -119,7 +119,6 @@ class RunRecords:
         record, searcher = self.record(), (self.config().get("searcher") or {})
         metric = record.get("searcher_metric") or searcher.get("metric")
         smaller = bool(record.get("smaller_is_better", searcher.get("smaller_is_better", True)))
-        ended = None if record.get("state") == "running" else record.get("ended")
         return {
             "name": self.path.name,
             "kind": "run",
@@ -129,8 +128,27 @@ class RunRecords:
             "metric": metric,
             "best": self.best(metric, smaller),
             "started": record.get("created") or record.get("started") or "",
-            "seconds": seconds_between(record.get("started"), ended),
+            "seconds": self.training_seconds(record),
         }
+
+    def training_seconds(self, record: Dict[str, Any]) -> Optional[float]:
+        """How long the run has run: each start to its end over its history (a resumed run's
+        attempts added up), the last one to now while it runs."""
+        history = self.history()
+        starts = [entry for entry in history if entry.get("event") in ("started", "resumed")]
+        if not starts:
+            ended = None if record.get("state") == "running" else record.get("ended")
+            return seconds_between(record.get("started"), ended)
+        total, start = 0.0, None
+        for entry in history:
+            if entry.get("event") in ("started", "resumed"):
+                start = entry.get("time")
+            elif start is not None:
+                total += seconds_between(start, entry.get("time")) or 0.0
+                start = None
+        if start is not None and record.get("state") == "running":
+            total += seconds_between(start, None) or 0.0
+        return total
 
     # ------------------------------------------------------------------ logs
 
@@ -149,13 +167,11 @@ class RunRecords:
 
     def checkpoints(self) -> Tuple[str, List[Dict[str, Any]]]:
         """Where the checkpoints are, and one row per checkpoint the run wrote."""
-        from hookdet.checkpoints.format import size_problem
-
         where, found = run_index.checkpoints_in(self.path)
         rows = []
         for location, metadata in found:
             local = self.path / location
-            problem = size_problem(local, metadata) if local.is_dir() else None
+            problem = _size_problem(local) if local.is_dir() else None
             rows.append({
                 "id": Path(location).name, "location": location,
                 "batch": metadata.get("steps_completed"),
@@ -165,6 +181,17 @@ class RunRecords:
                 "intact": problem is None, "problem": problem,
             })
         return where, rows
+
+
+def _size_problem(directory: Path) -> Optional[str]:
+    """Why a local checkpoint is not whole by its manifest's sizes, or None (no file is read)."""
+    from hookdet.checkpoints.format import CheckpointError, verify
+
+    try:
+        verify(directory, sizes_only=True)
+    except (CheckpointError, OSError) as error:
+        return str(error)
+    return None
 
 
 class SearchRecords:
