@@ -15,7 +15,8 @@ from typing import Any, Dict, List
 import pytest
 
 from hookdet.ui.records import RunRecords
-from hookdet.ui.tail import BoundedSeries, JsonLinesTail
+from hookdet.runs.tail import JsonLinesTail
+from hookdet.ui.series import BoundedSeries
 
 
 def report(batch: int, loss: float, group: str = "training") -> str:

@@ -122,7 +122,8 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
         fit = fit_arguments(config, context)
         if fit["max_length"] is None:
             raise UsageError(f"{config_path}: searcher.max_length is required to train")
-        with beating(os.environ.get(RANK_STATUS_DIR_ENV), launched_rank(), lambda: run.state.batches_trained):
+        with beating(os.environ.get(RANK_STATUS_DIR_ENV), launched_rank(), lambda: run.state.batches_trained,
+                     lambda: {"total": run.max_batches, "epoch_length": run.state.epoch_length}):
             Trainer(trial, context).fit(**fit, latest_checkpoint=resume, test_mode=args.test_mode)
         late_stop.finished = True
         if run.is_chief:
@@ -218,7 +219,12 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
         launcher_said: List[str] = []
         killed_lines: List[str] = []
         watch = SilenceWatch(Path(status_dir), silent_after_of(config), lambda line: print(line, file=sys.stderr, flush=True))
-        launcher_status = run_passing_signals(command, env, launcher_said, killed_lines, watch=watch.check)
+        with launcher_view(Path(status_dir), Path(args.run_dir or env["HOOKDET_RUN_DIR"]), config, env) as view:
+            def check() -> None:
+                watch.check()
+                if view is not None:
+                    view.poll()
+            launcher_status = run_passing_signals(command, env, launcher_said, killed_lines, watch=check)
         statuses = read_rank_statuses(Path(status_dir))
         killed = killed_ranks(killed_lines)
         lines = failure_lines(Path(status_dir), statuses, local_ranks, killed, every_rank_here=local_ranks == slots)
@@ -232,6 +238,26 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
     if away:
         print(away, flush=True)
     return status
+
+
+@contextlib.contextmanager
+def launcher_view(status_dir: Path, run_dir: Path, config: Any, env: Dict[str, str]) -> Iterator[Any]:
+    """In a terminal, the launcher's live view of the ranks (:mod:`hookdet.distributed.ranks_view`),
+    open for the block, and the ranks told not to draw theirs; elsewhere None."""
+    from hookdet.plugins.selection import select_plugins
+
+    if not (sys.stderr.isatty() and select_plugins(config.plugins).shows_progress):
+        yield None
+        return
+    from hookdet.distributed.ranks_view import LAUNCHER_DRAWS_ENV, RanksView
+
+    env[LAUNCHER_DRAWS_ENV] = "1"
+    view = RanksView(status_dir, run_dir, config.searcher.metric, sys.stderr)
+    view.open()
+    try:
+        yield view
+    finally:
+        view.close()
 
 
 def report_status_to_launcher(status: int) -> int:

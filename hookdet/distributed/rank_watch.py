@@ -4,8 +4,9 @@ A rank that stops (SIGSTOP, swapped out) or hangs (a filesystem read that never 
 every other rank wait in its next collective, silently, until the process group's collective
 timeout (``plugin_config.ddp.timeout_seconds``; torch's default is 30 minutes). So each rank
 that ``hookdet run``'s launcher started writes a small *beat* every :data:`BEAT_SECONDS` into the
-launcher's rank-status directory, from a thread of its own: the batches it has trained and
-where its main thread is. The launcher on each machine reads its ranks' beats and, after
+launcher's rank-status directory, from a thread of its own: the batches it has trained (and of
+how many, for the launcher's terminal view: :mod:`hookdet.distributed.ranks_view`) and where its
+main thread is. The launcher on each machine reads its ranks' beats and, after
 ``silent_after`` seconds (``plugin_config.ddp.silent_rank_seconds``, default
 :data:`SILENT_AFTER_SECONDS`), says once:
 
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Set
 
 #: Seconds between two beats of a rank.
-BEAT_SECONDS = 2.0
+BEAT_SECONDS = 1.0
 #: Default seconds of silence (or of no batch finished anywhere) before it is said.
 SILENT_AFTER_SECONDS = 60.0
 
@@ -48,11 +49,14 @@ def where_thread_is(thread_id: int) -> str:
 
 
 class Beat:
-    """A rank's beat thread: writes ``{time, batch, where}`` to its beat file until stopped."""
+    """A rank's beat thread: writes ``{time, batch, where}`` and ``extras()`` to its beat file
+    until stopped."""
 
-    def __init__(self, status_dir: Path, rank: int, batches: Callable[[], int]) -> None:
+    def __init__(self, status_dir: Path, rank: int, batches: Callable[[], int],
+                 extras: Callable[[], Dict[str, Any]] = dict) -> None:
         self.path = beat_path(status_dir, rank)
         self.batches = batches
+        self.extras = extras
         self.main_thread = threading.main_thread().ident or 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._beat, name="hookdet-rank-beat", daemon=True)
@@ -64,25 +68,46 @@ class Beat:
     def __exit__(self, *_: Any) -> None:
         self.stopped.set()
         self.thread.join(timeout=BEAT_SECONDS * 2)
+        self._write()  # the last word: where training ended
 
     def _beat(self) -> None:
-        partial = self.path.with_name(f".{self.path.name}.partial")
-        while not self.stopped.is_set():
-            beat = {"time": time.time(), "batch": self.batches(), "where": where_thread_is(self.main_thread)}
-            try:
-                partial.write_text(json.dumps(beat))
-                partial.replace(self.path)
-            except OSError:  # the launcher's directory is gone: it ended, and so will this rank
-                return
+        while not self.stopped.is_set() and self._write():
             self.stopped.wait(BEAT_SECONDS)
 
+    def _write(self) -> bool:
+        """Write one beat; False when the launcher's directory is gone (it ended, and so will
+        this rank)."""
+        partial = self.path.with_name(f".{self.path.name}.partial.{threading.get_ident()}")
+        beat = {**self.extras(), "time": time.time(), "batch": self.batches(), "where": where_thread_is(self.main_thread)}
+        try:
+            partial.write_text(json.dumps(beat))
+            partial.replace(self.path)
+        except OSError:
+            return False
+        return True
 
-def beating(status_dir: Optional[str], rank: Optional[int], batches: Callable[[], int]) -> Any:
+
+def beating(status_dir: Optional[str], rank: Optional[int], batches: Callable[[], int],
+            extras: Callable[[], Dict[str, Any]] = dict) -> Any:
     """A :class:`Beat` for this rank under ``hookdet run``'s launcher, else a context that does
     nothing."""
     if not status_dir or rank is None:
         return contextlib.nullcontext()
-    return Beat(Path(status_dir), rank, batches)
+    return Beat(Path(status_dir), rank, batches, extras)
+
+
+def read_beats(status_dir: Path, finished_too: bool = False) -> Dict[int, Dict[str, Any]]:
+    """The latest beat of every rank still running (one that recorded its status is done), or
+    of every rank with ``finished_too``."""
+    found = {}
+    for path in Path(status_dir).glob("rank-*.beat"):
+        rank = path.name[len("rank-"):-len(".beat")]
+        if rank.isdigit() and (finished_too or not (Path(status_dir) / f"rank-{rank}").exists()):
+            try:
+                found[int(rank)] = json.loads(path.read_text())
+            except (OSError, ValueError):  # being replaced right now: the next look reads it
+                continue
+    return found
 
 
 class SilenceWatch:
@@ -98,20 +123,8 @@ class SilenceWatch:
         self.furthest = -1
         self.stall_said = False
 
-    def beats(self) -> Dict[int, Dict[str, Any]]:
-        """The latest beat of every rank still running (one that recorded its status is done)."""
-        found = {}
-        for path in self.status_dir.glob("rank-*.beat"):
-            rank = path.name[len("rank-"):-len(".beat")]
-            if rank.isdigit() and not (self.status_dir / f"rank-{rank}").exists():
-                try:
-                    found[int(rank)] = json.loads(path.read_text())
-                except (OSError, ValueError):  # being replaced right now: the next look reads it
-                    continue
-        return found
-
     def check(self) -> None:
-        beats, now = self.beats(), time.time()
+        beats, now = read_beats(self.status_dir), time.time()
         for rank, beat in sorted(beats.items()):
             silent_for = now - beat["time"]
             if silent_for > self.silent_after and rank not in self.silent_said:

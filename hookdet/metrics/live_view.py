@@ -44,6 +44,9 @@ REFRESHES_PER_SECOND = 4
 RATE_WINDOW_S = 10.0
 #: The widest bar, in characters (narrower in a narrow terminal, never under 10).
 BAR_WIDTH = 40
+#: Set (to 1) in the environment of ranks whose launcher draws the run's view in its terminal
+#: (:mod:`hookdet.distributed.ranks_view`): the chief then draws and prints no progress itself.
+LAUNCHER_DRAWS_ENV = "HOOKDET_LAUNCHER_DRAWS_PROGRESS"
 
 
 def format_number(value: Any) -> Optional[str]:
@@ -153,7 +156,11 @@ class LiveView:
         validation_batches: Callable[[], int],
         searcher_metric: Optional[str],
         workload: Callable[[], Optional[list]] = lambda: None,
+        extra_rows: Callable[[], List[Text]] = list,
     ) -> None:
+        """``extra_rows``: lines drawn under the metric rows at each redraw (a launcher's rows,
+        one per rank)."""
+        self._extra_rows = extra_rows
         self._latest_batch = LatestBatchValue(workload)
         self._batches_trained = batches_trained
         self._validation_batches = validation_batches
@@ -227,7 +234,7 @@ class LiveView:
         label_width = max((len(row[0]) for row in bars), default=0)
         count_width = max((len(str(row[2] or "?")) for row in bars), default=0)
         frame = [self._bar_line(row, label_width, count_width, bar_width) for row in bars]
-        return frame + self._metric_rows(width)
+        return frame + self._metric_rows(width) + self._extra_rows()
 
     @staticmethod
     def _bar_line(row: tuple, label_width: int, count_width: int, bar_width: int) -> Text:

@@ -106,6 +106,7 @@ LAZY_NAMES = {
     "TorchDistributedContext": ("hookdet.distributed.context", "TorchDistributedContext"),
     "HorovodDistributedContext": ("hookdet.distributed.context", "HorovodDistributedContext"),
     "LiveView": ("hookdet.metrics.live_view", "LiveView"),
+    "LAUNCHER_DRAWS_ENV": ("hookdet.metrics.live_view", "LAUNCHER_DRAWS_ENV"),
     "format_duration": ("hookdet.metrics.live_view", "format_duration"),
     "ordered_metrics": ("hookdet.metrics.live_view", "ordered_metrics"),
     "Length": ("hookdet.config", "Length"),

@@ -56,6 +56,8 @@ ONLY_KEY = "only"
 DISTRIBUTED_PLUGINS = ("ddp", "horovod")
 #: The plugin ``init(enable_tensorboard_logging=False)`` leaves out.
 TENSORBOARD_PLUGIN = "tensorboard"
+#: The plugin whose live view ``hookdet run``'s launcher draws for a run of several processes.
+PROGRESS_PLUGIN = "progress"
 
 REMOVE_PREFIX = "no:"
 ADD_PREFIX = "+"
@@ -96,6 +98,11 @@ class PluginSelection:
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
+
+    @property
+    def shows_progress(self) -> bool:
+        """Whether the built-in progress view is on (the launcher then draws it for the ranks)."""
+        return PROGRESS_PLUGIN in self.names
 
     @property
     def launcher(self) -> str:

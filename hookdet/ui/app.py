@@ -133,7 +133,7 @@ def _key_and_path(given: str) -> List[str]:
 
 
 def _have(request: Any) -> Dict[str, List[int]]:
-    """What the page already holds: ``{series: [epoch, points]}`` (see :mod:`hookdet.ui.tail`)."""
+    """What the page already holds: ``{series: [epoch, points]}`` (see :mod:`hookdet.ui.series`)."""
     try:
         have = json.loads(request.query_params.get("have") or "{}")
     except ValueError:

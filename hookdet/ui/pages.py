@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from hookdet.runs.index import flatten
 from hookdet.ui.catalog import Catalog
 from hookdet.ui.records import RunRecords
-from hookdet.ui.tail import BoundedSeries
+from hookdet.ui.series import BoundedSeries
 
 #: A search trial's state as the list says it.
 STATE_WORDS = {"stopped": "stopped by the searcher"}

@@ -1,6 +1,6 @@
 """One run directory and one search directory as the web view shows them, refreshed in place.
 
-A :class:`RunRecords` follows its run's ``metrics.jsonl`` (:class:`hookdet.ui.tail.JsonLinesTail`:
+A :class:`RunRecords` follows its run's ``metrics.jsonl`` (:class:`hookdet.runs.tail.JsonLinesTail`:
 only new bytes each refresh) into one bounded series per metric, and the last lines of its logs
 (:class:`hookdet.runs.logs.LogFollower`) into a bounded list; ``run.json``, ``config.json``,
 ``history.jsonl`` and the checkpoints' metadata are small and read when asked. A
@@ -24,7 +24,8 @@ from hookdet.runs.files import CONFIG_FILE, HISTORY_FILE, METRICS_FILE, RUN_RECO
 from hookdet.runs.logs import LogFollower, log_files
 from hookdet.runs.record import read_history, read_record
 from hookdet.search import report
-from hookdet.ui.tail import BoundedSeries, JsonLinesTail
+from hookdet.runs.tail import JsonLinesTail
+from hookdet.ui.series import BoundedSeries
 
 #: Log lines a run page keeps and shows (the newest).
 LOG_LINES = 2000

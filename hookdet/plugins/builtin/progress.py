@@ -19,6 +19,10 @@ default 30; 0 turns these lines off)::
     training: batch 120/450 (26%), epoch 2/5, 3.9 batch/s, ETA 0:01:25
     validation: batch 12/50 (24%), 1.25 s/batch, ETA 0:00:48
 
+Under ``hookdet run``'s launcher in a terminal, the launcher draws the run's view, with a row
+per rank (:mod:`hookdet.distributed.ranks_view`), and says so in the environment
+(``LAUNCHER_DRAWS_ENV``): the chief then draws nothing and prints no progress lines.
+
 Validation counts its batches with ``hookdet_validation_batch_end``, implemented by a helper
 (``progress:validation``) registered on the chief only; training batches need no hook at all.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -33,7 +38,15 @@ from typing import IO, Any, Dict, Optional
 
 import pydantic
 
-from hookdet.plugin import WORKLOAD_METRICS, LiveView, format_duration, hookimpl, options_for, ordered_metrics
+from hookdet.plugin import (
+    LAUNCHER_DRAWS_ENV,
+    WORKLOAD_METRICS,
+    LiveView,
+    format_duration,
+    hookimpl,
+    options_for,
+    ordered_metrics,
+)
 
 logger = logging.getLogger("hookdet")
 
@@ -72,6 +85,8 @@ class ProgressPlugin:
         self.validating = False
         #: (monotonic time, batches) when training and the current validation started.
         self.phase_started: Dict[str, tuple] = {}
+        #: The launcher draws the view: print nothing.
+        self.quiet = False
 
     @hookimpl
     def hookdet_configure(self, run: Any) -> None:
@@ -80,8 +95,12 @@ class ProgressPlugin:
 
     @hookimpl
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: Optional[str]) -> None:
-        """Chief only: open the live view in a terminal, else start the heartbeat lines."""
+        """Chief only: open the live view in a terminal, else start the heartbeat lines (neither
+        when the launcher draws the view)."""
         if not self._run.is_chief:
+            return
+        if os.environ.get(LAUNCHER_DRAWS_ENV):
+            self.quiet = True
             return
         self._run.plugins.register(COUNTER_NAME, _ValidationCounter(self))
         self._stream = sys.stderr
@@ -139,6 +158,8 @@ class ProgressPlugin:
         self, run: Any, group: str, steps_completed: int, metrics: Dict[str, Any]
     ) -> None:
         """Show the report: in the view's metric rows, or as one log line (fires on the chief)."""
+        if self.quiet:
+            return
         if self._view is not None:
             self._view.show_metrics(group, steps_completed, metrics)
             return
