@@ -12,12 +12,14 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
+from tests.builtin_plugins.test_progress import open_terminal, read_until_closed, screen_lines
 from tests.support.postgres_fixture import postgres_server
 from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
@@ -484,17 +486,26 @@ def two_workers_finish_a_search(tmp_path: Path, url: str) -> None:
     # Workers join once the driver has made the study and queued its first trials (its line).
     started = driver.stdout.readline()
     assert started.startswith("hookdet: grid search in"), (started, driver.stderr.read()[-3000:])
-    workers = [subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url,
-                                 "--index", str(i), "--of", "2"], cwd=tmp_path, env=env(tmp_path),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Worker 0 prints to a terminal (a pseudo-terminal, read as it writes), worker 1 to a pipe.
+    controller, terminal = open_terminal(columns=120)
+    screens: List[str] = []
+    reader = threading.Thread(target=lambda: screens.append(read_until_closed(controller, timeout=600)))
+    reader.start()
+    workers = [subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--index", str(i), "--of", "2"],
+                                cwd=tmp_path, env=env(tmp_path), close_fds=True, text=True,
+                                stdout=terminal if i == 0 else subprocess.PIPE,
+                                stderr=terminal if i == 0 else subprocess.PIPE)
                for i in range(2)]
+    os.close(terminal)
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err[-3000:]
-    said = []
-    for worker in workers:
-        worker_out, _ = worker.communicate(timeout=300)
-        assert worker.returncode == 0
-        said += worker_out.splitlines()
+    worker_out, _ = workers[1].communicate(timeout=300)
+    assert workers[0].wait(timeout=300) == 0 and workers[1].returncode == 0
+    reader.join(timeout=60)
+    on_terminal = screen_lines(screens[0])
+    said = on_terminal + worker_out.splitlines()
+    # In a terminal as off one, a worker says which trial it trains and how it ended.
+    assert any(line.startswith("worker: trial ") and " training " in line for line in on_terminal), on_terminal
     done_by = {s.user_attrs["worker"] for s in segments(tmp_path / "shared")}
     assert done_by == {f"{os.uname().nodename}:{w.pid}" for w in workers}
     assert len(summary(tmp_path / "shared")) == 4

@@ -31,10 +31,17 @@ ODD_NAME = "<script>alert('name')</script>"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))]
 
 
-def hookdet(*arguments: str, cwd: Path) -> str:
-    result = subprocess.run([str(HOOKDET), *arguments], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return result.stdout
+def hookdet(*arguments: str, cwd: Path) -> subprocess.Popen:
+    """``hookdet ARGUMENTS`` started; :func:`finished` waits for it."""
+    return subprocess.Popen([str(HOOKDET), *arguments], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finished(process: subprocess.Popen) -> str:
+    """What a started ``hookdet`` printed, once it ended well."""
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, out[-2000:] + err[-3000:]
+    return out
 
 
 def run_dir_of(output: str) -> Path:
@@ -50,11 +57,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     for path in (REPO / "examples" / "digits").iterdir():
         if path.is_file():
             shutil.copy(path, digits)
-    first = run_dir_of(hookdet("run", "const.yaml", cwd=digits))
-    second = run_dir_of(hookdet("run", "const.yaml", "--config", "hyperparameters.learning_rate=0.02", cwd=digits))
-    hookdet("run", "const.yaml", "--resume", str(first), "--config", "searcher.max_length.epochs=12", cwd=digits)
-    hookdet("run", "adaptive.yaml", cwd=digits)
-    (search,) = [path for path in (digits / "runs").iterdir() if (path / "search.json").exists()]
+    # Independent runs side by side (each mostly waits on its own start-up), the resume after.
+    started = [hookdet("run", "const.yaml", cwd=digits),
+               hookdet("run", "const.yaml", "--config", "hyperparameters.learning_rate=0.02", cwd=digits),
+               hookdet("run", "adaptive.yaml", cwd=digits)]
     (digits / "odd.yaml").write_text(textwrap.dedent(f"""
         name: "{ODD_NAME}"
         entrypoint: tests.support.progress_trials:OddNamesTrial
@@ -62,7 +68,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
         searcher: {{name: single, metric: validation_loss, max_length: {{batches: 4}}}}
         """))
     odd = digits / "runs" / "<img src=x onerror=alert('dir')>"
-    hookdet("run", "odd.yaml", "--model-dir", str(REPO), "--run-dir", str(odd), cwd=digits)
+    started.append(hookdet("run", "odd.yaml", "--model-dir", str(REPO), "--run-dir", str(odd), cwd=digits))
+    first, second = (run_dir_of(finished(process)) for process in started[:2])
+    finished(hookdet("run", "const.yaml", "--resume", str(first), "--config", "searcher.max_length.epochs=12", cwd=digits))
+    for process in started[2:]:
+        finished(process)
+    (search,) = [path for path in (digits / "runs").iterdir() if (path / "search.json").exists()]
     with ui_server(str(digits / "runs")) as (url, _, _), browser() as driver:
         yield {"url": url.rstrip("/"), "driver": driver, "first": first, "second": second, "search": search,
                "odd": odd, "root": digits / "runs"}

@@ -22,6 +22,7 @@ docs/writing-plugins.md walks through writing a plugin.
   ``PyTorchTrialContext`` what the trial-API hooks receive.
 * ``Precision`` is what ``hookdet_make_precision`` answers with: the run's one precision (how a
   forward runs, how backward and the optimizer step go, its state), float32 as it stands;
+  ``PrecisionPlugin`` is a plugin that provides one (write its ``make(run)``);
   ``patch_forward`` and ``autocast_forward`` run a model's forward inside something (autocast)
   on that instance only: what a mixed-precision provider needs.
 
@@ -49,7 +50,7 @@ from hookdet.trial_api.context import PyTorchTrialContext, run_of
 from hookdet.distributed.context import DistributedContext
 from hookdet.markers import HOOK_NAMESPACE, hookimpl, hookspec
 from hookdet.trial_api.mixed_precision import autocast_forward, patch_forward
-from hookdet.trial_api.precision import Precision
+from hookdet.trial_api.precision import Precision, PrecisionPlugin
 from hookdet.plugins.manager import PluginError, check_known_options, option_error, read_seconds_option
 from hookdet.plugins.options import option_fields, options_for
 from hookdet.loop.run import TENSORBOARD_METRICS, TRIAL_CALLBACKS, WORKLOAD_METRICS, Run, TrainState
@@ -69,6 +70,7 @@ __all__ = [
     "MalformedMetadataError",
     "PluginError",
     "Precision",
+    "PrecisionPlugin",
     "PyTorchTrialContext",
     "Run",
     "Stash",

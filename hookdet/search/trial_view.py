@@ -13,11 +13,12 @@ driver updates it after every decision, reading only the new lines of the trial'
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
+from hookdet.runs.files import METRICS_FILE
+from hookdet.runs.tail import JsonLinesTail
 from hookdet.search.space import is_spec, searched_names
 
 logger = logging.getLogger("hookdet")
@@ -73,7 +74,7 @@ class TrialView:
                                               storage=queue.storage.wrapped, load_if_exists=True, direction=direction)
         self.study_id = self.storage.get_study_id_from_name(self.study.study_name)
         self.trial_ids: Dict[int, int] = {}
-        self.read_to: Dict[int, int] = {}  # bytes of each trial's metrics.jsonl already read
+        self.tails: Dict[int, JsonLinesTail] = {}  # each trial's metrics.jsonl, read as it grows
         self.failed = False
         for frozen in self.storage.get_all_trials(self.study_id, deepcopy=False):
             number = frozen.user_attrs.get("hookdet_trial")
@@ -119,28 +120,18 @@ class TrialView:
 
     def _new_validations(self, trial: Dict[str, Any]) -> List[Tuple[int, float]]:
         """(batch, searcher metric) of the validations written since the last look."""
-        path = Path(trial.get("dir") or "") / "metrics.jsonl"
-        if not path.is_file():
-            return []
-        if path.stat().st_size < self.read_to.get(trial["number"], 0):  # rewritten by a resume: again
-            self.read_to[trial["number"]] = 0
-        with open(path, "rb") as handle:
-            handle.seek(self.read_to.get(trial["number"], 0))
-            chunk = handle.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.read_to[trial["number"]] = self.read_to.get(trial["number"], 0) + len(complete)
-        found = []
-        for line in complete.splitlines():
-            record = _record(line)
-            value = (record or {}).get("metrics", {}).get(self.metric)
-            if record and record.get("group") == "validation" and isinstance(value, (int, float)):
-                found.append((int(record["steps_completed"]), float(value)))
+        found: List[Tuple[int, float]] = []
+
+        def take(report: Dict[str, Any]) -> None:
+            value = (report.get("metrics") or {}).get(self.metric)
+            if report.get("group") == "validation" and isinstance(value, (int, float)):
+                found.append((int(report["steps_completed"]), float(value)))
+
+        tail = self.tails.get(trial["number"])
+        if tail is None:
+            path = Path(trial.get("dir") or "") / METRICS_FILE
+            tail = self.tails[trial["number"]] = JsonLinesTail(path, take, lambda: None, only_lines_with=b'"validation"')
+        tail.on_record = take  # a rewritten file (a resume) is read again from its start
+        while tail.refresh():
+            pass
         return found
-
-
-def _record(line: bytes) -> Optional[Dict[str, Any]]:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None

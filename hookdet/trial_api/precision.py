@@ -25,15 +25,17 @@ What the context calls, and when:
   :meth:`Precision.batch_end` after ``train_batch``. While it is false the context runs plain
   torch and calls none of them.
 * **State**: the plugin that provides the precision keeps its :meth:`Precision.state_dict` in
-  checkpoints under the plugin's own name (a plugin's state, docs/writing-plugins.md).
+  checkpoints under the plugin's own name (a plugin's state, docs/writing-plugins.md);
+  :class:`PrecisionPlugin` is such a plugin, less the precision it makes.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import torch
 
 from hookdet.errors import TrialError
+from hookdet.markers import hookimpl
 from hookdet.plugins.selection import PRECISION_FOR_CALL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,6 +129,48 @@ class Precision:
 
 #: The precision of a run no plugin gives one.
 FLOAT32 = Precision()
+
+
+class PrecisionPlugin:
+    """A plugin that provides one precision: made by :meth:`make` when the run is configured,
+    the run's answer to ``hookdet_make_precision``, its state kept in checkpoints under the
+    plugin's name. A subclass writes :meth:`make` (and its options); ``amp`` and ``apex`` are two."""
+
+    #: The run's precision, once the run is configured.
+    precision: Optional[Precision] = None
+
+    def make(self, run: "Run") -> Precision:
+        """The precision for ``run``."""
+        raise NotImplementedError
+
+    #: State given before the precision was made, handed to it when it is.
+    pending_state: Optional[Dict[str, Any]] = None
+
+    @hookimpl
+    def hookdet_configure(self, run: "Run") -> None:
+        """Make the precision (and give it any state loaded before)."""
+        self.precision = self.make(run)
+        if self.pending_state:
+            self.precision.load_state_dict(self.pending_state)
+        self.pending_state = None
+
+    @hookimpl
+    def hookdet_make_precision(self, run: "Run") -> Optional[Precision]:
+        """The run's precision."""
+        return self.precision
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The precision's state (before it is made: the state it will be given)."""
+        if self.precision is None:
+            return dict(self.pending_state or {})
+        return self.precision.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the precision's state (kept for it until it is made)."""
+        if self.precision is None:
+            self.pending_state = dict(state)
+        else:
+            self.precision.load_state_dict(state)
 
 
 def precision_of(run: "Run") -> Precision:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,9 @@ def test_sigterm_stops_two_ranks_with_75_and_no_torchrun_traceback(tmp_path: Pat
     assert "Traceback" not in stderr and "SignalException" not in stderr, stderr[-4000:]
     assert not error_lines(stderr)
     assert "preempted" in stdout
+    # Off a terminal the chief prints its progress lines, as alone, and no launcher view is drawn.
+    assert re.search(r"training: batch \d+/2000 \(\d+%\) loss=", stderr), stderr[-4000:]
+    assert "\x1b[" not in stderr and not re.search(r"rank \d +\S*━", stderr)
 
 
 def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:

@@ -39,10 +39,10 @@ import torch
 from hookdet.plugin import (
     DTYPE_NAMES,
     Precision,
+    PrecisionPlugin,
     TrialError,
     autocast_forward,
     dtype_name,
-    hookimpl,
     known_dtype_name,
     options_for,
     patch_forward,
@@ -248,32 +248,14 @@ class AmpPrecision(Precision):
 # ---------------------------------------------------------------------------------------------
 
 
-class AmpPlugin:
+class AmpPlugin(PrecisionPlugin):
     """Provides :class:`AmpPrecision` as the run's precision and keeps its state in checkpoints."""
 
     Options = AmpSettings
 
     def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
         self.settings: AmpSettings = options_for(AmpPlugin, options, NAME)
-        #: The run's precision, made when the run is configured.
-        self.precision: Optional[AmpPrecision] = None
 
-    @hookimpl
-    def hookdet_configure(self, run: Any) -> None:
-        """Make the precision; listing ``amp`` in the experiment file means automatic mode for
-        every model."""
-        self.precision = AmpPrecision(self.settings, listed_in_config=NAME in run.plugin_names)
-
-    @hookimpl
-    def hookdet_make_precision(self, run: Any) -> Optional[AmpPrecision]:
-        """The run's precision."""
-        return self.precision
-
-    def state_dict(self) -> Dict[str, Any]:
-        """The precision's state (the scaler's)."""
-        return self.precision.state_dict() if self.precision is not None else {}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore the precision's state."""
-        if self.precision is not None:
-            self.precision.load_state_dict(state)
+    def make(self, run: Any) -> AmpPrecision:
+        """Listing ``amp`` in the experiment file means automatic mode for every model."""
+        return AmpPrecision(self.settings, listed_in_config=NAME in run.plugin_names)

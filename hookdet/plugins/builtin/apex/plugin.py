@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from hookdet.plugin import PluginError, Precision, TrialError, hookimpl, options_for, resolve_half_dtype
+from hookdet.plugin import PluginError, Precision, PrecisionPlugin, TrialError, options_for, resolve_half_dtype
 
 from .backends import ApexBackend, TorchBackend
 from .options import (
@@ -181,31 +181,14 @@ class ApexPrecision(Precision):
         self.backend.load_state_dict(state)
 
 
-class ApexPlugin:
+class ApexPlugin(PrecisionPlugin):
     """Provides :class:`ApexPrecision` as the run's precision and keeps its state in checkpoints."""
 
     Options = ApexSettings
 
     def __init__(self, options: Optional[Dict[str, Any]] = None) -> None:
         self.settings: ApexSettings = options_for(ApexPlugin, options, NAME)
-        #: The run's precision, made when the run is configured.
-        self.precision: Optional[ApexPrecision] = None
 
-    @hookimpl
-    def hookdet_configure(self, run: Any) -> None:
-        """Make the precision (it needs the run's aggregation frequency)."""
-        self.precision = ApexPrecision(self.settings, int(run.config.optimizations.aggregation_frequency))
-
-    @hookimpl
-    def hookdet_make_precision(self, run: Any) -> Optional[ApexPrecision]:
-        """The run's precision."""
-        return self.precision
-
-    def state_dict(self) -> Dict[str, Any]:
-        """The precision's state (loss scalers, master weights)."""
-        return self.precision.state_dict() if self.precision is not None else {}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore the precision's state."""
-        if self.precision is not None:
-            self.precision.load_state_dict(state)
+    def make(self, run: Any) -> ApexPrecision:
+        """The precision needs the run's aggregation frequency."""
+        return ApexPrecision(self.settings, int(run.config.optimizations.aggregation_frequency))
