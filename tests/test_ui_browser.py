@@ -51,8 +51,9 @@ def run_dir_of(output: str) -> Path:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
-    """The digits example trained twice, one run resumed with a change, its adaptive search, and a
-    run whose names are HTML; ``hookdet ui`` over them and a browser."""
+    """The digits example trained twice, one run resumed with a change, its adaptive search (4
+    trials, to keep the suite quick), and a run whose names are HTML; ``hookdet ui`` over them and
+    a browser."""
     digits = tmp_path_factory.mktemp("digits")
     for path in (REPO / "examples" / "digits").iterdir():
         if path.is_file():
@@ -60,7 +61,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     # Independent runs side by side (each mostly waits on its own start-up), the resume after.
     started = [hookdet("run", "const.yaml", cwd=digits),
                hookdet("run", "const.yaml", "--config", "hyperparameters.learning_rate=0.02", cwd=digits),
-               hookdet("run", "adaptive.yaml", cwd=digits)]
+               hookdet("run", "adaptive.yaml", "--config", "searcher.max_trials=4", cwd=digits)]
     (digits / "odd.yaml").write_text(textwrap.dedent(f"""
         name: "{ODD_NAME}"
         entrypoint: tests.support.progress_trials:OddNamesTrial
@@ -85,7 +86,7 @@ def shot(driver: Any, name: str) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
-        driver.set_window_size(width, min(3200, driver.execute_script("return document.body.scrollHeight") + 40))
+        driver.set_window_size(width, max(700, min(3200, driver.execute_script("return document.body.scrollHeight") + 40)))
         time.sleep(1)  # charts follow the new width on their own resize handler
         driver.save_screenshot(str(Path(folder) / f"ui-{name}.png"))
         driver.set_window_size(width, height)
@@ -125,6 +126,7 @@ def test_every_page_loads_cleanly_and_draws_the_traces_its_data_implies(site: Di
     names = driver.execute_script("return [...document.querySelectorAll('#runs tbody tr')].map(r => r.cells[1].textContent)")
     assert sorted(names) == sorted([site["first"].name, site["second"].name, site["search"].name, site["odd"].name])
     assert console_errors(driver) == []
+    driver.find_element("css selector", "#runs button.toggle").click()  # the search's trials, for the picture
     shot(driver, "list")
 
     open_page(site, link_to(driver, site["first"].name))

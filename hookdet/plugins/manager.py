@@ -193,6 +193,11 @@ class PluginManager:
         self.load(default)
         return caller(**kwargs)
 
+    def load_precision_for(self, call: str) -> Any:
+        """Load the built-in precision that answers the trial's mixed-precision ``call``
+        (:data:`hookdet.plugins.selection.PRECISION_FOR_CALL`: ``use_amp`` loads ``amp``)."""
+        return self.load(selection.PRECISION_FOR_CALL[call])
+
     def one_answer(self, hook_name: str, what: str, **kwargs: Any) -> Any:
         """The answer of the one plugin that answers the provider hook ``hook_name`` (None when
         none does); a second answering is refused, naming both. A run has one of ``what`` (its

@@ -36,7 +36,6 @@ import torch
 
 from hookdet.errors import TrialError
 from hookdet.markers import hookimpl
-from hookdet.plugins.selection import PRECISION_FOR_CALL
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookdet.loop.run import Run
@@ -181,9 +180,10 @@ def precision_of(run: "Run") -> Precision:
 
 def precision_for_call(run: "Run", call: str) -> Precision:
     """The precision that answers the trial's ``call`` (``"use_amp"``, ...): the run's, after
-    loading the built-in :data:`PRECISION_FOR_CALL` names while the run is in float32."""
+    loading the built-in that answers it while the run is in float32 (the plugin manager knows
+    which: :data:`hookdet.plugins.selection.PRECISION_FOR_CALL`)."""
     precision = precision_of(run)
     if precision is FLOAT32:
-        run.plugins.load(PRECISION_FOR_CALL[call])
+        run.plugins.load_precision_for(call)
         precision = precision_of(run)
     return precision

@@ -238,14 +238,17 @@ class SearchRecords:
         record = records.record()
         metric, smaller = self.metric
         values = [value for _, value in trial.get("validations") or [] if is_number(value)]
-        ended = None if record.get("state") == "running" else record.get("ended")
+        # The segment's target: a bar of it only while the trial has not passed it (a rung's
+        # validation can fall past the rung).
+        batches, target = int(trial.get("batches") or 0), trial.get("target")
         return {
             "name": f"{self.path.name}/{records.path.name}", "kind": "run",
             "state": state_words.get(trial["state"], trial["state"]),
-            "batches": int(trial.get("batches") or 0), "max_batches": trial.get("target"), "metric": metric,
+            "batches": batches, "max_batches": target if isinstance(target, int) and target >= batches else None,
+            "metric": metric,
             "best": (min if smaller else max)(values) if values else None,
             "started": record.get("created") or record.get("started") or "",
-            "seconds": seconds_between(record.get("started"), ended),
+            "seconds": records.training_seconds(record),
         }
 
     def summary(self) -> Dict[str, Any]:

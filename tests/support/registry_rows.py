@@ -3,13 +3,15 @@
 For each plugin named on the command line: it loads alone; a run with ``no:<it>`` still trains;
 an unknown option is refused naming the experiment file and line; its ``state_dict`` survives a
 round trip into a fresh instance after a run with it; its ``hookdet_unconfigure`` may be called
-twice. Prints ``{plugin: {row: "ok" | "n/a: why" | "FAIL: what"}}`` as JSON on the last line.
+twice. Each plugin's rows run in a child forked from this process (fresh state, torch imported
+once). Prints ``{plugin: {row: "ok" | "n/a: why" | "FAIL: what"}}`` as JSON on the last line.
 """
 from __future__ import annotations
 
 import copy
 import importlib.util
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -149,11 +151,27 @@ def rows_for(name: str, required: Dict[str, Any], work: Path) -> Dict[str, str]:
     return results
 
 
+def in_a_fork(name: str, required: Dict[str, Any], work: Path) -> Dict[str, str]:
+    """:func:`rows_for` ``name`` in a forked child: torch and hookdet are imported once, and
+    nothing one plugin's rows leave behind (registrations, globals, threads) reaches the next."""
+    out = work / f"{name}.rows.json"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            out.write_text(json.dumps(rows_for(name, required, work / name)))
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if not out.exists():
+        return {"rows": f"FAIL: the child for {name} ended with status {status} before writing its rows"}
+    return json.loads(out.read_text())
+
+
 def main() -> None:
     work, names = Path(sys.argv[1]), sys.argv[2:]
     required = json.loads(Path(work / "required.json").read_text()) if (work / "required.json").exists() else {}
     installed = installed_plugins()
-    table = {name: rows_for(name, required.get(name, {}), work / name) if name in installed else {"installed": "FAIL: not installed"}
+    table = {name: in_a_fork(name, required.get(name, {}), work) if name in installed else {"installed": "FAIL: not installed"}
              for name in names}
     print(json.dumps(table))
 
