@@ -244,3 +244,28 @@ def _root_key(root: Path) -> str:
     from hookdet.ui.catalog import root_key
 
     return root_key(root)
+
+
+def test_in_the_browser_paths_out_of_a_root_are_refused_and_off_this_machine_the_token_is_needed(
+        site: Dict[str, Any]) -> None:
+    driver = site["driver"]
+    key = _root_key(site["root"])
+    outside = site["root"].parent / "outside"
+    if not outside.exists():
+        outside.mkdir()
+        (outside / "config.json").write_text("{}")
+        (site["root"] / "link-out").symlink_to(outside)
+    for path in (f"/run/{key}/../outside", f"/run/{key}/%2e%2e/outside", f"/run/{key}/link-out"):
+        driver.get(site["url"] + path)
+        assert driver.find_element("tag name", "body").text.startswith("not found:"), path
+    with ui_server(str(site["root"]), "--host", "0.0.0.0") as (url, _, _):
+        bare = url.split("?")[0].replace("0.0.0.0", "127.0.0.1")
+        driver.get(bare)
+        assert "needs its access token" in driver.find_element("tag name", "body").text
+        driver.get(url.replace("0.0.0.0", "127.0.0.1"))  # the printed URL: the token, then a cookie
+        wait_ready(driver)
+        assert "token" not in driver.current_url
+        console_errors(driver)  # drop the refusals' own 404 and 403 lines
+        driver.get(bare + "run/" + key + "/" + site["first"].name)  # the cookie carries it on
+        wait_ready(driver)
+        assert console_errors(driver) == []

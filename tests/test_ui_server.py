@@ -82,6 +82,8 @@ def test_paths_from_urls_are_resolved_inside_the_roots(tmp_path: Path) -> None:
     key = root_key(root)
     with ui_server(str(root)) as (url, _, _):
         base = url.rstrip("/")
+        status, _, listing = get(f"{base}/")
+        assert status == 200 and b"link-out" not in listing and b"/mine" in listing  # not listed either
         assert get(f"{base}/run/{key}/mine")[0] == 200
         assert get(f"{base}/api/run/{key}/mine")[0] == 200
         refused = [f"/run/{key}/../outside", f"/run/{key}/%2e%2e/outside", f"/run/{key}/..%2foutside",
