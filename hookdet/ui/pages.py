@@ -55,23 +55,29 @@ def run_page(catalog: Catalog, path: Path) -> Dict[str, Any]:
     """The run page's fixed parts: identity, configuration, history, checkpoints."""
     records = catalog.run(path)
     owner = catalog.owner_search(path)
-    state = None
-    if owner is not None:
-        search = catalog.search(owner)
-        search.refresh()
-        state = STATE_WORDS.get(catalog.trial_states(search).get(path.resolve(), ""))
     config = records.config()
     where, checkpoints = records.checkpoints()
     return {
         "name": path.name,
         "api": catalog.url_of(path).replace("/run/", "/api/run/", 1),
-        "summary": records.summary(state),
+        "summary": records.summary(_state_in_search(catalog, path)),
         "hparams": flatten(config.get("hyperparameters") or {}),
         "config": json.dumps(config, indent=2, sort_keys=True),
         "history": records.history() or _history_from_record(records.record()),
         "checkpoints": checkpoints, "checkpoint_store": where,
         "search": None if owner is None else {"name": owner.name, "url": catalog.url_of(owner)},
     }
+
+
+def _state_in_search(catalog: Catalog, path: Path) -> Optional[str]:
+    """A search's trial's state as the search calls it where it differs from its own
+    (``stopped by the searcher`` for a trial whose process ended ``paused``); else None."""
+    owner = catalog.owner_search(path)
+    if owner is None:
+        return None
+    search = catalog.search(owner)
+    search.refresh()
+    return STATE_WORDS.get(catalog.trial_states(search).get(path.resolve(), ""))
 
 
 def _history_from_record(record: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -92,7 +98,7 @@ def run_updates(catalog: Catalog, path: Path, have: Dict[str, Any], log_count: i
     records.refresh()
     records.new_log_lines()
     return {
-        "summary": records.summary(),
+        "summary": records.summary(_state_in_search(catalog, path)),
         "series": {name: series_update(series, have.get(name)) for name, series in sorted(records.series.items())},
         "logs": _log_update(records, log_count),
     }
