@@ -61,8 +61,7 @@ class RanksView:
             self._training_shown = True
             self.view.training_started(int(chief["total"]), int(chief.get("epoch_length") or 0))
         if self._reports is not None:
-            while self._reports.refresh():
-                pass
+            self._reports.catch_up()
 
     def _fresh_beats(self) -> Dict[int, Dict[str, Any]]:
         """The ranks' latest beats, finished ranks' last ones included (read again at most every

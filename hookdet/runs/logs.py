@@ -38,7 +38,7 @@ def log_files(run_dir: Path, rank: Optional[int] = None) -> Dict[int, List[Path]
 def read_lines(run_dir: Path, rank: Optional[int] = None) -> Iterator[str]:
     """Every line the run's ranks logged, in time order (each file is; the ranks are merged)."""
     per_rank = [_lines_of(paths) for paths in log_files(run_dir, rank).values()]
-    yield from heapq.merge(*per_rank, key=_stamp)
+    yield from heapq.merge(*per_rank, key=stamp_of)
 
 
 def _lines_of(paths: List[Path]) -> Iterator[str]:
@@ -48,7 +48,8 @@ def _lines_of(paths: List[Path]) -> Iterator[str]:
                 yield line.rstrip("\n")
 
 
-def _stamp(line: str) -> str:
+def stamp_of(line: str) -> str:
+    """The time stamp a log line starts with (``[<ISO time>]``), by which the ranks' lines merge."""
     return line[1:line.index("]")] if line.startswith("[") and "]" in line else ""
 
 
@@ -63,7 +64,7 @@ def follow(run_dir: Path, rank: Optional[int] = None) -> Iterator[str]:
             followers.setdefault(number, LogFollower(paths[-1], already=[]))
         ended = _has_ended(run_dir)
         new = [line for follower in followers.values() for line in follower.new_lines()]
-        yield from sorted(new, key=_stamp)
+        yield from sorted(new, key=stamp_of)
         if ended and not new:
             return
         if not new:

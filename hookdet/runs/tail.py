@@ -32,8 +32,17 @@ class JsonLinesTail:
         self.partial = b""
         self.identity: Optional[Tuple[int, int]] = None
 
+    def catch_up(self) -> bool:
+        """Refresh until the end of the file (a big file is read a chunk per refresh); whether
+        anything new came."""
+        came = False
+        while self.refresh():
+            came = True
+        return came
+
     def refresh(self) -> bool:
-        """Read what was appended since the last refresh; whether anything new came."""
+        """Read what was appended since the last refresh (at most :data:`READ_CHUNK`); whether
+        anything new came."""
         try:
             status = os.stat(self.path)
         except OSError:

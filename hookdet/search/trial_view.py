@@ -132,6 +132,5 @@ class TrialView:
             path = Path(trial.get("dir") or "") / METRICS_FILE
             tail = self.tails[trial["number"]] = JsonLinesTail(path, take, lambda: None, only_lines_with=b'"validation"')
         tail.on_record = take  # a rewritten file (a resume) is read again from its start
-        while tail.refresh():
-            pass
+        tail.catch_up()
         return found

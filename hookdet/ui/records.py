@@ -21,7 +21,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from hookdet.runs import index as run_index
 from hookdet.runs.files import CONFIG_FILE, HISTORY_FILE, METRICS_FILE, RUN_RECORD_FILE
-from hookdet.runs.logs import LogFollower, log_files
+from hookdet.runs.logs import LogFollower, log_files, stamp_of
 from hookdet.runs.record import read_history, read_record
 from hookdet.search import report
 from hookdet.runs.tail import JsonLinesTail
@@ -60,6 +60,7 @@ class RunRecords:
         self._logs: Dict[int, LogFollower] = {}
         self.log_lines: Deque[str] = collections.deque(maxlen=LOG_LINES)
         self.log_count = 0
+        self._read: Dict[str, Tuple[Optional[Tuple[int, int]], Any]] = {}  # file -> (its stamp, what it held)
 
     # ------------------------------------------------------------------ metrics
 
@@ -74,8 +75,7 @@ class RunRecords:
         """Read what the run appended since the last refresh."""
         if not self.owns(self.path / METRICS_FILE):
             return
-        while self._tail.refresh():
-            pass
+        self._tail.catch_up()
 
     def _take(self, report: Dict[str, Any]) -> None:
         metrics, batch = report.get("metrics"), report.get("steps_completed")
@@ -106,13 +106,28 @@ class RunRecords:
     # ------------------------------------------------------------------ files read when asked
 
     def record(self) -> Dict[str, Any]:
+        """``run.json``, read every time: a running run whose process died reads as killed."""
         return (read_record(self.path) or {}) if self.owns(self.path / RUN_RECORD_FILE) else {}
 
     def config(self) -> Dict[str, Any]:
-        return run_index.read_config(self.path) if self.owns(self.path / CONFIG_FILE) else {}
+        return self._read_when_changed(CONFIG_FILE, lambda: run_index.read_config(self.path), {})
 
     def history(self) -> List[Dict[str, Any]]:
-        return read_history(self.path) if self.owns(self.path / HISTORY_FILE) else []
+        return self._read_when_changed(HISTORY_FILE, lambda: read_history(self.path), [])
+
+    def _read_when_changed(self, name: str, read: Any, absent: Any) -> Any:
+        """What the run's file ``name`` holds, read again only when its size or time changed
+        (the list asks every run each time it refreshes)."""
+        path = self.path / name
+        try:
+            status = os.stat(path)
+            stamp: Optional[Tuple[int, int]] = (status.st_mtime_ns, status.st_size)
+        except OSError:
+            stamp = None
+        kept = self._read.get(name)
+        if kept is None or kept[0] != stamp:
+            kept = self._read[name] = (stamp, read() if stamp is not None and self.owns(path) else absent)
+        return kept[1]
 
     def summary(self, state: Optional[str] = None) -> Dict[str, Any]:
         """The list's row: name, state, progress, best searcher metric, times."""
@@ -160,8 +175,7 @@ class RunRecords:
             if rank not in self._logs and paths:
                 self._logs[rank] = LogFollower(paths[-1], already=paths[:-1][-1:])
         followed = [follower for follower in self._logs.values() if self.owns(follower.path)]
-        new = sorted((line for follower in followed for line in follower.new_lines()),
-                     key=lambda line: line[1:line.find("]")] if line.startswith("[") else "")
+        new = sorted((line for follower in followed for line in follower.new_lines()), key=stamp_of)
         self.log_lines.extend(new)
         self.log_count += len(new)
         return len(new)
