@@ -1,6 +1,6 @@
 """Searches run end to end: real ``hookdet run`` driver processes, real trial processes, a real
-Optuna store (SQLite; the journal file and a PostgreSQL server, each shared by two worker
-processes)."""
+Optuna store (SQLite; SQLite, the journal file and a PostgreSQL server each shared by workers, one
+of them under another host name)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +9,7 @@ import json
 import re
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -466,56 +467,113 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
     return killed_trials
 
 
+#: The grace period of the shared-store test: a segment unheard of for this long is dead.
+GRACE_SECONDS = 4
+#: The host name of the shared-store test's "other machine".
+OTHER_HOST = "other-machine"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("store", ["journal", "postgresql"])
-def test_two_worker_processes_on_one_shared_store_finish_a_search(tmp_path: Path, store: str) -> None:
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                    reason="a worker on a second host name needs unshare -u (root)")
+@pytest.mark.parametrize("store", ["sqlite", "journal", "postgresql"])
+def test_workers_on_one_shared_store_finish_a_search_and_a_lost_machine_is_retried(tmp_path: Path, store: str) -> None:
+    """A driver with no workers of its own and two ``hookdet search worker`` processes on one store.
+    The first is on "another machine": a host name of its own (``unshare -u``), so the driver
+    cannot see its pid and goes by its beats (Optuna's heartbeats on SQLite and PostgreSQL,
+    hookdet's attribute on the journal). It trains slower than the grace period, alive, and is never
+    taken for dead; then its machine is lost mid-segment. The second, here, in a terminal, finishes
+    the search: the lost segment is failed once the grace period passes and trained again."""
     with contextlib.ExitStack() as stack:
-        url = (f"journal:{tmp_path / 'store.log'}" if store == "journal"
-               else stack.enter_context(postgres_server()))
-        two_workers_finish_a_search(tmp_path, url)
+        url = {"sqlite": f"sqlite:///{tmp_path / 'store.db'}", "journal": f"journal:{tmp_path / 'store.log'}"}.get(store) \
+            or stack.enter_context(postgres_server())
+        environment = {**env(tmp_path), "HOOKDET_SEARCH_GRACE_SECONDS": str(GRACE_SECONDS)}
+        # Six trials, the first three invalid at once: the other machine trains them and the
+        # fourth, then is lost in the fifth, which the worker here trains again, then the sixth.
+        driver = subprocess.Popen([*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--run-dir", "shared", "--workers", "0",
+                                   "--storage", url, "--config", "hyperparameters.optimizer.lr.count=3",
+                                   "--config", "hyperparameters.raise_in=init"],
+                                  cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Workers join once the driver has made the study and queued its first trials (its line).
+        started = driver.stdout.readline()
+        assert started.startswith("hookdet: grid search in"), (started, driver.stderr.read()[-3000:])
+        lost = lose_a_machine_mid_segment(tmp_path, url, driver, environment)
+        here, on_terminal = a_worker_in_a_terminal_finishes(tmp_path, url, driver, environment)
+        final = segments_of(url)
+    assert {s.user_attrs["worker"] for s in final} == {f"{OTHER_HOST}:{lost['pid']}", f"{os.uname().nodename}:{here}"}
+    first = [s for s in final if s.number == lost["completed"]][0]
+    assert (first.datetime_complete - first.datetime_start).total_seconds() > GRACE_SECONDS  # slow, alive, kept
+    failed = [s for s in final if s.state.name == "FAIL" and s.user_attrs.get("exit_code") is None]
+    assert [s.number for s in failed] == [lost["lost"]]  # only the lost machine's segment, never a live one
+    again = [s for s in final if s.user_attrs.get("request_id") == lost["request_id"] and s.number > lost["lost"]]
+    assert again and not again[-1].user_attrs["worker"].startswith(OTHER_HOST)
+    assert again[-1].user_attrs.get("exit_code") is not None  # trained again here, to its own end
+    assert len(summary(tmp_path / "shared")) == 6
+    # each worker says which trial it trains, and how it ended (off a terminal as in one)
+    said = lost["said"] + on_terminal
+    started_lines = sorted(int(line.split()[2]) for line in said if line.startswith("worker: trial ") and " training " in line)
+    ended = [line for line in said if line.startswith("worker: trial ") and " ended at batch " in line]
+    assert started_lines == sorted(int(s.user_attrs["trial"]) for s in final), said
+    assert len(ended) == len(final) - 1, said  # all but the lost one
+    assert all(re.search(r"ended at batch (\d+ \(validation_loss [\d.e+-]+\)|\?), exit status \d+, after [\d.]+ s$",
+                         line) for line in ended), ended
+    assert any(" exit status 0," in line for line in ended), ended
 
 
-def two_workers_finish_a_search(tmp_path: Path, url: str) -> None:
-    """A driver with no workers of its own and two ``hookdet search worker`` processes on the
-    store ``url``: the search completes, and both workers trained some of it."""
-    driver = subprocess.Popen(
-        [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--run-dir", "shared", "--workers", "0",
-         "--storage", url], cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    # Workers join once the driver has made the study and queued its first trials (its line).
-    started = driver.stdout.readline()
-    assert started.startswith("hookdet: grid search in"), (started, driver.stderr.read()[-3000:])
-    # Worker 0 prints to a terminal (a pseudo-terminal, read as it writes), worker 1 to a pipe.
+def lose_a_machine_mid_segment(tmp_path: Path, url: str, driver: subprocess.Popen,
+                               environment: Dict[str, str]) -> Dict[str, Any]:
+    """Start a worker under the host name :data:`OTHER_HOST`, its batches slow enough that a
+    segment outlasts the grace period; once one of its segments completed and the next trains,
+    kill it with its training process (its machine is lost). What it did, by segment number, and
+    what it said (to a pipe)."""
+    worker = " ".join([*HOOKDET, "search", "worker", "--storage", f"'{url}'", "--index", "0", "--of", "2"])
+    other = subprocess.Popen(["unshare", "-u", "sh", "-c", f"hostname {OTHER_HOST} && exec {worker}"],
+                             cwd=tmp_path, env={**environment, "SEARCH_TEST_SECONDS_PER_BATCH": "0.8"},
+                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def remote(state: str) -> list:
+        return [s for s in segments_of(url) if s.state.name == state and s.user_attrs.get("child_pid")
+                and str(s.user_attrs.get("worker", "")).startswith(f"{OTHER_HOST}:")]
+
+    try:
+        completed = wait_on_search(lambda: remote("COMPLETE"), driver, "the other machine's first segment to complete")
+        training = wait_on_search(lambda: remote("RUNNING"), driver, "its next segment to train")[0]
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        said, _ = other.communicate()
+    return {"pid": other.pid, "completed": completed[0].number, "lost": training.number,
+            "request_id": training.user_attrs["request_id"], "said": said.splitlines()}
+
+
+def a_worker_in_a_terminal_finishes(tmp_path: Path, url: str, driver: subprocess.Popen,
+                                    environment: Dict[str, str]) -> tuple:
+    """A worker here, printing to a (pseudo-)terminal, finishes the search; its pid and the
+    lines on its screen."""
     controller, terminal = open_terminal(columns=120)
     screens: List[str] = []
     reader = threading.Thread(target=lambda: screens.append(read_until_closed(controller, timeout=600)))
     reader.start()
-    workers = [subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--index", str(i), "--of", "2"],
-                                cwd=tmp_path, env=env(tmp_path), close_fds=True, text=True,
-                                stdout=terminal if i == 0 else subprocess.PIPE,
-                                stderr=terminal if i == 0 else subprocess.PIPE)
-               for i in range(2)]
+    worker = subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--index", "1", "--of", "2"],
+                              cwd=tmp_path, env=environment, close_fds=True, text=True, stdout=terminal, stderr=terminal)
     os.close(terminal)
-    out, err = driver.communicate(timeout=600)
-    assert driver.returncode == 0, err[-3000:]
-    worker_out, _ = workers[1].communicate(timeout=300)
-    assert workers[0].wait(timeout=300) == 0 and workers[1].returncode == 0
+    _, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0 and not not_warnings(err), err[-3000:]  # nothing but the fixture's warning
+    assert worker.wait(timeout=300) == 0
     reader.join(timeout=60)
-    on_terminal = screen_lines(screens[0])
-    said = on_terminal + worker_out.splitlines()
-    # In a terminal as off one, a worker says which trial it trains and how it ended.
-    assert any(line.startswith("worker: trial ") and " training " in line for line in on_terminal), on_terminal
-    done_by = {s.user_attrs["worker"] for s in segments(tmp_path / "shared")}
-    assert done_by == {f"{os.uname().nodename}:{w.pid}" for w in workers}
-    assert len(summary(tmp_path / "shared")) == 4
-    # each worker says which trial it trains, and how it ended
-    started = sorted(int(line.split()[2]) for line in said if line.startswith("worker: trial ") and " training " in line)
-    ended = [line for line in said if line.startswith("worker: trial ") and " ended at batch " in line]
-    assert started == [1, 2, 3, 4] and len(ended) == 4, said
-    assert all(re.search(r"ended at batch (\d+ \(validation_loss [\d.e+-]+\)|\?), exit status \d+, after [\d.]+ s$",
-                         line) for line in ended), ended
-    assert any(" exit status 0," in line for line in ended), ended
+    return worker.pid, screen_lines(screens[0])
+
+
+def wait_on_search(condition: Any, driver: subprocess.Popen, what: str, timeout: float = 300) -> Any:
+    """Poll ``condition`` until it gives something (which it returns); the driver must not end."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        assert driver.poll() is None, f"the driver ended while waiting for {what}: {driver.returncode}"
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_searchers_determined_removed_are_refused_with_its_reason(tmp_path: Path) -> None:
@@ -702,7 +760,6 @@ def test_workers_that_share_only_postgresql_and_s3_finish_a_search(tmp_path: Pat
     own with its own copy of the model code, share only a PostgreSQL store and an S3 bucket with
     the driver: worker 0 is stopped (SIGTERM) while it trains, worker 1 resumes that trial from its
     checkpoint in S3, both finish the search, and the summary equals one worker's on one disk."""
-    import shutil
 
     import yaml
 

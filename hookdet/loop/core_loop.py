@@ -214,6 +214,11 @@ class TrainingLoop:
         self.run.stash[WORKLOAD_METRICS] = workload
         context.experimental.reset_reducers()
         self._set_train_mode(True)
+        # A run a plugin ended before its first batch (a signal while the trial was built, a
+        # search segment resumed where it had already ended) stops here, not one batch later.
+        if state.batches_trained < self.max_batches and any_rank(self.run.exit_reason is not None):
+            self._at_boundary(workload, periods, epoch_ended=False, stopping=True)
+            return
 
         while state.batches_trained < self.max_batches:
             if plugins.generation != bound_generation:

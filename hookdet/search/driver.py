@@ -37,12 +37,10 @@ from hookdet.search.settings import SearchSettings
 from hookdet.search.live_view import SearchView, best_words, decision_line
 from hookdet.search.space import MasterRandom
 from hookdet.search.trial_view import TrialView
-from hookdet.search.store import Queue, StoreError, sequence_number, worker_id
+from hookdet.search.store import GRACE_SECONDS, Queue, StoreError, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
-#: A RUNNING segment whose worker (elsewhere) has not stamped a heartbeat for this long is dead.
-STALE_SECONDS = 60.0
 
 
 def _pid_alive(pid: Optional[int]) -> bool:
@@ -342,18 +340,38 @@ class Driver:
         worker process that dies still counts against ``max_restarts``."""
         return attrs.get("exit_code") is None and attrs.get("dead_worker") in self.state.get("drivers", [])
 
+    def _alive_here(self, segment: Any) -> Optional[bool]:
+        """For a segment of a worker on this machine: whether its worker (or its training
+        process) is alive; None for another machine's."""
+        host, _, pid = str(segment.user_attrs.get("worker", "")).rpartition(":")
+        if host != socket.gethostname():
+            return None
+        return _pid_alive(int(pid or 0)) or _pid_alive(segment.user_attrs.get("child_pid"))
+
     def _dead(self, segment: Any) -> bool:
-        """A RUNNING segment whose worker is gone (and whose training process too)."""
+        """A RUNNING segment whose worker is gone (and whose training process too): by its pid
+        on this machine; elsewhere by its beats (the journal's attribute; an RDB store's beats
+        are Optuna's, failed by :meth:`reap_stale`)."""
         attrs = segment.user_attrs
-        if "worker" not in attrs:  # being claimed right now (or its claimant died doing so)
-            started = segment.datetime_start.timestamp() if segment.datetime_start else time.time()
-            return time.time() - started > STALE_SECONDS
-        host, _, pid = str(attrs.get("worker", "")).rpartition(":")
-        if host == socket.gethostname():
-            alive = _pid_alive(int(pid or 0)) or _pid_alive(attrs.get("child_pid"))
-            return not alive
         started = segment.datetime_start.timestamp() if segment.datetime_start else time.time()
-        return time.time() - float(attrs.get("heartbeat", started)) > STALE_SECONDS
+        if "worker" not in attrs:  # being claimed right now (or its claimant died doing so)
+            return time.time() - started > GRACE_SECONDS
+        alive = self._alive_here(segment)
+        if alive is not None:
+            return not alive
+        if self.queue.keeps_heartbeats:
+            return False
+        return time.time() - float(attrs.get("heartbeat", started)) > GRACE_SECONDS
+
+    def reap_stale(self, running: List[Any]) -> None:
+        """Beat for this machine's live workers, then let Optuna fail every segment whose beats
+        stopped past the grace period (another machine's worker lost)."""
+        if not self.queue.keeps_heartbeats:
+            return
+        for segment in running:
+            if self._alive_here(segment):
+                self.queue.beat(self.queue.trial_id(segment.number))
+        self.queue.fail_stale()
 
     def poll(self) -> bool:
         """Handle every finished segment and reap dead ones; True when the search is over."""
@@ -367,6 +385,7 @@ class Driver:
             if not unprocessed or unprocessed[0].state.name not in done_states:
                 break
             self.handle(unprocessed[0])
+        self.reap_stale([segment for segment in segments if segment.state.name == "RUNNING"])
         for segment in segments:
             if segment.state.name == "RUNNING" and self._dead(segment):
                 self.queue.finish(self.queue.trial_id(segment.number),

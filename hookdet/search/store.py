@@ -5,8 +5,17 @@ full length otherwise), resuming its run directory. The driver adds a segment as
 trial whose user attributes describe it; a worker claims it with Optuna's atomic
 WAITING -> RUNNING transition (``storage.set_trial_state_values``, which answers False to every
 claimant but one), runs it, reports each validation of the searcher metric as an intermediate
-value, records the outcome in user attributes and finishes it COMPLETE (or FAIL). While running,
-the worker stamps a heartbeat attribute so the driver can tell a dead worker's segment.
+value, records the outcome in user attributes and finishes it COMPLETE (or FAIL).
+
+Liveness: while a segment runs, its worker beats (:meth:`Queue.beat`). An RDB store (SQLite,
+PostgreSQL, MySQL) keeps the beats in Optuna's own heartbeat table (``RDBStorage`` opened with
+``heartbeat_interval`` and ``grace_period``), and the driver fails the segments whose beats
+stopped for longer than the grace period with Optuna's ``fail_stale_trials``, after beating
+itself for the segments of its own machine whose worker it can see alive (so a live worker,
+however slow, is never taken for dead and its segment never run twice). Optuna's journal store
+has no heartbeat, so there the worker stamps a ``heartbeat`` attribute and the driver reads it.
+A segment of the driver's own machine whose worker is gone is failed at once (its pid is
+checked). :data:`GRACE_SECONDS` (``$HOOKDET_SEARCH_GRACE_SECONDS``) is the grace period.
 
 Storage: ``sqlite:///SEARCH_DIR/search.db`` by default (embedded, no server); any Optuna RDB URL
 (``postgresql://``, ``mysql://``) or ``journal:PATH`` (Optuna's journal file, for a shared disk).
@@ -18,9 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -28,6 +39,10 @@ from hookdet.errors import HookdetError
 
 #: The one study of a search made before studies were named by their search.
 LEGACY_STUDY_NAME = "hookdet-search"
+#: Seconds between two beats of a worker for its running segment.
+BEAT_SECONDS = 2
+#: Seconds without a beat after which a segment of another machine's worker is taken for dead.
+GRACE_SECONDS = int(os.environ.get("HOOKDET_SEARCH_GRACE_SECONDS", "60"))
 
 
 def study_name(search_dir: Path) -> str:
@@ -94,8 +109,12 @@ def open_storage(url: str) -> Any:
         drop_torn_record(path, lock)
         backend = JournalFileBackend(path, lock_obj=lock)
         return Guarded(optuna.storages.JournalStorage(backend), url)
-    return Guarded(optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
-                                              if url.startswith("sqlite") else {}), url)
+    with warnings.catch_warnings():  # Optuna marks its heartbeat arguments experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
+                                             if url.startswith("sqlite") else {},
+                                             heartbeat_interval=BEAT_SECONDS, grace_period=GRACE_SECONDS)
+    return Guarded(storage, url)
 
 
 def drop_torn_record(path: str, lock: Any) -> None:
@@ -194,8 +213,6 @@ def sequence_number(segment: Any) -> tuple:
 
 
 def worker_id() -> str:
-    import os
-
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -321,7 +338,27 @@ class Queue:
 
     def stamp(self, trial_id: int) -> None:
         self.storage.set_trial_user_attr(trial_id, "worker", worker_id())
-        self.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+        self.beat(trial_id)
+
+    @property
+    def keeps_heartbeats(self) -> bool:
+        """Whether the store is Optuna's heartbeat store (RDB), else the journal."""
+        return hasattr(self.storage.wrapped, "record_heartbeat")
+
+    def beat(self, trial_id: int) -> None:
+        """Say that segment ``trial_id``'s worker is alive (see the module docstring)."""
+        if self.keeps_heartbeats:
+            self.storage.record_heartbeat(trial_id)
+        else:
+            self.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+
+    def fail_stale(self) -> None:
+        """Fail the segments whose heartbeats stopped past the grace period (RDB stores):
+        Optuna's ``fail_stale_trials``."""
+        if self.keeps_heartbeats:
+            with warnings.catch_warnings():  # experimental in Optuna's words, public all the same
+                warnings.simplefilter("ignore", self.optuna.exceptions.ExperimentalWarning)
+                self.optuna.storages.fail_stale_trials(self.study.wrapped)
 
     def report(self, trial_id: int, step: int, value: float) -> None:
         self.storage.set_trial_intermediate_value(trial_id, step, value)

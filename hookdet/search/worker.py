@@ -32,11 +32,10 @@ from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
 from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
-from hookdet.search.store import Queue, StoreError
+from hookdet.search.store import BEAT_SECONDS, Queue, StoreError
 from hookdet.search.warm_start import SegmentProcess, start_segment
 
 logger = logging.getLogger("hookdet")
-HEARTBEAT_SECONDS = 2.0
 #: Seconds between a separate worker's progress lines while a segment trains.
 PROGRESS_EVERY_S = 30.0
 #: ``hookdet run``'s exit statuses a worker tells apart.
@@ -200,7 +199,7 @@ class SegmentRunner:
         assert self.process is not None
         told_at, told = time.monotonic(), None
         while True:
-            status = self.process.wait(timeout=HEARTBEAT_SECONDS)
+            status = self.process.wait(timeout=BEAT_SECONDS)
             if status is not None:
                 return status
             if self.say is not None and time.monotonic() - told_at >= PROGRESS_EVERY_S:
@@ -210,7 +209,7 @@ class SegmentRunner:
                     of = f" of {attrs['target']}" if attrs.get("target") else ""
                     self._tell(f"worker: trial {attrs['trial']} at batch {batches}{of}")
             try:
-                self.queue.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+                self.queue.beat(trial_id)
             except StoreError:  # the store is gone: the segment checkpoints and stops, then we do
                 self.terminate()
                 self.process.wait(timeout=None)

@@ -32,7 +32,7 @@ from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
 from hookdet.plugins.builtin.preemption import PREEMPTED_EXIT_CODE
-from hookdet.plugin import run_of
+from hookdet.plugin import SEGMENT_END_ENV, run_of
 from tests.support.resume_trials import RegressionTrial
 from tests.support.states import assert_states_equal
 
@@ -137,6 +137,23 @@ def test_sigterm_mid_epoch_exits_75_with_a_checkpoint_and_resume_is_exact(tmp_pa
     assert_states_equal(expected, actual)
     # Every report (one batch per training report, validations at 7, 14, 21, 28, 30) is equal.
     assert reports(victim_dir) == reports(straight_dir)
+
+
+def test_a_search_segment_resumed_where_it_ended_trains_no_further(tmp_path: Path, monkeypatch: Any) -> None:
+    """A search segment (``HOOKDET_SEGMENT_END``) pauses after the validation at its end; run
+    again from that checkpoint (its worker died before telling the search), it trains no batch:
+    the search must read the same validation as if nothing had happened."""
+    monkeypatch.setenv(SEGMENT_END_ENV, "4 batches")
+    config = write_config(tmp_path / "exp.yaml", {}, min_validation_period={"batches": 2})
+    first = hookdet_run(config, tmp_path / "run")
+    output = finish(first)
+    assert first.returncode == 0 and "hookdet: paused after 4 batches" in output, output[-3000:]
+    before = reports(tmp_path / "run")
+    again = hookdet_run(config, tmp_path / "run", resume=tmp_path / "run")
+    output = finish(again)
+    assert again.returncode == 0 and "hookdet: paused after 4 batches" in output, output[-3000:]
+    assert reports(tmp_path / "run") == before and before[-1][:2] == ("validation", 4)
+    assert final_state(tmp_path / "run")["batches"] == 4
 
 
 # ---------------------------------------------------------------------------------------------
