@@ -67,3 +67,15 @@ def test_every_public_name_of_hookdet_resolves():
     for name in hookdet.__all__:
         assert getattr(hookdet, name) is not None, name
     assert set(hookdet.__all__) <= set(dir(hookdet))
+
+
+
+def test_the_commands_that_read_runs_and_a_searchs_driver_load_no_torch(tmp_path):
+    """``hookdet runs`` and ``show`` read metadata only, and a search's driver decides and
+    queues: none needs torch (a second of a user's wait, each time)."""
+    def command(*args: str) -> str:
+        return f"from hookdet.cli.commands import main; main({list(args)!r})"
+
+    for loaded in (modules_loaded(command("runs", str(tmp_path))), modules_loaded(command("show", str(tmp_path))),
+                   modules_loaded("import hookdet.search.cli, hookdet.search.driver, hookdet.checkpoints.resolver")):
+        assert not loaded["third_party"] & {"torch", "numpy"}, loaded["third_party"]

@@ -23,22 +23,24 @@ import zipfile
 from pathlib import Path
 from typing import Any, Dict, List
 
-import numpy as np
-import torch
-
 from hookdet.checkpoints.storage import METADATA_FILE, STATE_FILE, is_inside, parse_metadata, read_small_file
 
 LOAD_DATA_FILE = "load_data.json"
 TRIAL_STATE_FILE = "trial_state.pkl"
 
-#: What Determined's ``np.random.get_state()`` pickles into, under NumPy 2 and NumPy 1 names.
-_NUMPY_GLOBALS = [
-    np.ndarray,
-    np.dtype,
-    np.dtypes.UInt32DType,
-    (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
-    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
-]
+
+def numpy_globals() -> List[Any]:
+    """What Determined's ``np.random.get_state()`` pickles into, under NumPy 2 and NumPy 1 names
+    (NumPy and torch are imported when a state is loaded, not to read metadata)."""
+    import numpy as np
+
+    return [
+        np.ndarray,
+        np.dtype,
+        np.dtypes.UInt32DType,
+        (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
+        (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+    ]
 
 
 class DeterminedCheckpointError(ValueError):
@@ -110,8 +112,10 @@ def _load_state_file(path: Path, map_location: Any) -> Dict[str, Any]:
             "older pickle format, or not torch's at all); hookdet never runs code from a checkpoint "
             "and does not load it"
         )
+    import torch
+
     try:
-        with torch.serialization.safe_globals(_NUMPY_GLOBALS):
+        with torch.serialization.safe_globals(numpy_globals()):
             saved = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
@@ -163,6 +167,9 @@ def _without_ddp_prefix(model_state: Dict[str, Any]) -> Dict[str, Any]:
 
 def _rng_state(saved: Dict[str, Any], directory: Path) -> Dict[str, Any]:
     """Determined's RNG state as hookdet's :mod:`hookdet.trial_api.rng` keeps it."""
+    import numpy as np
+    import torch
+
     try:
         version, python_state, gauss = saved["random_rng_state"]
         kind, keys, position, has_gauss, cached = saved["np_rng_state"]

@@ -136,7 +136,7 @@ def run_search(args: argparse.Namespace) -> int:
         from hookdet.search.warm_start import warm_up
 
         warm_up(model_dir, raw.get("entrypoint"))
-    from hookdet.search.driver import Driver  # imports torch: after the warm process is on its way
+    from hookdet.search.driver import Driver
 
     if not args.resume:
         check_warm_start_source(config, config_path, model_dir)

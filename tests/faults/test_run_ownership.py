@@ -116,8 +116,10 @@ def test_resume_run_dir_finds_its_checkpoint_in_s3(tmp_path: Path, s3_server: Di
 
 @pytest.mark.slow
 def test_sigterm_then_resume_is_one_run_with_one_history(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "exp.yaml", {"sleep": 3.0})  # slow enough to race
-    straight = start(["run", str(config), "--run-dir", str(tmp_path / "straight")])
+    hold = tmp_path / "hold"  # while it exists, the victim trains no further than its fourth batch
+    hold.touch()
+    config = write_config(tmp_path / "exp.yaml", {"hold_while": str(hold)})
+    straight = start(["run", str(write_config(tmp_path / "straight.yaml")), "--run-dir", str(tmp_path / "straight")])
     run_dir = tmp_path / "run"
     victim = start(["run", str(config), "--run-dir", str(run_dir)])
     wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(reports(run_dir)) >= 3, victim, "3 reports")
@@ -133,10 +135,11 @@ def test_sigterm_then_resume_is_one_run_with_one_history(tmp_path: Path) -> None
 
     signalled = time.monotonic()
     victim.send_signal(signal.SIGTERM)
+    hold.unlink()
     status, _, stderr = finish(victim, "SIGTERM", since=signalled)
     assert status == 75, stderr[-3000:]
     stopped_at = max(m["steps_completed"] for m in checkpoint_metadata(run_dir / "checkpoints"))
-    assert stopped_at < 12
+    assert stopped_at == 4  # the batch it was held in
 
     # A write killed earlier left a hidden directory; the resume sweeps it under the lock.
     stale = run_dir / "checkpoints" / ".tmp-0123-dead"

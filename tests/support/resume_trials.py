@@ -128,7 +128,9 @@ class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
     startup_log (a file the recorder appends ``on_trial_startup``'s arguments to), stop_at,
     sigterm_at (the process sends itself SIGTERM after that batch, as a preemption would),
     init_marker (a file ``__init__`` creates before it sleeps ``init_sleep`` seconds, so a signal
-    can be sent while the trial is being built), chatter (lines the trial prints per batch).
+    can be sent while the trial is being built), chatter (lines the trial prints per batch),
+    hold_while (a path: from the fourth batch on, each batch waits while it exists, so a test
+    keeps the run training, reports written, for as long as it needs).
     """
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
@@ -197,6 +199,9 @@ class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
         self._maybe_stop(batch_idx)
         if self.context.get_hparams().get("sleep"):
             time.sleep(self.context.get_hparam("sleep"))
+        hold = self.context.get_hparams().get("hold_while")
+        while hold and batch_idx >= 3 and os.path.exists(hold):
+            time.sleep(0.02)
         for line in range(self.context.get_hparams().get("chatter", 0)):
             print(f"batch {batch_idx} says line {line}: " + "x" * 60)
         return metrics
