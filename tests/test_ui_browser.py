@@ -58,7 +58,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
         if path.is_file():
             shutil.copy(path, digits)
     # Independent runs side by side (each mostly waits on its own start-up), the resume after.
-    started = [hookdet("run", "const.yaml", cwd=digits),
+    started = [hookdet("run", "const.yaml", "--config", "searcher.max_length.epochs=2", cwd=digits),
                hookdet("run", "adaptive.yaml", "--config", "searcher.max_trials=4", cwd=digits)]
     (digits / "odd.yaml").write_text(textwrap.dedent(f"""
         name: "{ODD_NAME}"
@@ -69,7 +69,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     odd = digits / "runs" / "<img src=x onerror=alert('dir')>"
     started.append(hookdet("run", "odd.yaml", "--model-dir", str(REPO), "--run-dir", str(odd), cwd=digits))
     first = run_dir_of(finished(started[0]))
-    finished(hookdet("run", "const.yaml", "--resume", str(first), "--config", "searcher.max_length.epochs=12", cwd=digits))
+    finished(hookdet("run", "const.yaml", "--resume", str(first), "--config", "searcher.max_length.epochs=3", cwd=digits))
     for process in started[1:]:
         finished(process)
     (search,) = [path for path in (digits / "runs").iterdir() if (path / "search.json").exists()]
@@ -132,7 +132,7 @@ def test_every_page_loads_cleanly_and_draws_the_traces_its_data_implies(site: Di
     wait_for(lambda: traces(driver) == expected_run_charts(site["first"]))
     events = driver.execute_script("return [...document.querySelectorAll('#history tbody tr')].map(r => r.cells[0].textContent)")
     assert events == ["started", "completed", "resumed", "completed"]
-    assert "searcher.max_length.epochs: 10 -> 12" in driver.find_element("id", "history").text
+    assert "searcher.max_length.epochs: 2 -> 3" in driver.find_element("id", "history").text
     assert driver.find_elements("css selector", "#checkpoints tbody tr td:last-child")[0].text == "yes"
     wait_for(lambda: "[rank=0]" in driver.find_element("id", "logs").text)
     assert console_errors(driver) == []
