@@ -158,9 +158,8 @@ def run_search(args: argparse.Namespace) -> int:
     else:  # fresh, or killed before its first decision was saved (nothing was queued then)
         queue.set_info({"search_dir": str(search_dir), "slots_per_trial": slots, "finished": False})
         driver.start()
-    print(f"hookdet: {settings.name} search in {search_dir} ({max(workers, 0)} local workers; "
-          f"store {storage})", flush=True)
-    status = driver.run(max(workers, 0), slots)
+    status = driver.run(max(workers, 0), slots, announce=f"hookdet: {settings.name} search in {search_dir} "
+                        f"({max(workers, 0)} local workers; store {storage})")
     finish(search_dir, driver.state, settings.metric, settings.smaller_is_better)
     trials = driver.state["trials"].values()
     if status == 0 and trials and all(t["state"] == "errored" for t in trials):

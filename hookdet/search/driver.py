@@ -403,9 +403,13 @@ class Driver:
 
     # ------------------------------------------------------------------------------ loop
 
-    def run(self, workers: int, slots_per_trial: int = 1, poll: float = 0.3) -> int:
+    def run(self, workers: int, slots_per_trial: int = 1, poll: float = 0.3, announce: str = "") -> int:
         """Drive the search with ``workers`` local worker threads; 0 when it completed, 75 when
-        it was told to stop (resume it with ``--resume``)."""
+        it was told to stop (resume it with ``--resume``). ``announce`` is printed once SIGTERM
+        and Ctrl-C stop the search gracefully (whoever reads it may send them)."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if announce:
+            print(announce, flush=True)
         done = threading.Event()
         threads = []
         self._started_at = time.monotonic()
@@ -418,10 +422,11 @@ class Driver:
         for index in range(workers):
             runner = SegmentRunner(self.queue, Slot(index, workers, slots_per_trial))
             self.runners.append(runner)
+            if self.stopping:  # told to stop before this runner was listed for _on_signal
+                runner.terminate()
             thread = threading.Thread(target=self._work, args=(runner, done), daemon=True)
             thread.start()
             threads.append(thread)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         if sys.stdout.isatty():
             self.live = SearchView(sys.stdout, self.settings.metric)
             self.live.open()

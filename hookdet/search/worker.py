@@ -150,6 +150,16 @@ class SegmentRunner:
         if self.stopping:  # claimed as the search was told to stop: hand it back untouched
             self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
             return
+        with Beats(self.queue, trial_id, on_lost_store=self.terminate) as beats:
+            run_dir, steps, started = self._start(trial_id, attrs)
+            status = self._wait(run_dir, attrs)
+        if beats.failure is not None:  # the store is gone: the segment checkpointed and stopped
+            raise beats.failure
+        self._finish(trial_id, attrs, (run_dir, steps, started, status))
+
+    def _start(self, trial_id: int, attrs: Dict[str, Any]) -> Tuple[Path, Optional[int], float]:
+        """Start the segment's process (resuming the trial's newest checkpoint, if any); its run
+        directory, the batch it resumes at, and when it started."""
         run_dir, config, model_dir = self.place(attrs)
         steps = newest_checkpoint_steps(run_dir)
         if steps is None:
@@ -176,7 +186,11 @@ class SegmentRunner:
         target = f"to batch {attrs['target']}" if attrs.get("target") else "to its end"
         self._tell(f"worker: trial {attrs['trial']} training {target}"
                    + (f" from batch {steps}" if steps else "") + f" in {run_dir}")
-        status = self._wait(trial_id, run_dir, attrs)
+        return run_dir, steps, started
+
+    def _finish(self, trial_id: int, attrs: Dict[str, Any], ran: Tuple[Path, Optional[int], float, int]) -> None:
+        """Report the segment's new validations of the searcher metric and record how it ended."""
+        run_dir, steps, started, status = ran
         found = validations(run_dir, attrs["metric"])
         self._tell(f"worker: trial {attrs['trial']} ended at batch {found[-1][0] if found else '?'}"
                    + (f" ({attrs['metric']} {found[-1][1]:.4g})" if found else "")
@@ -195,25 +209,49 @@ class SegmentRunner:
         if self.say is not None:
             self.say(line)
 
-    def _wait(self, trial_id: int, run_dir: Path, attrs: Dict[str, Any]) -> int:
+    def _wait(self, run_dir: Path, attrs: Dict[str, Any]) -> int:
+        """The segment's exit status, once it exits; a separate worker says how far it got."""
         assert self.process is not None
-        told_at, told = time.monotonic(), None
+        told = None
         while True:
-            status = self.process.wait(timeout=BEAT_SECONDS)
+            status = self.process.wait(timeout=PROGRESS_EVERY_S if self.say is not None else None)
             if status is not None:
                 return status
-            if self.say is not None and time.monotonic() - told_at >= PROGRESS_EVERY_S:
-                told_at, batches = time.monotonic(), latest_batch(run_dir)
-                if batches is not None and batches != told:
-                    told = batches
-                    of = f" of {attrs['target']}" if attrs.get("target") else ""
-                    self._tell(f"worker: trial {attrs['trial']} at batch {batches}{of}")
+            batches = latest_batch(run_dir)
+            if batches is not None and batches != told:
+                told = batches
+                of = f" of {attrs['target']}" if attrs.get("target") else ""
+                self._tell(f"worker: trial {attrs['trial']} at batch {batches}{of}")
+
+
+class Beats:
+    """A running segment's beats (:meth:`Queue.beat`, every :data:`BEAT_SECONDS`) from a thread
+    of their own, from the moment its worker has it to the moment it ended: a slow start (the
+    warm process still importing, a busy machine) is never silence. A lost store stops the beats,
+    is kept in ``failure``, and ``on_lost_store`` is called (the worker stops its segment)."""
+
+    def __init__(self, queue: Queue, trial_id: int, on_lost_store: Callable[[], None]) -> None:
+        self.queue, self.trial_id, self.on_lost_store = queue, trial_id, on_lost_store
+        self.failure: Optional[StoreError] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="hookdet-beats", daemon=True)
+
+    def __enter__(self) -> "Beats":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(BEAT_SECONDS):
             try:
-                self.queue.beat(trial_id)
-            except StoreError:  # the store is gone: the segment checkpoints and stops, then we do
-                self.terminate()
-                self.process.wait(timeout=None)
-                raise
+                self.queue.beat(self.trial_id)
+            except StoreError as error:
+                self.failure = error
+                self.on_lost_store()
+                return
 
 
 def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float = 0.5) -> None:
