@@ -28,13 +28,27 @@ def run_search(workdir: Path, config: Path, *args: str, cold: bool = False) -> D
         environment["HOOKDET_COLD_SEGMENTS"] = "1"
     else:
         environment.pop("HOOKDET_COLD_SEGMENTS", None)
-    driver = subprocess.Popen([*HOOKDET, "run", str(config), "--run-dir", "search", *args],
-                              cwd=workdir, env=environment, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    out, err = driver.communicate(timeout=600)
-    assert driver.returncode == 0, err[-3000:]
+    # Its output to files, not pipes: waiting for the driver is not waiting for its output's readers.
+    with open(workdir / "driver.out", "w") as out, open(workdir / "driver.err", "w") as err:
+        driver = subprocess.Popen([*HOOKDET, "run", str(config), "--run-dir", "search", *args],
+                                  cwd=workdir, env=environment, stdout=out, stderr=err)
+        driver.wait(timeout=600)
     starts = [json.loads(line) for line in (workdir / "trials.log").read_text().splitlines()]
-    return {"pid": driver.pid, "starts": [r for r in starts if r["event"] == "start"], "stderr": err}
+    parents = {record["ppid"] for record in starts}
+    lingering = [pid for pid in parents if running(pid)]  # as the driver's exit is seen
+    stderr = (workdir / "driver.err").read_text()
+    assert driver.returncode == 0, stderr[-3000:]
+    return {"pid": driver.pid, "starts": [r for r in starts if r["event"] == "start"], "stderr": stderr,
+            "lingering": lingering}
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 #: What a checkpoint holds of the training (the plugins' part names checkpoints by their ids).
@@ -63,7 +77,7 @@ def test_warm_segments_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
     """An ASHA search (trials continued from their rung-0 checkpoints) run warm and cold: the
     same decisions, every trial's metrics.jsonl and its newest checkpoint (weights, optimizer,
     every RNG stream) equal bit for bit. Warm segments are children of one fork server, not of
-    the driver; cold ones are the driver's own."""
+    the driver, which ends it before it exits; cold ones are the driver's own."""
     warm = run_search(tmp_path / "warm", FIXTURES / "asha.yaml", "--workers", "1")
     cold = run_search(tmp_path / "cold", FIXTURES / "asha.yaml", "--workers", "1", cold=True)
     assert summary(tmp_path / "warm" / "search") == summary(tmp_path / "cold" / "search")
@@ -76,6 +90,7 @@ def test_warm_segments_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
     assert len(warm["starts"]) == len(cold["starts"]) > len(trials)  # continued trials started twice
     fork_servers = {record["ppid"] for record in warm["starts"]}
     assert len(fork_servers) == 1 and warm["pid"] not in fork_servers
+    assert warm["lingering"] == []  # the warm process ended with the search, not a second after it
     assert {record["ppid"] for record in cold["starts"]} == {cold["pid"]}
     assert len({record["pid"] for record in warm["starts"]}) == len(warm["starts"])
 

@@ -123,6 +123,7 @@ def _default_workers(slots_per_trial: int) -> int:
 
 def run_search(args: argparse.Namespace) -> int:
     """Run (or, with ``--resume SEARCH_DIR``, continue) the search ``args.config`` describes."""
+    from hookdet.search import summary
     from hookdet.search.store import LEGACY_STUDY_NAME, Queue
 
     config_path = Path(args.config).resolve()
@@ -158,8 +159,12 @@ def run_search(args: argparse.Namespace) -> int:
     else:  # fresh, or killed before its first decision was saved (nothing was queued then)
         queue.set_info({"search_dir": str(search_dir), "slots_per_trial": slots, "finished": False})
         driver.start()
+    summary.prefetch_plotting()
     status = driver.run(max(workers, 0), slots, announce=f"hookdet: {settings.name} search in {search_dir} "
                         f"({max(workers, 0)} local workers; store {storage})")
+    from hookdet.search.warm_start import stop_warm_process
+
+    stop_warm_process()  # no segment runs any more: the warm process would only tear down slowly
     finish(search_dir, driver.state, settings.metric, settings.smaller_is_better)
     trials = driver.state["trials"].values()
     if status == 0 and trials and all(t["state"] == "errored" for t in trials):

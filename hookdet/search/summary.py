@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -95,6 +96,20 @@ def best_line(table: List[Dict[str, Any]], state: Dict[str, Any], metric: str,
     return (f"best: trial {row['trial']} ({row['state']}), {metric} {row['best']:.6g}, "
             f"hyperparameters {json.dumps(trial['hparams'], sort_keys=True)}, "
             f"checkpoints in {trial['dir']}")
+
+
+def prefetch_plotting() -> None:
+    """Import matplotlib in a thread of its own now, while the trials train (the driver mostly
+    waits then): the plot at the search's end only draws, a third of a second sooner."""
+    from hookdet.runs.plot import load_pyplot
+
+    def load() -> None:
+        try:
+            load_pyplot()
+        except ImportError:  # plot() returns None then
+            pass
+
+    threading.Thread(target=load, name="hookdet-prefetch-matplotlib", daemon=True).start()
 
 
 def plot(state: Dict[str, Any], metric: str, path: Path) -> Optional[Path]:

@@ -53,11 +53,19 @@ logger = logging.getLogger("hookdet")
 COLD_ENV = "HOOKDET_COLD_SEGMENTS"
 
 #: What the warm process imports besides the default plugins: torch (with ``torch._dynamo``,
-#: which every optimizer pulls in, and its TensorBoard writer, which the default ``tensorboard``
-#: plugin opens as a run starts) and the modules a ``hookdet run`` of a trial class goes through.
-PRELOAD = ("torch", "torch.optim", "torch._dynamo", "torch.utils.tensorboard",
-           "hookdet.cli.commands", "hookdet.loop.trainer", "hookdet.trial_api.context",
-           "hookdet.search.worker")
+#: which every optimizer pulls in, its TensorBoard writer and the hyperparameter records the
+#: default ``tensorboard`` plugin writes as a run starts, and the serialization a checkpoint
+#: uses), stevedore (which loads the plugins) and every module a ``hookdet run`` of a trial class
+#: goes through (the command line imports each command's module to build its parser).
+PRELOAD = ("torch", "torch.optim", "torch._dynamo", "torch.utils.tensorboard", "torch.utils.serialization",
+           "tensorboard.plugins.hparams.api_pb2", "tensorboard.plugins.hparams.metadata",
+           "tensorboard.plugins.hparams.plugin_data_pb2", "stevedore", "stevedore.named",
+           "hookdet.cli.commands", "hookdet.cli.reading", "hookdet.config.overrides", "hookdet.loop.trainer",
+           "hookdet.trial_api.context", "hookdet.pytorch", "hookdet.pytorch.samplers", "hookdet.checkpoints.api",
+           "hookdet.checkpoints.local", "hookdet.distributed.rank_watch", "hookdet.runs.index",
+           "hookdet.search.cli", "hookdet.search.worker", "hookdet.ui.command")
+#: Imported after everything else: readies the warm process to be forked (see its docstring).
+READY = "hookdet.search.warm_ready"
 
 
 def cold() -> bool:
@@ -67,11 +75,11 @@ def cold() -> bool:
 
 def preload_modules(libraries: Sequence[str] = ()) -> List[str]:
     """:data:`PRELOAD`, the modules of the default plugins (read from their entry points: no
-    plugin is imported to find them) and ``libraries``."""
+    plugin is imported to find them) and ``libraries``, then :data:`READY`."""
     from hookdet.plugins.selection import DEFAULT_PLUGINS
 
     plugins = {ep.name: ep.module for ep in entry_points(group="hookdet.plugins")}
-    return list(PRELOAD) + [plugins[name] for name in DEFAULT_PLUGINS if name in plugins] + list(libraries)
+    return list(PRELOAD) + [plugins[name] for name in DEFAULT_PLUGINS if name in plugins] + list(libraries) + [READY]
 
 
 def libraries_of(model_dir: Path, entrypoint: Optional[str]) -> List[str]:
@@ -171,6 +179,59 @@ def warm_up(model_dir: Path, entrypoint: Optional[str]) -> None:
     from multiprocessing import forkserver as server
 
     server.ensure_running()
+
+
+def stop_warm_process() -> None:
+    """End the warm process now that no segment will start (a search or a worker ends). Left to
+    itself it would notice its caller's exit and tear down an interpreter full of torch, about a
+    second of a core with the command's output held open (a pipe reading it waits). A process
+    forked from it ends it with SIGKILL: it keeps nothing (it never runs a trial's code)."""
+    global _context
+    if _context is None or cold() or _warm_failed:
+        return
+    try:
+        ender = _context.Process(target=_end_parent, name="hookdet-warm-end")
+        ender.start()
+        ender.join()  # its status comes from the warm process, which is gone: EOF, exit code 255
+    except (OSError, EOFError):
+        pass
+    _context = None
+
+
+def _end_parent() -> None:
+    os.kill(os.getppid(), signal.SIGKILL)
+
+
+def gpu_count() -> int:
+    """How many GPUs torch sees, asked of a process forked from the warm process once it runs
+    (so that a search's driver never imports torch: it starts, and ends, a second sooner); here
+    when segments start cold."""
+    if _context is not None and not cold() and not _warm_failed:
+        try:
+            receiving, sending = _context.Pipe(duplex=False)
+            asker = _context.Process(target=_send_gpu_count, args=(sending,), name="hookdet-gpus")
+            asker.start()
+            sending.close()
+            count = receiving.recv()
+            asker.join()
+            return count
+        except (OSError, EOFError):  # the warm process failed: start_segment says so
+            pass
+    return _torch_gpu_count()
+
+
+def _torch_gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def _send_gpu_count(sending: multiprocessing.connection.Connection) -> None:
+    sending.send(_torch_gpu_count())
+    sending.close()
 
 
 def start_segment(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,

@@ -17,6 +17,7 @@ from the newest checkpoint in that storage, whichever worker wrote it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
 from hookdet.search.store import BEAT_SECONDS, Queue, StoreError
-from hookdet.search.warm_start import SegmentProcess, start_segment
+from hookdet.search.warm_start import SegmentProcess, gpu_count, start_segment, stop_warm_process, warm_up
 
 logger = logging.getLogger("hookdet")
 #: Seconds between a separate worker's progress lines while a segment trains.
@@ -76,11 +77,14 @@ class Slot:
         share = max(len(cores) // max(count, 1), 1)
         self.cpus = cores[index * share:(index + 1) * share] if len(cores) >= count else cores
         self.threads = max(len(self.cpus) // max(slots_per_trial, 1), 1)
-        self.gpus: Optional[List[int]] = None
+        self.index, self.slots_per_trial = index, slots_per_trial
+
+    @functools.cached_property
+    def gpus(self) -> Optional[List[int]]:
+        """This slot's GPUs (None for none), found when its first segment starts."""
         visible = visible_gpus()
-        if visible:
-            first = index * slots_per_trial
-            self.gpus = visible[first:first + slots_per_trial] or None
+        first = self.index * self.slots_per_trial
+        return visible[first:first + self.slots_per_trial] or None
 
     def env(self) -> Dict[str, str]:
         env = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
@@ -93,15 +97,12 @@ class Slot:
 
 
 def visible_gpus() -> List[int]:
+    """``CUDA_VISIBLE_DEVICES`` when set, else every GPU torch sees (asked without importing
+    torch here: see :func:`~hookdet.search.warm_start.gpu_count`)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [int(x) for x in listed.split(",") if x.strip().isdigit()]
-    try:
-        import torch
-
-        return list(range(torch.cuda.device_count()))
-    except Exception:
-        return []
+    return list(range(gpu_count()))
 
 
 class SegmentRunner:
@@ -169,6 +170,8 @@ class SegmentRunner:
         argv = ["run", config, "--run-dir", str(run_dir), "--model-dir", model_dir]
         if steps is not None:
             argv += ["--resume", str(run_dir)]
+        entrypoint = (attrs.get("experiment") or {}).get("entrypoint")
+        warm_up(Path(model_dir), entrypoint)  # before the slot's GPUs are asked of the warm process
         env = dict(os.environ, **self.slot.env())
         env.update({TRIAL_SEED_ENV: str(attrs["seed"]), TRIAL_ID_ENV: str(attrs["trial"])})
         env.pop("HOOKDET_RUN_DIR", None)
@@ -179,7 +182,7 @@ class SegmentRunner:
         started = time.time()
         with self._lock:
             self.process = start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
-                                         self.slot.cpus, (attrs.get("experiment") or {}).get("entrypoint"))
+                                         self.slot.cpus, entrypoint)
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
@@ -289,5 +292,8 @@ def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optiona
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    work(queue, runner, done)
+    try:
+        work(queue, runner, done)
+    finally:
+        stop_warm_process()
     return PREEMPTED if runner.stopping else 0
