@@ -37,7 +37,7 @@ from hookdet.search.settings import SearchSettings
 from hookdet.search.live_view import SearchView, best_words, decision_line
 from hookdet.search.space import MasterRandom
 from hookdet.search.trial_view import TrialView
-from hookdet.search.store import GRACE_SECONDS, Queue, StoreError, sequence_number, worker_id
+from hookdet.search.store import BEAT_SECONDS, GRACE_SECONDS, Queue, StoreError, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
@@ -84,6 +84,7 @@ class Driver:
         self.store_failure: Optional[StoreError] = None
         # When this process began driving, and the batches trained by then: its pace, for the ETA.
         self._started_at, self._batches_at_start = time.monotonic(), 0
+        self._reaped_at = float("-inf")  # when reap_stale last asked the store
 
     # ------------------------------------------------------------------------------ state
 
@@ -341,8 +342,7 @@ class Driver:
         return attrs.get("exit_code") is None and attrs.get("dead_worker") in self.state.get("drivers", [])
 
     def _alive_here(self, segment: Any) -> Optional[bool]:
-        """For a segment of a worker on this machine: whether its worker (or its training
-        process) is alive; None for another machine's."""
+        """Whether the segment's worker (or its process) is alive: None for another machine's."""
         host, _, pid = str(segment.user_attrs.get("worker", "")).rpartition(":")
         if host != socket.gethostname():
             return None
@@ -359,15 +359,15 @@ class Driver:
         alive = self._alive_here(segment)
         if alive is not None:
             return not alive
-        if self.queue.keeps_heartbeats:
-            return False
-        return time.time() - float(attrs.get("heartbeat", started)) > GRACE_SECONDS
+        return not self.queue.keeps_heartbeats and time.time() - float(attrs.get("heartbeat", started)) > GRACE_SECONDS
 
     def reap_stale(self, running: List[Any]) -> None:
         """Beat for this machine's live workers, then let Optuna fail every segment whose beats
-        stopped past the grace period (another machine's worker lost)."""
-        if not self.queue.keeps_heartbeats:
+        stopped past the grace period (another machine's worker lost); once a beat's interval
+        at most, not at every poll (between two segments, the store is the critical path)."""
+        if not self.queue.keeps_heartbeats or time.monotonic() - self._reaped_at < BEAT_SECONDS:
             return
+        self._reaped_at = time.monotonic()
         for segment in running:
             if self._alive_here(segment):
                 self.queue.beat(self.queue.trial_id(segment.number))
