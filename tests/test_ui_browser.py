@@ -51,15 +51,16 @@ def run_dir_of(output: str) -> Path:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
-    """The digits example trained and resumed with a change, its adaptive search (4 trials, to
-    keep the suite quick), and a run whose names are HTML; ``hookdet ui`` over them and a browser."""
+    """The digits example trained and resumed with a change, its adaptive search (4 trials of at
+    most 90 batches, to keep the suite quick), and a run whose names are HTML; ``hookdet ui`` over them and a browser."""
     digits = tmp_path_factory.mktemp("digits")
     for path in (REPO / "examples" / "digits").iterdir():
         if path.is_file():
             shutil.copy(path, digits)
     # Independent runs side by side (each mostly waits on its own start-up), the resume after.
     started = [hookdet("run", "const.yaml", "--config", "searcher.max_length.epochs=2", cwd=digits),
-               hookdet("run", "adaptive.yaml", "--config", "searcher.max_trials=4", cwd=digits)]
+               hookdet("run", "adaptive.yaml", "--config", "searcher.max_trials=4", "--config", "searcher.max_time=90",
+                       cwd=digits)]
     (digits / "odd.yaml").write_text(textwrap.dedent(f"""
         name: "{ODD_NAME}"
         entrypoint: tests.support.progress_trials:OddNamesTrial
