@@ -414,7 +414,9 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
     rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "10"))
     rng = random.Random(7)
     command = [*HOOKDET, "run", str(FIXTURES / config), "--workers", "2", *options]
-    slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.25")
+    # A kill between a claim and its stamp leaves a segment whose worker is unknown until the
+    # grace period passes (60 s by default): 10 s here, so such a round does not stall the test.
+    slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.25", HOOKDET_SEARCH_GRACE_SECONDS="10")
     first, killed_trials, killed_drivers = True, 0, 0
     for _ in range(rounds):
         args = ["--run-dir", "killed"] if first else ["--resume", "killed"]

@@ -19,7 +19,13 @@ What a segment keeps from the cold way:
 - its output goes to the trial's log file; SIGTERM reaches it as before (it checkpoints and exits
   75), and it gets SIGTERM when its worker dies (the fork server leaves when its worker goes, and
   the segment is told by its parent-death signal);
-- the interpreter's exit functions run at its end, as at a cold interpreter's exit.
+- the interpreter's exit functions run at its end, as at a cold interpreter's exit (all but
+  torch's operator-library finalizers inherited from the warm process: see
+  :mod:`hookdet.search.warm_ready`).
+
+The warm process lives as long as its worker needs it: the worker ends it (:func:`stop_warm_process`)
+once no segment will start. It also answers how many GPUs torch sees (:func:`gpu_count`), so the
+search's driver never imports torch.
 
 A trial with several ranks (``slots_per_trial > 1``) starts its launcher warm; torchrun then
 starts each rank as a new interpreter (its own process start, not a fork of ours). A script
