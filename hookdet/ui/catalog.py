@@ -77,11 +77,10 @@ class Catalog:
         searches, runs = [], []
         for root in self.roots.values():
             # Only what resolves inside the root: a symlink out of it is not served, nor listed.
-            found = [path.resolve() for path in report.find_searches(root) if path.resolve().is_relative_to(root)]
+            found = [path for path in map(Path.resolve, report.find_searches(root)) if path.is_relative_to(root)]
             searches += found
-            runs += [path.resolve() for path in run_index.find_runs(root)
-                     if path.resolve().is_relative_to(root)
-                     and not any(path.resolve().is_relative_to(search) for search in found)]
+            runs += [path for path in map(Path.resolve, run_index.find_runs(root))
+                     if path.is_relative_to(root) and not any(path.is_relative_to(search) for search in found)]
         self._searches, self._runs = sorted(set(searches)), sorted(set(runs))
         self._scanned_at = time.monotonic()
         return self._searches, self._runs
