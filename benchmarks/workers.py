@@ -49,7 +49,6 @@ from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch  # noqa: E402
-from hookdet.plugin import run_of
 
 if __package__:
     from . import workloads  # noqa: E402
@@ -57,6 +56,10 @@ else:  # run as a script: this file's folder is sys.path[0]
     import workloads  # type: ignore[no-redef]  # noqa: E402
 
 MODES = ("raw", "hookdet", "lightning", "determined")
+
+#: The device every mode trains on: the first GPU where there is one (where hookdet and
+#: Determined put a single-process run by themselves), else the CPU.
+DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 class StepClock:
@@ -116,6 +119,7 @@ def _evaluate(model: torch.nn.Module, loader: Any) -> float:
     total, batches = 0.0, 0
     with torch.no_grad():
         for inputs, labels in loader:
+            inputs, labels = inputs.to(DEVICE), labels.to(DEVICE)
             total += float(workloads.loss_fn(model(inputs), labels))
             batches += 1
     model.train()
@@ -127,10 +131,11 @@ def run_raw(workload: workloads.Workload, clock: StepClock, work_dir: Path) -> R
 
     The training loader reads the data in order (no shuffle) with a private generator, so the
     global RNG (the CNN's dropout) advances exactly as under hookdet, whose loader also has one.
-    It ends like a framework's fit: one validation pass and one checkpoint file.
+    It ends like a framework's fit: one validation pass and one checkpoint file. On a GPU, batches
+    are copied as the frameworks copy them (``non_blocking``).
     """
     train_set, validation_set = workload.datasets()
-    model = workload.build_model()
+    model = workload.build_model().to(DEVICE)
     optimizer = workload.build_optimizer(model)
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=workload.batch_size, generator=torch.Generator().manual_seed(0)
@@ -142,6 +147,8 @@ def run_raw(workload: workloads.Workload, clock: StepClock, work_dir: Path) -> R
     while step < workload.steps:
         for inputs, labels in loader:
             clock.tick()
+            if DEVICE.type == "cuda":
+                inputs, labels = inputs.to(DEVICE, non_blocking=True), labels.to(DEVICE, non_blocking=True)
             loss = workloads.loss_fn(model(inputs), labels)
             loss.backward()
             optimizer.step()
@@ -210,6 +217,7 @@ def run_hookdet(workload: workloads.Workload, clock: StepClock, work_dir: Path) 
     """hookdet's Trainer API with its default plugins and ``Trainer.fit``'s default periods:
     reports every 100 batches; validation and checkpoint once, at the end."""
     from hookdet import pytorch
+    from hookdet.plugin import run_of
 
     trial_class = make_trial_class(pytorch, workload, clock)
     config = _experiment_config(workload)
@@ -274,7 +282,7 @@ def run_lightning(workload: workloads.Workload, clock: StepClock, work_dir: Path
     )
     validation_loader = torch.utils.data.DataLoader(validation_set, batch_size=workload.batch_size)
     trainer = lightning.Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if DEVICE.type == "cuda" else "cpu",
         devices=1,
         max_steps=workload.steps,
         max_epochs=-1,
@@ -324,6 +332,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
+    torch.backends.cudnn.deterministic = True  # on a GPU, the same kernels in every mode: equal weights
     workload = workloads.WORKLOADS[args.workload]
     if args.steps is not None or args.warmup is not None:
         workload = workload.scaled(
@@ -340,7 +349,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise RuntimeError(
             f"{args.mode} ran {len(clock.stamps)} training steps, expected {workload.steps}"
         )
-    torch.save([tensor.detach().clone() for tensor in model.state_dict().values()], args.out / "weights.pt")
+    torch.save([tensor.detach().cpu() for tensor in model.state_dict().values()], args.out / "weights.pt")
     result = {
         "mode": args.mode,
         "workload": workload.name,
@@ -357,6 +366,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu",
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         **info,
     }

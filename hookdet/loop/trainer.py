@@ -195,9 +195,17 @@ def _open(run: Run, distributed: Optional[DistributedContext], selection: Plugin
 
 
 def _device_for(distributed: DistributedContext) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", distributed.local_rank)
-    return torch.device("cpu")
+    """Local rank *i* trains on GPU *i* where there are GPUs (as in Determined), else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if distributed.local_rank >= gpus:
+        raise UsageError(
+            f"local rank {distributed.local_rank} has no GPU: this machine has {gpus} and each rank "
+            f"trains on its own; start at most {gpus} ranks per machine (resources.slots_per_trial "
+            "divided by the machines), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs"
+        )
+    return torch.device("cuda", distributed.local_rank)
 
 
 class Trainer:
