@@ -34,7 +34,7 @@ def test_getters(tmp_path: Path) -> None:
         assert context.distributed.get_rank() == 0 and context.distributed.get_size() == 1
         assert context.get_initial_batch() == 0
         assert context.get_tensorboard_path() == tmp_path / "tensorboard"
-        assert context.to_device({"x": [torch.ones(1)]})["x"][0].device.type == "cpu"
+        assert context.to_device({"x": [torch.ones(1)]})["x"][0].device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_trial_seed_is_applied_before_the_trial_is_built(tmp_path: Path) -> None:

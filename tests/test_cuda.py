@@ -163,3 +163,33 @@ def test_more_ranks_than_gpus_is_refused_in_one_line_naming_the_gpus(tmp_path: P
     assert done.returncode != 0
     assert f"local rank {gpus} has no GPU: this machine has {gpus}" in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+DETERMINISTIC_MNIST = """
+import sys, torch
+from pathlib import Path
+torch.use_deterministic_algorithms(True)
+torch.backends.cudnn.benchmark = False
+import trainer_api
+from hookdet import pytorch
+out = Path(sys.argv[1])
+straight = trainer_api.train(pytorch.Batch(24), run_dir=str(out / "straight"))
+trainer_api.train(pytorch.Batch(12), run_dir=str(out / "first"))
+resumed = trainer_api.train(pytorch.Batch(24), run_dir=str(out / "second"), latest_checkpoint=str(out / "first"))
+pairs = list(zip(straight.model.state_dict().values(), resumed.model.state_dict().values()))
+assert pairs and all(a.device.type == "cuda" and torch.equal(a, b) for a, b in pairs)
+print("resumed bit for bit")
+"""
+
+
+def test_a_convolutional_example_resumes_bit_for_bit_on_the_gpu_with_deterministic_kernels(tmp_path: Path) -> None:
+    """cuDNN's convolution kernels differ run to run unless asked not to (docs/exact-resume.md):
+    with ``torch.use_deterministic_algorithms(True)``, the MNIST example's Trainer-API script
+    resumed at batch 12 equals 24 batches straight through."""
+    environment = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    done = subprocess.run(
+        [sys.executable, "-c", DETERMINISTIC_MNIST, str(tmp_path)],
+        cwd=REPO / "examples/mnist_pytorch", env=environment, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed bit for bit" in done.stdout

@@ -18,6 +18,23 @@ import torch.distributed as dist
 from hookdet.distributed.stop_agreement import StopAgreement
 
 
+def rank_device(local_rank: int) -> torch.device:
+    """The device a rank trains on: GPU *local_rank* where there are GPUs (as in Determined), else
+    the CPU. More ranks on a machine than it has GPUs is a usage error, said in one line."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if local_rank >= gpus:
+        from hookdet.errors import UsageError
+
+        raise UsageError(
+            f"local rank {local_rank} has no GPU: this machine has {gpus} and each rank trains on "
+            f"its own; start at most {gpus} ranks per machine (resources.slots_per_trial divided by "
+            "the machines), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs"
+        )
+    return torch.device("cuda", local_rank)
+
+
 class DistributedContext:
     """One process: every collective is the identity. Subclasses override the collectives."""
 

@@ -14,14 +14,13 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Union
 
-import torch
 
 from hookdet.trial_api import cluster_info
 from hookdet.loop import active_run
 from hookdet.checkpoints.registry import make_storage
 from hookdet.trial_api.context import PyTorchTrialContext, run_of
 from hookdet.loop.core_loop import TrainingLoop
-from hookdet.distributed.context import DistributedContext
+from hookdet.distributed.context import DistributedContext, rank_device
 from hookdet.plugins.selection import DISTRIBUTED_PLUGINS, Launch, PluginSelection, select_plugins, unused_plugin_config
 from hookdet.plugins.manager import PluginError, PluginManager
 from hookdet.runs import ownership as ownership
@@ -179,7 +178,7 @@ def _open(run: Run, distributed: Optional[DistributedContext], selection: Plugin
             "'ddp' (or another distributed plugin) to plugins, or train in one process"
         )
     run.run_dir = Path(run.distributed.broadcast(str(run.run_dir)))
-    run.device = _device_for(run.distributed)
+    run.device = rank_device(run.distributed.local_rank)
     unusable = run.distributed.broadcast(run_record.unusable_records(run.run_dir) if run.is_chief else None)
     if unusable:
         raise UsageError(unusable)
@@ -192,20 +191,6 @@ def _open(run: Run, distributed: Optional[DistributedContext], selection: Plugin
     run.storage = make_storage(run.config.checkpoint_storage, run.run_dir)  # a type from the entry points
     problem = ownership.record(run) if run.is_chief else None
     ownership.raise_problem(run.distributed.broadcast(problem))
-
-
-def _device_for(distributed: DistributedContext) -> torch.device:
-    """Local rank *i* trains on GPU *i* where there are GPUs (as in Determined), else the CPU."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    gpus = torch.cuda.device_count()
-    if distributed.local_rank >= gpus:
-        raise UsageError(
-            f"local rank {distributed.local_rank} has no GPU: this machine has {gpus} and each rank "
-            f"trains on its own; start at most {gpus} ranks per machine (resources.slots_per_trial "
-            "divided by the machines), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs"
-        )
-    return torch.device("cuda", distributed.local_rank)
 
 
 class Trainer:

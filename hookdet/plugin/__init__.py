@@ -107,6 +107,7 @@ LAZY_NAMES = {
     "resolve_half_dtype": ("hookdet.trial_api.mixed_precision", "resolve_half_dtype"),
     "TorchDistributedContext": ("hookdet.distributed.context", "TorchDistributedContext"),
     "HorovodDistributedContext": ("hookdet.distributed.context", "HorovodDistributedContext"),
+    "rank_device": ("hookdet.distributed.context", "rank_device"),
     "LiveView": ("hookdet.metrics.live_view", "LiveView"),
     "LAUNCHER_DRAWS_ENV": ("hookdet.metrics.live_view", "LAUNCHER_DRAWS_ENV"),
     "format_duration": ("hookdet.metrics.live_view", "format_duration"),

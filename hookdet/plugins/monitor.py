@@ -30,6 +30,7 @@ from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 import pluggy
 
 import hookdet
+from hookdet.errors import HookdetError
 from hookdet.plugins import hookspecs
 
 logger = logging.getLogger("hookdet")
@@ -159,7 +160,8 @@ class HookMonitor:
 
     def _blame(self, outcome: Any, hook_name: str, hook_impls: Sequence[Any]) -> None:
         error = outcome.exception
-        if error is None or isinstance(error, (self._error_class, KeyboardInterrupt, SystemExit)):
+        # A HookdetError is a plugin's deliberate one-line message: it reaches the user as it is.
+        if error is None or isinstance(error, (self._error_class, HookdetError, KeyboardInterrupt, SystemExit)):
             return
         if hook_name in hookspecs.TRIAL_API_HOOKS:
             return

@@ -32,6 +32,13 @@ from tests.support.trials import fit
 REPO = Path(__file__).resolve().parents[2]
 HP = {"lr": 0.02, "records": 256, "global_batch_size": 16}
 
+#: Tests of what the CPU does (bfloat16 by default, float16 overflowing only where a test makes it
+#: overflow); on a GPU, float16 is the default and a scale of 2**16 overflows by itself
+#: (tests/test_cuda.py and this module's device-independent tests cover the GPU).
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU's precision behaviour")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+AUTO_DTYPE = torch.float16 if torch.cuda.is_available() else torch.bfloat16
+
 
 def float16(**scaler: Any) -> Dict[str, Any]:
     """An experiment-file fragment: amp in float16 with these GradScaler settings."""
@@ -47,6 +54,7 @@ def same_weights(a: list, b: list) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+@CPU_ONLY
 def test_use_amp_runs_the_forward_in_bfloat16_on_cpu(tmp_path: Path, caplog: Any) -> None:
     caplog.set_level(logging.INFO, logger="hookdet")
     trial = fit(UseAmpTrial, HP, tmp_path, max_length=pytorch.Batch(3))
@@ -63,7 +71,7 @@ def test_use_amp_runs_the_forward_in_bfloat16_on_cpu(tmp_path: Path, caplog: Any
 def test_listing_amp_in_the_experiment_file_autocasts_an_unmodified_trial(tmp_path: Path) -> None:
     config = {"plugins": {"only": ["callbacks", "checkpoint", "amp"]}}
     trial = fit(RegressionTrial, HP, tmp_path, config, max_length=pytorch.Batch(2))
-    assert trial.hidden_dtypes == [torch.bfloat16] * 2
+    assert trial.hidden_dtypes == [AUTO_DTYPE] * 2
     assert trial.output_dtypes == [torch.float32] * 2
 
 
@@ -77,14 +85,14 @@ def test_a_deep_copy_of_an_autocast_model_runs_its_own_weights(tmp_path: Path) -
             twin[0].bias.fill_(1.0)
         hidden = []
         twin[0].register_forward_hook(lambda module, args, output: hidden.append(output.dtype))
-        x = torch.randn(3, 4)
+        x = torch.randn(3, 4, device=DEVICE)
         out, twin_out = model(x), twin(x)
         assert out.dtype == twin_out.dtype == torch.float32
-        assert torch.equal(twin_out, torch.ones(3, 4))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(twin_out, torch.ones(3, 4, device=DEVICE))
+        with torch.autocast(DEVICE, dtype=AUTO_DTYPE):
             reference = model[0](x).float()
         assert torch.equal(out, reference)  # the original still runs its own weights
-        assert hidden == [torch.bfloat16]  # the copy's layer ran under autocast
+        assert hidden == [AUTO_DTYPE]  # the copy's layer ran under autocast
 
 
 def test_float16_overflow_skips_the_step_and_backs_off_the_scale(tmp_path: Path) -> None:
@@ -107,15 +115,16 @@ def test_automatic_float16_trains_bit_for_bit_as_the_plain_torch_amp_recipe(tmp_
     batches = 9
     trial = fit(UseAmpTrial, hp, tmp_path, float16(init_scale=2.0**8, growth_interval=3),
                 max_length=pytorch.Batch(batches))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(DEVICE)
     with torch.no_grad():
         for parameter, initial in zip(model.parameters(), trial.weights_before[0]):
             parameter.copy_(initial)
     optimizer = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=0.5)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3)
+    scaler = torch.amp.GradScaler(DEVICE, init_scale=2.0**8, growth_interval=3)
     loader = torch.utils.data.DataLoader(trial._dataset(True), batch_size=hp["global_batch_size"])
     for _, (x, y) in zip(range(batches), loader):
-        with torch.autocast("cpu", dtype=torch.float16):
+        x, y = x.to(DEVICE), y.to(DEVICE)
+        with torch.autocast(DEVICE, dtype=torch.float16):
             output = model(x)
         loss = torch.nn.functional.mse_loss(output.float(), y)
         scaler.scale(loss).backward()

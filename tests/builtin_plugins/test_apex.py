@@ -28,6 +28,13 @@ from tests.support.trials import fit
 REPO = Path(__file__).resolve().parents[2]
 HP = {"lr": 0.02, "records": 256, "global_batch_size": 16}
 
+#: Tests of what the CPU does (bfloat16 by default, float16 overflowing only where a test makes it
+#: overflow); on a GPU, float16 is the default and a scale of 2**16 overflows by itself
+#: (tests/test_cuda.py and this module's device-independent tests cover the GPU).
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU's precision behaviour")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+AUTO_DTYPE = torch.float16 if torch.cuda.is_available() else torch.bfloat16
+
 
 def apex_hp(**apex: Any) -> Dict[str, Any]:
     return {**HP, "apex": apex}
@@ -62,6 +69,7 @@ pytestmark = [
 # ---------------------------------------------------------------------------------------------
 
 
+@CPU_ONLY
 def test_a_determined_o1_trial_runs_unmodified_without_apex(tmp_path: Path, caplog: Any) -> None:
     caplog.set_level(logging.INFO, logger="hookdet")
     with pytest.warns(FutureWarning, match="deprecates NVIDIA apex"):
@@ -95,9 +103,9 @@ def test_o1_o2_o3_train_to_within_5_percent_of_float32_loss(tmp_path: Path) -> N
 def test_o2_keeps_float32_master_weights_and_batchnorm(tmp_path: Path) -> None:
     trial = fit(ApexTrial, apex_hp(opt_level="O2"), tmp_path, max_length=pytorch.Batch(6))
     linear, batchnorm = trial.model[0], trial.model[1]
-    assert linear.weight.dtype == torch.bfloat16 and batchnorm.weight.dtype == torch.float32
+    assert linear.weight.dtype == AUTO_DTYPE and batchnorm.weight.dtype == torch.float32
     assert batchnorm.running_mean.dtype == torch.float32
-    assert trial.hidden_dtypes == [torch.bfloat16] * 6 and trial.output_dtypes == [torch.float32] * 6
+    assert trial.hidden_dtypes == [AUTO_DTYPE] * 6 and trial.output_dtypes == [torch.float32] * 6
     masters = [p for group in trial.optimizer.param_groups for p in group["params"]]
     assert all(m.dtype == torch.float32 for m in masters)
     model_params = list(trial.model.parameters())
@@ -105,13 +113,13 @@ def test_o2_keeps_float32_master_weights_and_batchnorm(tmp_path: Path) -> None:
     assert masters[2] is model_params[2]  # ...batch norm's float32 weight is its own master
     for master, param in zip(masters, model_params):
         assert torch.equal(param, master.to(param.dtype))  # the model is refreshed from them
-    # The masters carry precision the bfloat16 weights cannot hold.
+    # The masters carry precision the half-precision weights cannot hold.
     assert not torch.equal(masters[0], linear.weight.float())
 
 
 def test_o3_is_pure_half_precision(tmp_path: Path) -> None:
     trial = fit(ApexTrial, apex_hp(opt_level="O3"), tmp_path, max_length=pytorch.Batch(4))
-    assert all(p.dtype == torch.bfloat16 for p in trial.model.parameters())
+    assert all(p.dtype == AUTO_DTYPE for p in trial.model.parameters())
     assert [p for g in trial.optimizer.param_groups for p in g["params"]] == list(trial.model.parameters())
     assert not trial.context.precision.changes_steps  # loss scale 1: nothing per batch
     assert not torch.equal(trial.weights_before[0][0], trial.model[0].weight)
@@ -138,6 +146,7 @@ def test_float16_can_be_chosen_on_cpu(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@CPU_ONLY
 def test_overflow_skips_the_step_and_halves_the_dynamic_scale(tmp_path: Path) -> None:
     hp = {**apex_hp(opt_level="O1"), "batchnorm": False, "overflow_batches": [2]}
     trial = fit(ApexTrial, hp, tmp_path, max_length=pytorch.Batch(5))
@@ -146,6 +155,7 @@ def test_overflow_skips_the_step_and_halves_the_dynamic_scale(tmp_path: Path) ->
     assert [s[0] for s in trial.scales_before] == [2.0**16] * 3 + [2.0**15] * 2
 
 
+@CPU_ONLY
 def test_min_and_max_loss_scale_bound_the_dynamic_scale(tmp_path: Path) -> None:
     hp = {**apex_hp(opt_level="O2", min_loss_scale=2.0**15), "batchnorm": False, "overflow_batches": [1, 2, 3]}
     trial = fit(ApexTrial, hp, tmp_path, max_length=pytorch.Batch(5))
@@ -163,6 +173,7 @@ def test_a_fixed_loss_scale_never_changes(tmp_path: Path) -> None:
     assert not all(torch.isfinite(w).all() for w in trial.weights_before[2])
 
 
+@CPU_ONLY
 def test_num_losses_gives_each_loss_its_own_scale(tmp_path: Path) -> None:
     hp = {**apex_hp(opt_level="O1", num_losses=2), "batchnorm": False, "overflow_second_loss": [1]}
     trial = fit(TwoLossApexTrial, hp, tmp_path, max_length=pytorch.Batch(3))
@@ -275,6 +286,7 @@ def test_asking_for_nvidia_apex_where_it_cannot_run_says_why(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@CPU_ONLY
 def test_o2_resume_in_a_new_process_is_bitwise_exact(tmp_path: Path) -> None:
     hp = {**apex_hp(opt_level="O2"), "batchnorm": False, "overflow_batches": [2]}
     straight = fit(ApexTrial, hp, tmp_path / "straight", max_length=pytorch.Batch(8))

@@ -190,7 +190,7 @@ class RegressionTrial(_StopAt, pytorch.PyTorchTrial):
         x, y = batch
         metrics: Dict[str, Any] = {"x_sum": x.sum(), "lr": self.optimizer.param_groups[0]["lr"]}
         if self.stateful is not None:
-            x = x + self.stateful.noise(x.shape)
+            x = x + self.stateful.noise(x.shape).to(x.device)
             metrics["batches_seen"] = self.stateful.batches_seen
         loss = nn.functional.mse_loss(self.model(x), y)
         self.context.backward(loss)
@@ -247,7 +247,7 @@ class GANTrial(_StopAt, pytorch.PyTorchTrial):
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Dict[str, Any]:
         real, _ = batch
         bce = nn.functional.binary_cross_entropy_with_logits
-        fake = self.generator(torch.randn(real.shape[0], 2))
+        fake = self.generator(torch.randn(real.shape[0], 2, device=real.device))
         real_logits, fake_logits = self.critic(real), self.critic(fake.detach())
         critic_loss = bce(real_logits, torch.ones_like(real_logits)) + bce(fake_logits, torch.zeros_like(fake_logits))
         self.context.backward(critic_loss)
@@ -263,7 +263,7 @@ class GANTrial(_StopAt, pytorch.PyTorchTrial):
         real, _ = batch
         with torch.random.fork_rng():
             torch.manual_seed(7)
-            fake = self.generator(torch.randn(real.shape[0], 2))
+            fake = self.generator(torch.randn(real.shape[0], 2, device=real.device))
         return {"validation_loss": self.critic(fake).mean() - self.critic(real).mean()}
 
 

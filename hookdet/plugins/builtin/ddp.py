@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hookdet.plugin import DistributedContext, TorchDistributedContext, hookimpl, options_for
+from hookdet.plugin import DistributedContext, TorchDistributedContext, hookimpl, options_for, rank_device
 
 logger = logging.getLogger("hookdet")
 
@@ -191,7 +191,7 @@ class DDPPlugin:
         if owns_group:
             backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if backend == "nccl":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(rank_device(int(os.environ.get("LOCAL_RANK", "0"))))
             kwargs: Dict[str, Any] = {"backend": backend}
             if self.timeout_seconds is not None:
                 kwargs["timeout"] = datetime.timedelta(seconds=self.timeout_seconds)
