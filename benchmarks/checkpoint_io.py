@@ -293,6 +293,8 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
+    if args.stall_rounds < 2 or args.repeats < 1:
+        parser.error("--stall-rounds must be at least 2 (its quartiles need two) and --repeats at least 1")
     torch.set_num_threads(1)
     reports = []
     for size in args.sizes.split(","):

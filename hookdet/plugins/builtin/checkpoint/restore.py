@@ -118,6 +118,8 @@ def restore_checkpoint(run: Any, directory: Path, hint_root: Optional[Path], war
     run.hook.on_checkpoint_load_start(run=run, checkpoint=state)
     _load_list("model", context.unwrapped_models, state.get("models_state_dict", []), named)
     _load_list("optimizer", context.optimizers, state.get("optimizers_state_dict", []), named)
+    for optimizer in context.optimizers:
+        _own_cpu_tensors(optimizer)
     _load_list("LR scheduler", context.lr_schedulers, state.get("lr_schedulers_state_dict", []), named)
     rank, size = run.distributed.rank, run.distributed.size
     if not warm_start:
@@ -276,16 +278,33 @@ def plugin_call(name: str, method: Any, *args: Any) -> Any:
 
 
 def copied_out_of_the_file(state: Dict[str, Any]) -> Dict[str, Any]:
-    """``state`` with every tensor that outlives the restore copied into memory of its own.
+    """``state`` with every tensor that may outlive the restore copied into memory of its own.
 
-    The state was loaded onto a memory map of the checkpoint file. Models copy their weights into
-    their parameters, so ``models_state_dict`` stays mapped; an optimizer (and a callback or a
-    plugin) may keep the loaded tensors themselves, and a tensor kept on the map keeps the whole
-    file mapped for the rest of the run, its disk space held after retention deletes the file.
-    One copy of those tensors, at memory speed, is what a plain ``torch.load`` would have paid
-    for all of them.
+    The state was loaded onto a memory map of the checkpoint file, and a tensor kept on the map
+    keeps the whole file mapped for the rest of the run, its disk space held after retention
+    deletes the file. Models copy their weights into their parameters, so ``models_state_dict``
+    stays mapped; optimizers do too, and :func:`_own_cpu_tensors` copies afterwards only what an
+    optimizer kept on the CPU (on a GPU its moments were copied to the device by its own
+    ``load_state_dict``: a copy here first would be paid twice). A callback or a plugin may keep
+    anything, so their state is copied here: one copy, at memory speed, as a plain ``torch.load``
+    pays for everything.
     """
-    return {key: value if key == "models_state_dict" else _copied(value) for key, value in state.items()}
+    kept_mapped = ("models_state_dict", "optimizers_state_dict")
+    return {key: value if key in kept_mapped else _copied(value) for key, value in state.items()}
+
+
+def _own_cpu_tensors(optimizer: Any) -> None:
+    """Copy off the checkpoint's map the CPU tensors ``optimizer`` kept from its loaded state
+    (all its state on a CPU run; step counts and the like on a GPU run)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # a wrapper's own optimizer
+    for parameter_state in getattr(inner, "state", {}).values():
+        for key, value in list(parameter_state.items()):
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                parameter_state[key] = value.clone()
+    for group in getattr(inner, "param_groups", []):
+        for key, value in list(group.items()):
+            if key != "params" and isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                group[key] = value.clone()
 
 
 def _copied(value: Any) -> Any:
