@@ -8,6 +8,7 @@
 # hookdet goes into that interpreter as an editable install; dependencies it lacks come from
 # wheels in .whl/ (downloaded on a machine with pip: the device machine has no network).
 # TESTS replaces the list of test files; SKIP names steps to leave out (precision checkpoint_io overhead).
+# Tests of several ranks are not in the list: on GPUs each rank needs a GPU of its own.
 # Writes one log per step into OUT_DIR and prints each one's tail.
 set -u
 out=${1:?usage: device_check.sh OUT_DIR}

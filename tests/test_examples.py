@@ -35,6 +35,8 @@ from hookdet.markers import hookimpl
 from hookdet.plugin import run_of
 
 REPO = Path(__file__).resolve().parent.parent
+#: Two ranks train on two GPUs where there are GPUs; a machine with one can run neither.
+TWO_RANKS = pytest.mark.skipif(0 < torch.cuda.device_count() < 2, reason="two ranks need two GPUs")
 EXAMPLES = REPO / "examples"
 NEW_EXAMPLES = (
     "mnist_pytorch",
@@ -235,6 +237,7 @@ def test_mnist_trainer_api_script_runs_from_the_command_line(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@TWO_RANKS
 def test_mnist_distributed_yaml_trains_on_two_processes(tmp_path: Path) -> None:
     """``hookdet run distributed.yaml``: torchrun with two ranks; each rank's RNG is checkpointed."""
     config = short_config("mnist_pytorch", tmp_path, "distributed.yaml", **{"searcher.max_length": {"batches": 6}})
@@ -356,6 +359,7 @@ def test_custom_reducers_equal_scikit_learn_over_the_whole_validation_set(tmp_pa
 
 
 @pytest.mark.slow
+@TWO_RANKS
 def test_custom_reducers_combine_both_slots(tmp_path: Path) -> None:
     """Two ranks each validate half the digits; the reported metrics cover all of them."""
     config = short_config("custom_reducers", tmp_path, "distributed.yaml", **{"searcher.max_length": {"batches": 8}})
