@@ -45,11 +45,13 @@ def main() -> None:
             wall = time.time() - started
             import optuna
 
+            from hookdet.search.store import attrs_of
+
             study = optuna.load_study(study_name="hookdet-search",
                                       storage=f"sqlite:///{search_dir / 'search.db'}")
             overheads = []
             for segment in study.get_trials(deepcopy=False):
-                attrs = segment.user_attrs
+                attrs = attrs_of(segment)
                 overheads.append(first_record_time(Path(attrs["run_dir"])) - attrs["started"])
             print(f"--workers {workers}: {trials} trials in {wall:.1f} s; per trial, process start "
                   f"to first metrics record: median {statistics.median(overheads):.2f} s")

@@ -80,13 +80,13 @@ def run_search(work: Path, config: Path, name: str, batches: int, cold: bool) ->
     subprocess.run([sys.executable, "-m", "hookdet", "run", str(config), "--run-dir", str(work / name),
                     "--workers", "1"], env=env, cwd=work, check=True, capture_output=True)
     wall = time.time() - started
-    from hookdet.search.store import Queue
+    from hookdet.search.store import Queue, attrs_of
 
     meta = json.loads((work / name / "search.json").read_text())
     times = notes(log)
     startup, after = [], []
     for segment in Queue(meta["storage"], meta["study"]).segments():
-        attrs, trial = segment.user_attrs, times[segment.user_attrs["trial"]]
+        attrs, trial = attrs_of(segment), times[segment.user_attrs["trial"]]
         startup.append(trial["first_batch"] - attrs["started"])
         after.append(attrs["ended"] - trial["last_batch"])
     return {"wall": [wall], "startup": startup, "after": after}
@@ -131,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--no-cold", action="store_true", help="leave out the cold way (quicker, to compare changes)")
     parser.add_argument("--loop", nargs=2, metavar=("SEARCH_DIR", "WORK_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loop:
@@ -142,8 +143,8 @@ def main() -> None:
         (work / "timed_trial.py").write_text(TIMED_TRIAL)
         config = work / "search.yaml"
         config.write_text(experiment(args.trials, args.batches))
-        results = {"cold": run_search(work, config, "cold", args.batches, cold=True),
-                   "warm": run_search(work, config, "warm", args.batches, cold=False)}
+        results = {} if args.no_cold else {"cold": run_search(work, config, "cold", args.batches, cold=True)}
+        results["warm"] = run_search(work, config, "warm", args.batches, cold=False)
         results["loop"] = run_loop(work, work / "warm", args.batches)
     loop_wall = results["loop"]["wall"][0]
     print(f"{args.trials} digits trials of {args.batches} batches, one at a time "

@@ -27,6 +27,7 @@ from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 pytest.importorskip("optuna")
 
 from hookdet.search import methods  # noqa: E402
+from hookdet.search.store import attrs_of  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "search"
 HOOKDET = [sys.executable, "-m", "hookdet"]
@@ -82,7 +83,7 @@ def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_pat
     assert (tmp_path / "two" / "searcher-metric.png").stat().st_size > 1000
     assert "best validation_loss" in two.stdout
 
-    ran = [s.user_attrs for s in segments(tmp_path / "two") if "started" in s.user_attrs]
+    ran = [a for a in map(attrs_of, segments(tmp_path / "two")) if "started" in a]
     assert max_overlap([(a["started"], a["ended"]) for a in ran]) == 2
     assert {tuple(a["slot"]["cpus"]) for a in ran} == {(0,), (1,)}  # each worker its own core
     starts = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()]
@@ -161,7 +162,7 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
     assert result.returncode == 0, result.stderr[-3000:]
     search_dir = tmp_path / "asha"
     state = json.loads((search_dir / "search-state.json").read_text())
-    by_key = {s.user_attrs["key"]: s.user_attrs for s in segments(search_dir)}
+    by_key = {s.user_attrs["key"]: attrs_of(s) for s in segments(search_dir)}
     units = methods.rung_units(2, 2.0, 8)
     assert units == [4, 8]
 
@@ -366,7 +367,7 @@ def trial_death_recorded(search_dir: Path, pid: int) -> object:
     while time.time() < deadline:
         for segment in segments(search_dir):
             if segment.user_attrs.get("child_pid") == pid and segment.state.name != "RUNNING":
-                return segment.user_attrs.get("exit_code")
+                return attrs_of(segment).get("exit_code")
         time.sleep(0.1)
     return None
 
@@ -506,11 +507,11 @@ def test_workers_on_one_shared_store_finish_a_search_and_a_lost_machine_is_retri
     assert {s.user_attrs["worker"] for s in final} == {f"{OTHER_HOST}:{lost['pid']}", f"{os.uname().nodename}:{here}"}
     first = [s for s in final if s.number == lost["completed"]][0]
     assert (first.datetime_complete - first.datetime_start).total_seconds() > GRACE_SECONDS  # slow, alive, kept
-    failed = [s for s in final if s.state.name == "FAIL" and s.user_attrs.get("exit_code") is None]
+    failed = [s for s in final if s.state.name == "FAIL" and attrs_of(s).get("exit_code") is None]
     assert [s.number for s in failed] == [lost["lost"]]  # only the lost machine's segment, never a live one
     again = [s for s in final if s.user_attrs.get("request_id") == lost["request_id"] and s.number > lost["lost"]]
     assert again and not again[-1].user_attrs["worker"].startswith(OTHER_HOST)
-    assert again[-1].user_attrs.get("exit_code") is not None  # trained again here, to its own end
+    assert attrs_of(again[-1]).get("exit_code") is not None  # trained again here, to its own end
     assert len(summary(tmp_path / "shared")) == 6
     # each worker says which trial it trains, and how it ended (off a terminal as in one)
     said = lost["said"] + on_terminal
@@ -811,7 +812,7 @@ def test_workers_that_share_only_postgresql_and_s3_finish_a_search(tmp_path: Pat
     assert summary(homes["driver"] / "search") == summary(homes["one"] / "search")
     by_trial: Dict[int, List[dict]] = {}
     for segment in sorted(done, key=lambda s: s.number):
-        by_trial.setdefault(segment.user_attrs["trial"], []).append(segment.user_attrs)
+        by_trial.setdefault(segment.user_attrs["trial"], []).append(attrs_of(segment))
     moved = [number for number, attrs in by_trial.items()
              if len({a.get("worker") for a in attrs}) > 1 and any(a.get("resumed_at") for a in attrs)]
     assert moved, by_trial  # a trial resumed on another worker, from S3

@@ -116,7 +116,8 @@ def test_a_trial_that_leaks_a_global_or_segfaults_touches_no_other(tmp_path: Pat
     assert not any(record["leak_seen"] for record in result["starts"])
     segfaulted = (tmp_path / "search" / "trial-002.log").read_text()
     assert "Traceback" not in segfaulted
+    from hookdet.search.store import attrs_of
     from tests.test_search_run import segments
 
-    statuses = [s.user_attrs.get("exit_code") for s in segments(tmp_path / "search")]
+    statuses = [attrs_of(s).get("exit_code") for s in segments(tmp_path / "search")]
     assert -signal.SIGSEGV in statuses

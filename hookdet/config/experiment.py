@@ -60,9 +60,12 @@ class ExperimentConfig(Section):
     plugins: Optional[Union[List[str], Dict[str, List[str]]]] = None
     plugin_config: Dict[str, Dict[str, Any]] = Field(default_factory=dict)
 
-    _ignored_fields: List[str] = PrivateAttr(default_factory=list)
+    # Defaults, not ``default_factory=list``: pydantic copies a private default per instance, and
+    # it reads a factory's signature, which for a builtin copies ``sys.modules`` (in a segment
+    # forked from the warm process, that writes to the page of every module object).
+    _ignored_fields: List[str] = PrivateAttr(default=[])
     _source: str = PrivateAttr(default="<dict>")
-    _plugin_config_lines: Dict[str, int] = PrivateAttr(default_factory=dict)
+    _plugin_config_lines: Dict[str, int] = PrivateAttr(default={})
     _hyperparameter_space: Optional[Dict[str, Any]] = PrivateAttr(default=None)
 
     @field_validator("entrypoint", mode="before")

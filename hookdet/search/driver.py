@@ -37,7 +37,7 @@ from hookdet.search.settings import SearchSettings
 from hookdet.search.live_view import SearchView, best_words, decision_line
 from hookdet.search.space import MasterRandom
 from hookdet.search.trial_view import TrialView
-from hookdet.search.store import BEAT_SECONDS, GRACE_SECONDS, Queue, StoreError, sequence_number, worker_id
+from hookdet.search.store import BEAT_SECONDS, GRACE_SECONDS, Queue, StoreError, attrs_of, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
@@ -74,6 +74,7 @@ class Driver:
         self.view = open_view(queue, space, settings.metric)
         self.live: Optional[SearchView] = None  # the terminal's view, while run() runs in one
         self.segments_seen: List[Any] = []  # what the last poll read of the store
+        self.queued: Optional[set] = None  # the keys of the segments in the store
         self.method = settings.build(space)
         self.rand = MasterRandom(experiment_seed)
         self.ctx = methods.Context(self.rand, space)
@@ -83,7 +84,7 @@ class Driver:
         self.runners: List[SegmentRunner] = []
         self.store_failure: Optional[StoreError] = None
         # When this process began driving, and the batches trained by then: its pace, for the ETA.
-        self._started_at, self._batches_at_start = time.monotonic(), 0
+        self.started_at, self.batches_at_start = time.monotonic(), 0
         self._reaped_at = float("-inf")  # when reap_stale last asked the store
 
     # ------------------------------------------------------------------------------ state
@@ -222,9 +223,10 @@ class Driver:
         """Queue the decided segments (each once, however often this runs)."""
         if not self.state["pending"]:
             return
-        queued = self.queue.keys()
+        if self.queued is None:  # only this driver queues: after one read, its own count is the store's
+            self.queued = self.queue.keys()
         for segment in self.state["pending"]:
-            if segment["key"] in queued:
+            if segment["key"] in self.queued:
                 continue
             path = Path(segment["config"])
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,6 +234,7 @@ class Driver:
             path.write_text(json.dumps(experiment, indent=1))
             # Carried in the store too, for workers that see only the store (--work-dir).
             self.queue.add(dict(segment, experiment=experiment))
+            self.queued.add(segment["key"])
         self.state["pending"] = []
         self.save()
 
@@ -243,7 +246,7 @@ class Driver:
 
     def handle(self, segment: Any) -> None:
         """Take the decisions one finished segment calls for (once: its key is then processed)."""
-        attrs = segment.user_attrs
+        attrs = attrs_of(segment)
         trial = self.state["trials"][attrs["request_id"]]
         code = attrs.get("exit_code")
         rid = trial["request_id"]
@@ -290,7 +293,7 @@ class Driver:
         self.flush()
         self.say(decision_line(self, trial, attrs))
         if self.view is not None:
-            self.view.update(trial)
+            self.view.mark(trial)
 
     def say(self, line: str) -> None:
         """A decision line: above the live view in a terminal, else printed."""
@@ -308,32 +311,8 @@ class Driver:
             trials = [dict(trial) for trial in self.state["trials"].values()]
             self.live.show(trials, running, best_words(self))
 
-    def _batches_trained(self) -> int:
+    def batches_trained(self) -> int:
         return sum(int(trial.get("batches") or 0) for trial in self.state["trials"].values())
-
-    def eta_seconds(self) -> Optional[float]:
-        """An upper bound of the time left: the batches every open and future trial could still
-        train (to the search's length; ASHA stops most of them sooner) at the pace this driver
-        has seen. None without a length, or before a batch was trained here."""
-        length = self.settings.max_length
-        if length is None or self.settings.unit != "batches":
-            return None
-        trials = self.state["trials"].values()
-        elapsed = time.monotonic() - self._started_at
-        done_here = self._batches_trained() - self._batches_at_start
-        if done_here <= 0 or elapsed <= 0:
-            return None
-        open_trials = [trial for trial in trials if trial["state"] in ("queued", "paused")]
-        to_come = max(methods.most_trials(self.method, len(self.state["order"])) - len(self.state["order"]), 0)
-        left = sum(length - int(trial.get("batches") or 0) for trial in open_trials) + to_come * length
-        return left * elapsed / done_here
-
-    def best_trial(self) -> Optional[Dict[str, Any]]:
-        """The trial with the best searcher metric so far (with it as ``best``), or None."""
-        pick = min if self.settings.smaller_is_better else max
-        measured = [dict(t, best=pick(v for _, v in t["validations"]))
-                    for t in self.state["trials"].values() if t["validations"]]
-        return pick(measured, key=lambda t: t["best"]) if measured else None
 
     def _search_was_killed(self, attrs: Dict[str, Any]) -> bool:
         """Whether a segment ended because the driver that ran it in a local worker was killed:
@@ -385,6 +364,8 @@ class Driver:
             if not unprocessed or unprocessed[0].state.name not in done_states:
                 break
             self.handle(unprocessed[0])
+        if self.view is not None:
+            self.view.update_marked(segments_waiting=any(s.state.name == "WAITING" for s in segments))
         self.reap_stale([segment for segment in segments if segment.state.name == "RUNNING"])
         for segment in segments:
             if segment.state.name == "RUNNING" and self._dead(segment):
@@ -412,8 +393,8 @@ class Driver:
             print(announce, flush=True)
         done = threading.Event()
         threads = []
-        self._started_at = time.monotonic()
-        self._batches_at_start = self._batches_trained()
+        self.started_at = time.monotonic()
+        self.batches_at_start = self.batches_trained()
         if workers:  # this process's local workers: their death is the search's, not a trial's
             drivers = self.state.setdefault("drivers", [])
             if worker_id() not in drivers:
@@ -445,6 +426,8 @@ class Driver:
                 self.queue.wait_for_change(seen, poll)  # a local worker's finish wakes it at once
         finally:
             done.set()
+            if self.view is not None:  # what a stop or a lost store left marked
+                self.view.update_marked(segments_waiting=False)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self.live is not None:

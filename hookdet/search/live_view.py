@@ -15,6 +15,7 @@ of the store is read from the drawing thread.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional
 
@@ -22,6 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from hookdet.search import methods
 from hookdet.search.space import searched_names
 from hookdet.search.trial_view import value_at
 from hookdet.search.worker import latest_batch
@@ -113,17 +115,43 @@ def decision_line(driver: Any, trial: Dict[str, Any], attrs: Dict[str, Any]) -> 
         counts[state] = counts.get(state, 0) + 1
     tally = ", ".join(f"{state} {counts[state]}" for state in ("open",) + TALLIED if counts.get(state))
     line = f"search: trial {trial['number']} {reached}: {outcome} | {tally}{best_words(driver)}"
-    eta = driver.eta_seconds()
+    eta = eta_seconds(driver)
     return line + (f" | ETA at most {duration(eta)}" if eta is not None else "")
 
 
 def best_words(driver: Any) -> str:
     """`` | best: trial 2, validation_loss 0.4127 (lr=0.1)``, or nothing before a validation."""
-    best = driver.best_trial()
+    best = best_trial(driver)
     if best is None:
         return ""
     return (f" | best: trial {best['number']}, {driver.settings.metric} {best['best']:.4g} "
             f"({searched_values(driver.space, best['hparams'])})")
+
+
+def best_trial(driver: Any) -> Optional[Dict[str, Any]]:
+    """The trial with the best searcher metric so far (with it as ``best``), or None."""
+    pick = min if driver.settings.smaller_is_better else max
+    measured = [dict(t, best=pick(v for _, v in t["validations"]))
+                for t in driver.state["trials"].values() if t["validations"]]
+    return pick(measured, key=lambda t: t["best"]) if measured else None
+
+
+def eta_seconds(driver: Any) -> Optional[float]:
+    """An upper bound of the time left: the batches every open and future trial could still
+    train (to the search's length; ASHA stops most of them sooner) at the pace the driver has
+    seen. None without a length, or before a batch was trained by this driver."""
+    length = driver.settings.max_length
+    if length is None or driver.settings.unit != "batches":
+        return None
+    trials = driver.state["trials"].values()
+    elapsed = time.monotonic() - driver.started_at
+    done_here = driver.batches_trained() - driver.batches_at_start
+    if done_here <= 0 or elapsed <= 0:
+        return None
+    open_trials = [trial for trial in trials if trial["state"] in ("queued", "paused")]
+    to_come = max(methods.most_trials(driver.method, len(driver.state["order"])) - len(driver.state["order"]), 0)
+    left = sum(length - int(trial.get("batches") or 0) for trial in open_trials) + to_come * length
+    return left * elapsed / done_here
 
 
 def searched_values(space: Dict[str, Any], hparams: Dict[str, Any]) -> str:

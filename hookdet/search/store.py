@@ -33,7 +33,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hookdet.errors import HookdetError
 
@@ -204,6 +204,17 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+#: The user attribute that holds how a segment ended (exit code, metric, batches, times, ...).
+OUTCOME = "outcome"
+
+
+def attrs_of(segment: Any) -> Dict[str, Any]:
+    """A segment's attributes as queued, with how it ended over them (a store written before
+    the ``outcome`` attribute kept each field as an attribute of its own: read alike)."""
+    attrs = segment.user_attrs
+    return {**attrs, **attrs[OUTCOME]} if OUTCOME in attrs else dict(attrs)
+
+
 def sequence_number(segment: Any) -> tuple:
     """Where a segment stands in the order of decisions: the number the driver gave it (a retry
     keeps its segment's), then its queue position; a segment queued before numbers existed by
@@ -290,8 +301,10 @@ class Queue:
     def info(self) -> Dict[str, Any]:
         return dict(self.study.user_attrs)
 
-    def segments(self) -> List[Any]:
-        return self.storage.get_all_trials(self.study_id, deepcopy=False)
+    def segments(self, states: Optional[Tuple[str, ...]] = None) -> List[Any]:
+        """Every segment, or those in ``states`` (Optuna's state names; the store filters)."""
+        wanted = None if states is None else tuple(self.optuna.trial.TrialState[name] for name in states)
+        return self.storage.get_all_trials(self.study_id, deepcopy=False, states=wanted)
 
     def add(self, segment: Dict[str, Any]) -> None:
         """Queue a segment (its ``key`` must be new; see :meth:`keys`)."""
@@ -321,11 +334,8 @@ class Queue:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _claim(self) -> Optional[Any]:
-        waiting = self.optuna.trial.TrialState.WAITING
         # Lowest decision number first (the driver's order; a retry keeps its segment's number).
-        for trial in sorted(self.segments(), key=sequence_number):
-            if trial.state != waiting:
-                continue
+        for trial in sorted(self.segments(states=("WAITING",)), key=sequence_number):
             trial_id = self.trial_id(trial.number)
             if self.storage.set_trial_state_values(
                     trial_id, state=self.optuna.trial.TrialState.RUNNING):
@@ -364,8 +374,9 @@ class Queue:
         self.storage.set_trial_intermediate_value(trial_id, step, value)
 
     def finish(self, trial_id: int, outcome: Dict[str, Any], ok: bool) -> None:
-        for key, value in outcome.items():
-            self.storage.set_trial_user_attr(trial_id, key, value)
+        """Record how segment ``trial_id`` ended (one attribute, ``outcome``: one write between
+        two segments, not one per field; :func:`attrs_of` reads it), then its state."""
+        self.storage.set_trial_user_attr(trial_id, OUTCOME, outcome)
         state = self.optuna.trial.TrialState
         value = outcome.get("metric")
         if ok and value is not None:

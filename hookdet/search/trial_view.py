@@ -8,12 +8,15 @@ hyperparameters as Optuna parameters (with their distributions, so the dashboard
 coordinates, slice, contour and importance plots work), every validation of the searcher metric
 as an intermediate value at its batch, and its end as Optuna's state (completed: COMPLETE with its
 best value; stopped by the searcher: PRUNED; errored or invalid hyperparameters: FAIL). The
-driver updates it after every decision, reading only the new lines of the trial's
+driver marks a trial after each decision and brings the marked ones up to date when no segment
+waits to be claimed (at most :data:`LAG_SECONDS` later): between two segments the store is the
+critical path, and the view is for people. It reads only the new lines of each trial's
 ``metrics.jsonl``. A failure to write it is said once and never stops the search.
 """
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
@@ -26,6 +29,8 @@ logger = logging.getLogger("hookdet")
 #: The view study is the search's study name with this after it.
 VIEW_SUFFIX = ":trials"
 _ENDED = {"completed": "COMPLETE", "stopped": "PRUNED", "errored": "FAIL", "invalid_hp": "FAIL"}
+#: How long a marked trial may wait for its update while segments keep waiting to be claimed.
+LAG_SECONDS = 2.0
 
 
 def is_view(study_name: str) -> bool:
@@ -76,10 +81,26 @@ class TrialView:
         self.trial_ids: Dict[int, int] = {}
         self.tails: Dict[int, JsonLinesTail] = {}  # each trial's metrics.jsonl, read as it grows
         self.failed = False
+        self.marked: Dict[int, Dict[str, Any]] = {}  # trial number -> the driver's record
+        self.marked_since = float("inf")
         for frozen in self.storage.get_all_trials(self.study_id, deepcopy=False):
             number = frozen.user_attrs.get("hookdet_trial")
             if number is not None:
                 self.trial_ids[number] = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, frozen.number)
+
+    def mark(self, trial: Dict[str, Any]) -> None:
+        """Note that ``trial`` changed; :meth:`update_marked` writes it."""
+        self.marked[trial["number"]] = trial
+        self.marked_since = min(self.marked_since, time.monotonic())
+
+    def update_marked(self, segments_waiting: bool) -> None:
+        """Bring the marked trials up to date, unless segments wait to be claimed (for at most
+        :data:`LAG_SECONDS`); ``segments_waiting=False`` also at the search's end."""
+        if not self.marked or (segments_waiting and time.monotonic() - self.marked_since < LAG_SECONDS):
+            return
+        marked, self.marked, self.marked_since = self.marked, {}, float("inf")
+        for trial in marked.values():
+            self.update(trial)
 
     def update(self, trial: Dict[str, Any]) -> None:
         """Bring hookdet trial ``trial`` (the driver's record of it) up to date in the view."""
