@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -328,7 +329,7 @@ def _options_listing(target: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``hookdet`` argument parser."""
     parser = argparse.ArgumentParser(prog="hookdet", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"hookdet {_version()}")
+    parser.add_argument("--version", action="version", version=f"hookdet {version_string()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="train the trial an experiment file describes")
@@ -364,7 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
+@functools.lru_cache(maxsize=None)
+def version_string() -> str:
+    """hookdet's installed version (read once a process: the warm process reads it for every
+    segment it forks, see :mod:`hookdet.search.warm_ready`)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
