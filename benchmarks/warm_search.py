@@ -86,7 +86,8 @@ def run_search(work: Path, config: Path, name: str, batches: int, cold: bool) ->
     times = notes(log)
     startup, after = [], []
     for segment in Queue(meta["storage"], meta["study"]).segments():
-        attrs, trial = attrs_of(segment), times[segment.user_attrs["trial"]]
+        attrs = attrs_of(segment)
+        trial = times[attrs["trial"]]
         startup.append(trial["first_batch"] - attrs["started"])
         after.append(attrs["ended"] - trial["last_batch"])
     return {"wall": [wall], "startup": startup, "after": after}

@@ -162,7 +162,7 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
     assert result.returncode == 0, result.stderr[-3000:]
     search_dir = tmp_path / "asha"
     state = json.loads((search_dir / "search-state.json").read_text())
-    by_key = {s.user_attrs["key"]: attrs_of(s) for s in segments(search_dir)}
+    by_key = {attrs_of(s)["key"]: attrs_of(s) for s in segments(search_dir)}
     units = methods.rung_units(2, 2.0, 8)
     assert units == [4, 8]
 
@@ -366,7 +366,7 @@ def trial_death_recorded(search_dir: Path, pid: int) -> object:
     deadline = time.time() + 15
     while time.time() < deadline:
         for segment in segments(search_dir):
-            if segment.user_attrs.get("child_pid") == pid and segment.state.name != "RUNNING":
+            if attrs_of(segment).get("child_pid") == pid and segment.state.name != "RUNNING":
                 return attrs_of(segment).get("exit_code")
         time.sleep(0.1)
     return None
@@ -434,7 +434,7 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
         except subprocess.TimeoutExpired:
             pass
         if rng.random() < 0.5:  # SIGKILL a trial process: it is restarted from its checkpoint
-            running = [s.user_attrs.get("child_pid") for s in segments(tmp_path / "killed")
+            running = [attrs_of(s).get("child_pid") for s in segments(tmp_path / "killed")
                        if s.state.name == "RUNNING"]
             for pid in filter(None, running[:1]):
                 try:
@@ -504,20 +504,20 @@ def test_workers_on_one_shared_store_finish_a_search_and_a_lost_machine_is_retri
         lost = lose_a_machine_mid_segment(tmp_path, url, driver, environment)
         here, on_terminal = a_worker_in_a_terminal_finishes(tmp_path, url, driver, environment)
         final = segments_of(url)
-    assert {s.user_attrs["worker"] for s in final} == {f"{OTHER_HOST}:{lost['pid']}", f"{os.uname().nodename}:{here}"}
+    assert {attrs_of(s)["worker"] for s in final} == {f"{OTHER_HOST}:{lost['pid']}", f"{os.uname().nodename}:{here}"}
     first = [s for s in final if s.number == lost["completed"]][0]
     assert (first.datetime_complete - first.datetime_start).total_seconds() > GRACE_SECONDS  # slow, alive, kept
     failed = [s for s in final if s.state.name == "FAIL" and attrs_of(s).get("exit_code") is None]
     assert [s.number for s in failed] == [lost["lost"]]  # only the lost machine's segment, never a live one
-    again = [s for s in final if s.user_attrs.get("request_id") == lost["request_id"] and s.number > lost["lost"]]
-    assert again and not again[-1].user_attrs["worker"].startswith(OTHER_HOST)
+    again = [s for s in final if attrs_of(s).get("request_id") == lost["request_id"] and s.number > lost["lost"]]
+    assert again and not attrs_of(again[-1])["worker"].startswith(OTHER_HOST)
     assert attrs_of(again[-1]).get("exit_code") is not None  # trained again here, to its own end
     assert len(summary(tmp_path / "shared")) == 6
     # each worker says which trial it trains, and how it ended (off a terminal as in one)
     said = lost["said"] + on_terminal
     started_lines = sorted(int(line.split()[2]) for line in said if line.startswith("worker: trial ") and " training " in line)
     ended = [line for line in said if line.startswith("worker: trial ") and " ended at batch " in line]
-    assert started_lines == sorted(int(s.user_attrs["trial"]) for s in final), said
+    assert started_lines == sorted(int(attrs_of(s)["trial"]) for s in final), said
     assert len(ended) == len(final) - 1, said  # all but the lost one
     assert all(re.search(r"ended at batch (\d+ \(validation_loss [\d.e+-]+\)|\?), exit status \d+, after [\d.]+ s$",
                          line) for line in ended), ended
@@ -536,8 +536,8 @@ def lose_a_machine_mid_segment(tmp_path: Path, url: str, driver: subprocess.Pope
                              start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def remote(state: str) -> list:
-        return [s for s in segments_of(url) if s.state.name == state and s.user_attrs.get("child_pid")
-                and str(s.user_attrs.get("worker", "")).startswith(f"{OTHER_HOST}:")]
+        return [s for s in segments_of(url) if s.state.name == state and attrs_of(s).get("child_pid")
+                and str(attrs_of(s).get("worker", "")).startswith(f"{OTHER_HOST}:")]
 
     try:
         completed = wait_on_search(lambda: remote("COMPLETE"), driver, "the other machine's first segment to complete")
@@ -546,7 +546,7 @@ def lose_a_machine_mid_segment(tmp_path: Path, url: str, driver: subprocess.Pope
         os.killpg(other.pid, signal.SIGKILL)
         said, _ = other.communicate()
     return {"pid": other.pid, "completed": completed[0].number, "lost": training.number,
-            "request_id": training.user_attrs["request_id"], "said": said.splitlines()}
+            "request_id": attrs_of(training)["request_id"], "said": said.splitlines()}
 
 
 def a_worker_in_a_terminal_finishes(tmp_path: Path, url: str, driver: subprocess.Popen,
@@ -700,7 +700,7 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
         rows = [row for row in summary(tmp_path / run_dir) if row["best"]]
         # A study's value is its segment's last validation; the summary's best is over all.
         best_last = pick(rows, key=lambda row: float(row["last"]))
-        assert study.best_trial.user_attrs["trial"] == int(best_last["trial"])
+        assert attrs_of(study.best_trial)["trial"] == int(best_last["trial"])
         best_row = pick(rows, key=lambda row: float(row["best"]))
         assert (f"best: trial {best_row['trial']} (completed), validation_loss {float(best_row['best']):.6g}, "
                 f"hyperparameters {{") in printed[run_dir]
@@ -812,7 +812,7 @@ def test_workers_that_share_only_postgresql_and_s3_finish_a_search(tmp_path: Pat
     assert summary(homes["driver"] / "search") == summary(homes["one"] / "search")
     by_trial: Dict[int, List[dict]] = {}
     for segment in sorted(done, key=lambda s: s.number):
-        by_trial.setdefault(segment.user_attrs["trial"], []).append(attrs_of(segment))
+        by_trial.setdefault(attrs_of(segment)["trial"], []).append(attrs_of(segment))
     moved = [number for number, attrs in by_trial.items()
              if len({a.get("worker") for a in attrs}) > 1 and any(a.get("resumed_at") for a in attrs)]
     assert moved, by_trial  # a trial resumed on another worker, from S3

@@ -306,7 +306,7 @@ class Driver:
         """Hand the live view what it draws: the trials as they are now, those at work (from the
         segments :meth:`poll` just read)."""
         if self.live is not None:
-            running = {segment.user_attrs.get("request_id") for segment in self.segments_seen
+            running = {attrs_of(segment).get("request_id") for segment in self.segments_seen
                        if segment.state.name == "RUNNING"}
             trials = [dict(trial) for trial in self.state["trials"].values()]
             self.live.show(trials, running, best_words(self))
@@ -322,16 +322,16 @@ class Driver:
 
     def _alive_here(self, segment: Any) -> Optional[bool]:
         """Whether the segment's worker (or its process) is alive: None for another machine's."""
-        host, _, pid = str(segment.user_attrs.get("worker", "")).rpartition(":")
+        host, _, pid = str(attrs_of(segment).get("worker", "")).rpartition(":")
         if host != socket.gethostname():
             return None
-        return _pid_alive(int(pid or 0)) or _pid_alive(segment.user_attrs.get("child_pid"))
+        return _pid_alive(int(pid or 0)) or _pid_alive(attrs_of(segment).get("child_pid"))
 
     def _dead(self, segment: Any) -> bool:
         """A RUNNING segment whose worker is gone (and whose training process too): by its pid
         on this machine; elsewhere by its beats (the journal's attribute; an RDB store's beats
         are Optuna's, failed by :meth:`reap_stale`)."""
-        attrs = segment.user_attrs
+        attrs = attrs_of(segment)
         started = segment.datetime_start.timestamp() if segment.datetime_start else time.time()
         if "worker" not in attrs:  # being claimed right now (or its claimant died doing so)
             return time.time() - started > GRACE_SECONDS
@@ -355,22 +355,24 @@ class Driver:
     def poll(self) -> bool:
         """Handle every finished segment and reap dead ones; True when the search is over."""
         done_states = ("COMPLETE", "FAIL")
+        handled = False
         while True:  # in number order, stopping at the first still at work; read again after
             # each decision, which may have queued a retry that comes before what was read
             processed = set(self.state["processed"])
             segments = self.segments_seen = self.queue.segments()
-            unprocessed = sorted((s for s in segments if s.user_attrs.get("key") not in processed),
+            unprocessed = sorted((s for s in segments if attrs_of(s).get("key") not in processed),
                                  key=sequence_number)
             if not unprocessed or unprocessed[0].state.name not in done_states:
                 break
             self.handle(unprocessed[0])
+            handled = True
         if self.view is not None:
-            self.view.update_marked(segments_waiting=any(s.state.name == "WAITING" for s in segments))
+            self.view.update_marked(busy=handled or any(s.state.name == "WAITING" for s in segments))
         self.reap_stale([segment for segment in segments if segment.state.name == "RUNNING"])
         for segment in segments:
             if segment.state.name == "RUNNING" and self._dead(segment):
                 self.queue.finish(self.queue.trial_id(segment.number),
-                                  {"exit_code": None, "dead_worker": segment.user_attrs.get("worker")},
+                                  {"exit_code": None, "dead_worker": attrs_of(segment).get("worker")},
                                   ok=False)
         open_trials = [t for t in self.state["trials"].values()
                        if t["state"] not in ("completed", "stopped", "errored", "invalid_hp")]
@@ -427,7 +429,7 @@ class Driver:
         finally:
             done.set()
             if self.view is not None:  # what a stop or a lost store left marked
-                self.view.update_marked(segments_waiting=False)
+                self.view.update_marked(busy=False)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self.live is not None:

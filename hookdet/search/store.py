@@ -204,22 +204,28 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-#: The user attribute that holds how a segment ended (exit code, metric, batches, times, ...).
-OUTCOME = "outcome"
+#: The user attributes that hold a segment as the driver queued it (its trial, hyperparameters,
+#: experiment, ...) and how it ended (exit code, metric, batches, times, ...): one attribute each,
+#: since Optuna's RDB store writes an attribute in about a millisecond and both are written on
+#: the way from one segment to the next. The worker's stamps (``worker``, ``child_pid``,
+#: ``heartbeat``) are attributes of their own.
+SEGMENT, OUTCOME = "segment", "outcome"
 
 
 def attrs_of(segment: Any) -> Dict[str, Any]:
-    """A segment's attributes as queued, with how it ended over them (a store written before
-    the ``outcome`` attribute kept each field as an attribute of its own: read alike)."""
+    """A segment's attributes in one dict: as queued, the worker's stamps, then how it ended.
+    A store written before the two packed attributes kept every field as an attribute of its
+    own: read alike."""
     attrs = segment.user_attrs
-    return {**attrs, **attrs[OUTCOME]} if OUTCOME in attrs else dict(attrs)
+    stamps = {key: value for key, value in attrs.items() if key not in (SEGMENT, OUTCOME)}
+    return {**attrs.get(SEGMENT, {}), **stamps, **attrs.get(OUTCOME, {})}
 
 
 def sequence_number(segment: Any) -> tuple:
     """Where a segment stands in the order of decisions: the number the driver gave it (a retry
     keeps its segment's), then its queue position; a segment queued before numbers existed by
     its position alone."""
-    seq = segment.user_attrs.get("seq")
+    seq = attrs_of(segment).get("seq")
     return (segment.number if seq is None else seq, segment.number)
 
 
@@ -309,12 +315,12 @@ class Queue:
     def add(self, segment: Dict[str, Any]) -> None:
         """Queue a segment (its ``key`` must be new; see :meth:`keys`)."""
         trial = self.optuna.trial.create_trial(
-            state=self.optuna.trial.TrialState.WAITING, user_attrs=segment)
+            state=self.optuna.trial.TrialState.WAITING, user_attrs={SEGMENT: segment})
         self.study.add_trial(trial)
         self._changed()
 
     def keys(self) -> set:
-        return {t.user_attrs.get("key") for t in self.segments()}
+        return {attrs_of(t).get("key") for t in self.segments()}
 
     def claim(self) -> Optional[Any]:
         """Take one WAITING segment (lowest decision number first) for this worker, or None.

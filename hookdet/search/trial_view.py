@@ -8,9 +8,10 @@ hyperparameters as Optuna parameters (with their distributions, so the dashboard
 coordinates, slice, contour and importance plots work), every validation of the searcher metric
 as an intermediate value at its batch, and its end as Optuna's state (completed: COMPLETE with its
 best value; stopped by the searcher: PRUNED; errored or invalid hyperparameters: FAIL). The
-driver marks a trial after each decision and brings the marked ones up to date when no segment
-waits to be claimed (at most :data:`LAG_SECONDS` later): between two segments the store is the
-critical path, and the view is for people. It reads only the new lines of each trial's
+driver marks a trial after each decision and brings the marked ones up to date when it wakes
+with nothing to decide (at most :data:`LAG_SECONDS` later): between two segments the store and
+the driver's process are the critical path (the next segment is being claimed and started), and
+the view is for people. It reads only the new lines of each trial's
 ``metrics.jsonl``. A failure to write it is said once and never stops the search.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ logger = logging.getLogger("hookdet")
 #: The view study is the search's study name with this after it.
 VIEW_SUFFIX = ":trials"
 _ENDED = {"completed": "COMPLETE", "stopped": "PRUNED", "errored": "FAIL", "invalid_hp": "FAIL"}
-#: How long a marked trial may wait for its update while segments keep waiting to be claimed.
+#: How long a marked trial may wait for its update while the driver keeps having decisions to take.
 LAG_SECONDS = 2.0
 
 
@@ -93,10 +94,11 @@ class TrialView:
         self.marked[trial["number"]] = trial
         self.marked_since = min(self.marked_since, time.monotonic())
 
-    def update_marked(self, segments_waiting: bool) -> None:
-        """Bring the marked trials up to date, unless segments wait to be claimed (for at most
-        :data:`LAG_SECONDS`); ``segments_waiting=False`` also at the search's end."""
-        if not self.marked or (segments_waiting and time.monotonic() - self.marked_since < LAG_SECONDS):
+    def update_marked(self, busy: bool) -> None:
+        """Bring the marked trials up to date, unless the driver is ``busy`` (it just decided,
+        or a segment waits to be claimed) for less than :data:`LAG_SECONDS`; ``busy=False`` also
+        at the search's end."""
+        if not self.marked or (busy and time.monotonic() - self.marked_since < LAG_SECONDS):
             return
         marked, self.marked, self.marked_since = self.marked, {}, float("inf")
         for trial in marked.values():

@@ -23,6 +23,11 @@ What a segment keeps from the cold way:
   torch's operator-library finalizers inherited from the warm process: see
   :mod:`hookdet.search.warm_ready`).
 
+Forking the warm process takes about 12 ms (its page tables are large); a worker does it ahead:
+as a segment starts, the next segment's process is forked in a thread and waits, having run
+nothing, until its worker hands it the segment it will become (:func:`start_segment`), or ends
+when no segment comes.
+
 The warm process lives as long as its worker needs it: the worker ends it (:func:`stop_warm_process`)
 once no segment will start. It also answers how many GPUs torch sees (:func:`gpu_count`), so the
 search's driver never imports torch.
@@ -46,10 +51,11 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from hookdet.distributed.orphans import set_parent_death_signal
 
@@ -134,6 +140,11 @@ def top_level_imports(source: Path) -> List[str]:
 _context: Optional[multiprocessing.context.BaseContext] = None
 #: Set when the warm process could not start: the worker's later segments start cold.
 _warm_failed = False
+#: Processes forked ahead (with the end of the pipe their segment comes through), and the threads
+#: forking them.
+_standby: List[Tuple[multiprocessing.process.BaseProcess, Any]] = []
+_standby_makers: List[threading.Thread] = []
+_standby_lock = threading.Lock()
 
 
 def forkserver(model_dir: Path, entrypoint: Optional[str]) -> multiprocessing.context.BaseContext:
@@ -195,6 +206,7 @@ def stop_warm_process() -> None:
     global _context
     if _context is None or cold() or _warm_failed:
         return
+    _end_standby()
     try:
         ender = _context.Process(target=_end_parent, name="hookdet-warm-end")
         ender.start()
@@ -202,6 +214,21 @@ def stop_warm_process() -> None:
     except (OSError, EOFError):
         pass
     _context = None
+
+
+def _end_standby() -> None:
+    """End the processes forked ahead: each sees its pipe close and exits, having run nothing."""
+    with _standby_lock:
+        makers = list(_standby_makers)
+        _standby_makers.clear()
+    for maker in makers:
+        maker.join()
+    with _standby_lock:
+        waiting = list(_standby)
+        _standby.clear()
+    for process, sending in waiting:
+        sending.close()
+        process.join(5)
 
 
 def _end_parent() -> None:
@@ -249,16 +276,65 @@ def start_segment(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: 
     global _warm_failed
     if not cold() and not _warm_failed:
         try:
-            process = forkserver(Path(cwd), entrypoint).Process(
-                target=run_segment, name="hookdet-segment",
-                args=(list(argv), dict(env), cwd, log_path, list(cpus)))
-            process.start()
+            job = (list(argv), dict(env), cwd, log_path, list(cpus))
+            process = _hand_to_standby(job)
+            if process is None:
+                process = forkserver(Path(cwd), entrypoint).Process(target=run_segment, args=job,
+                                                                    name="hookdet-segment")
+                process.start()
+            _fork_standby(forkserver(Path(cwd), entrypoint))
             return SegmentProcess(process)
         except (OSError, EOFError) as error:  # e.g. a library that crashed the server as it loaded
             _warm_failed = True
             logger.warning("hookdet: warning: the warm process for trials failed to start (%s: %s);"
                            " starting each trial as a new process", type(error).__name__, error)
     return start_cold(argv, env, cwd, log_path, cpus)
+
+
+def _hand_to_standby(job: Tuple[Any, ...]) -> Optional[multiprocessing.process.BaseProcess]:
+    """A process forked ahead, now running ``job``; None when none waits."""
+    while True:
+        with _standby_lock:
+            if not _standby:
+                return None
+            process, sending = _standby.pop()
+        try:
+            sending.send(job)
+            return process
+        except OSError:  # it died waiting (killed from outside): the next, or a fork now
+            continue
+        finally:
+            sending.close()
+
+
+def _fork_standby(context: multiprocessing.context.BaseContext) -> None:
+    """Fork the next segment's process now, in a thread (the segment just started goes on)."""
+    def fork() -> None:
+        try:
+            receiving, sending = context.Pipe(duplex=False)
+            process = context.Process(target=_wait_for_segment, args=(receiving,), name="hookdet-segment")
+            process.start()
+            receiving.close()
+        except (OSError, EOFError):  # the warm process is gone: the next start says so
+            return
+        with _standby_lock:
+            _standby.append((process, sending))
+
+    maker = threading.Thread(target=fork, name="hookdet-standby", daemon=True)
+    with _standby_lock:
+        _standby_makers[:] = [each for each in _standby_makers if each.is_alive()] + [maker]
+    maker.start()
+
+
+def _wait_for_segment(receiving: Any) -> None:
+    """In a process forked ahead: wait for the segment to become, and become it."""
+    set_parent_death_signal(signal.SIGTERM)  # the warm process (or its worker) died: no segment comes
+    try:
+        job = receiving.recv()
+    except (EOFError, OSError):  # the worker ended it, or is gone
+        return
+    receiving.close()
+    run_segment(*job)
 
 
 def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,

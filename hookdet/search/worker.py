@@ -33,7 +33,7 @@ from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
 from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.record import forget_attempt
-from hookdet.search.store import BEAT_SECONDS, Queue, StoreError
+from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of
 from hookdet.search.warm_start import SegmentProcess, gpu_count, start_segment, stop_warm_process, warm_up
 
 logger = logging.getLogger("hookdet")
@@ -152,7 +152,7 @@ class SegmentRunner:
                 self.process.send_signal(signal.SIGTERM)
 
     def run(self, segment: Any) -> None:
-        attrs = segment.user_attrs
+        attrs = attrs_of(segment)
         trial_id = self.queue.trial_id(segment.number)
         if self.stopping:  # claimed as the search was told to stop: hand it back untouched
             self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
@@ -279,7 +279,7 @@ def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float
         except StoreError:  # lost or damaged: no segment can be told or taken any more
             raise
         except Exception as error:  # the store refused an update: the driver reaped it as dead
-            logger.warning("segment %s: %s: %s", segment.user_attrs.get("key"),
+            logger.warning("segment %s: %s: %s", attrs_of(segment).get("key"),
                            type(error).__name__, error)
 
 
