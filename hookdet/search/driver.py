@@ -232,8 +232,12 @@ class Driver:
             path.parent.mkdir(parents=True, exist_ok=True)
             experiment = self._segment_config(segment)
             path.write_text(json.dumps(experiment, indent=1))
-            # Carried in the store too, for workers that see only the store (--work-dir).
-            self.queue.add(dict(segment, experiment=experiment))
+            # Carried in the store too, for workers that see only the store (--work-dir). A
+            # local worker that waits gets it from this hand, already claimed for it.
+            runner = next((each for each in self.runners if each.accepts()), None)
+            handed = self.queue.add(dict(segment, experiment=experiment), claimed=runner is not None)
+            if runner is not None:
+                runner.hand(handed)
             self.queued.add(segment["key"])
         self.state["pending"] = []
         self.save()

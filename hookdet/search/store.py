@@ -312,12 +312,19 @@ class Queue:
         wanted = None if states is None else tuple(self.optuna.trial.TrialState[name] for name in states)
         return self.storage.get_all_trials(self.study_id, deepcopy=False, states=wanted)
 
-    def add(self, segment: Dict[str, Any]) -> None:
-        """Queue a segment (its ``key`` must be new; see :meth:`keys`)."""
-        trial = self.optuna.trial.create_trial(
-            state=self.optuna.trial.TrialState.WAITING, user_attrs={SEGMENT: segment})
-        self.study.add_trial(trial)
+    def add(self, segment: Dict[str, Any], claimed: bool = False) -> Optional[Any]:
+        """Queue a segment (its ``key`` must be new; see :meth:`keys`); ``claimed``: queue it
+        already claimed by this process and return it (the driver hands it to a local worker
+        that waits for one, which so skips a claim's round trips to the store)."""
+        states = self.optuna.trial.TrialState
+        attrs = {SEGMENT: segment, **({"worker": worker_id()} if claimed else {})}
+        trial = self.optuna.trial.create_trial(state=states.RUNNING if claimed else states.WAITING,
+                                               user_attrs=attrs)
+        trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
+        if claimed:
+            self.beat(trial_id)
         self._changed()
+        return self.storage.get_trial(trial_id) if claimed else None
 
     def keys(self) -> set:
         return {attrs_of(t).get("key") for t in self.segments()}

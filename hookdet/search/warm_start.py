@@ -145,6 +145,7 @@ _warm_failed = False
 _standby: List[Tuple[multiprocessing.process.BaseProcess, Any]] = []
 _standby_makers: List[threading.Thread] = []
 _standby_lock = threading.Lock()
+_standby_ended_at_exit = False
 
 
 def forkserver(model_dir: Path, entrypoint: Optional[str]) -> multiprocessing.context.BaseContext:
@@ -321,7 +322,11 @@ def _fork_standby(context: multiprocessing.context.BaseContext) -> None:
             _standby.append((process, sending))
 
     maker = threading.Thread(target=fork, name="hookdet-standby", daemon=True)
+    global _standby_ended_at_exit
     with _standby_lock:
+        if not _standby_ended_at_exit:  # at any exit of this process, before multiprocessing
+            atexit.register(_end_standby)  # joins its children (a standby would wait for ever)
+            _standby_ended_at_exit = True
         _standby_makers[:] = [each for each in _standby_makers if each.is_alive()] + [maker]
     maker.start()
 

@@ -116,6 +116,8 @@ class SegmentRunner:
         self.process: Optional[SegmentProcess] = None
         self._lock = threading.Lock()
         self.stopping = False
+        self._waiting = False  # in work(), between a claim that found nothing and the next
+        self._handed: Optional[Any] = None  # a segment the driver claimed for this runner
         #: Where a separate worker says which trial it trains and how far it got (the driver's
         #: own workers say nothing: its decision lines do).
         self.say: Optional[Callable[[str], None]] = None
@@ -144,6 +146,33 @@ class SegmentRunner:
         """Where the search directory is now (it may have moved since segments were queued);
         read once: a search moves only while no driver runs it."""
         return self.queue.info().get("search_dir")
+
+    def accepts(self) -> bool:
+        """Whether this runner waits for a segment and has none handed to it yet."""
+        with self._lock:
+            return self._waiting and self._handed is None and not self.stopping
+
+    def hand(self, segment: Any) -> None:
+        """Give this runner a segment claimed for it (:meth:`Queue.add`, ``claimed``)."""
+        with self._lock:
+            self._handed = segment
+
+    def take_handed(self) -> Optional[Any]:
+        """The segment handed to this runner (once), or None."""
+        with self._lock:
+            handed, self._handed = self._handed, None
+        return handed
+
+    def wait_for_segment(self, seen: int, timeout: float) -> None:
+        """Wait for the queue to change (a segment queued or handed), at most ``timeout`` s."""
+        with self._lock:
+            self._waiting = self._handed is None
+        try:
+            if self._waiting:
+                self.queue.wait_for_change(seen, timeout)
+        finally:
+            with self._lock:
+                self._waiting = False
 
     def terminate(self) -> None:
         with self._lock:
@@ -268,19 +297,25 @@ def work(queue: Queue, runner: SegmentRunner, done: threading.Event, poll: float
     or damaged store ends it with :class:`StoreError` (its segment stopped first)."""
     while not done.is_set() and not runner.stopping:
         seen = queue.generation()
-        segment = queue.claim()
+        segment = runner.take_handed() or queue.claim()
         if segment is None:
             if queue.info().get("finished"):
                 return
-            queue.wait_for_change(seen, poll)  # a segment this process queues wakes it at once
+            runner.wait_for_segment(seen, poll)  # a segment this process queues wakes it at once
             continue
-        try:
-            runner.run(segment)
-        except StoreError:  # lost or damaged: no segment can be told or taken any more
-            raise
-        except Exception as error:  # the store refused an update: the driver reaped it as dead
-            logger.warning("segment %s: %s: %s", attrs_of(segment).get("key"),
-                           type(error).__name__, error)
+        _run_one(runner, segment)
+    handed = runner.take_handed()
+    if handed is not None:  # handed over as the search was told to stop: given back untouched
+        _run_one(runner, handed)
+
+
+def _run_one(runner: SegmentRunner, segment: Any) -> None:
+    try:
+        runner.run(segment)
+    except StoreError:  # lost or damaged: no segment can be told or taken any more
+        raise
+    except Exception as error:  # the store refused an update: the driver reaped it as dead
+        logger.warning("segment %s: %s: %s", attrs_of(segment).get("key"), type(error).__name__, error)
 
 
 def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optional[str] = None,
