@@ -153,9 +153,10 @@ class SegmentRunner:
             return self._waiting and self._handed is None and not self.stopping
 
     def hand(self, segment: Any) -> None:
-        """Give this runner a segment claimed for it (:meth:`Queue.add`, ``claimed``)."""
+        """Give this runner a segment claimed for it (:meth:`Queue.add`, ``claimed``), and wake it."""
         with self._lock:
             self._handed = segment
+        self.queue.wake()
 
     def take_handed(self) -> Optional[Any]:
         """The segment handed to this runner (once), or None."""
