@@ -30,7 +30,8 @@ Hookdet's own plugins are written against this face too (a test holds them to it
 stranger's): what they need beyond the above is here, resolved on first use so that importing
 the face stays light — the trial API's ``PyTorchTrial``, ``PyTorchCallback``, ``TrialError`` and
 ``get_cluster_info``; the run's end (``ExitReason``, ``PREEMPTED_EXIT_CODE``) and its RNG state
-(``rng``); mixed precision's dtype helpers; the distributed contexts of torch and Horovod; the
+(``rng``); mixed precision's dtype helpers; the distributed contexts of torch and Horovod and
+``rank_device`` (the device a rank trains on); the
 progress view; lengths of the experiment file; Determined's ``TorchWriter``; and the run
 directory's ``LOGS_DIR``. A checkpoint plugin needs more: :mod:`hookdet.plugin.checkpoint`.
 """
