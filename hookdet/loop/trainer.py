@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Union
 
-
 from hookdet.trial_api import cluster_info
 from hookdet.loop import active_run
 from hookdet.checkpoints.registry import make_storage

@@ -11,8 +11,8 @@ interpreter whose only work from now on is to be forked, once per segment.
 
 - what every ``hookdet run`` reads and no segment changes is read once here: hookdet's version
   (the command line's ``--version``), the plugins' entry points (stevedore keeps them in memory
-  once read) and the class of the default checkpoint storage. In a forked segment, reading them again walks the installed packages with
-  cold caches, about 7 ms of each segment's start.
+  once read) and the class of the default checkpoint storage. In a forked segment, reading them
+  again walks the installed packages with cold caches.
 
 Nothing here is for another process: the warm process alone imports this module.
 """

@@ -23,10 +23,10 @@ What a segment keeps from the cold way:
   torch's operator-library finalizers inherited from the warm process: see
   :mod:`hookdet.search.warm_ready`).
 
-Forking the warm process takes about 12 ms (its page tables are large); a worker does it ahead:
-as a segment starts, the next segment's process is forked in a thread and waits, having run
-nothing, until its worker hands it the segment it will become (:func:`start_segment`), or ends
-when no segment comes.
+Forking the warm process takes about 12 ms (on the 2-core development machine), so a worker does
+it ahead: as a segment starts, the next segment's process is forked in a thread and waits,
+having run nothing, until its worker hands it the segment it will become (:func:`start_segment`),
+or ends when no segment comes.
 
 The warm process lives as long as its worker needs it: the worker ends it (:func:`stop_warm_process`)
 once no segment will start. It also answers how many GPUs torch sees (:func:`gpu_count`), so the
@@ -310,6 +310,8 @@ def _hand_to_standby(job: Tuple[Any, ...]) -> Optional[multiprocessing.process.B
 
 def _fork_standby(context: multiprocessing.context.BaseContext) -> None:
     """Fork the next segment's process now, in a thread (the segment just started goes on)."""
+    global _standby_ended_at_exit
+
     def fork() -> None:
         try:
             receiving, sending = context.Pipe(duplex=False)
@@ -322,7 +324,6 @@ def _fork_standby(context: multiprocessing.context.BaseContext) -> None:
             _standby.append((process, sending))
 
     maker = threading.Thread(target=fork, name="hookdet-standby", daemon=True)
-    global _standby_ended_at_exit
     with _standby_lock:
         if not _standby_ended_at_exit:  # at any exit of this process, before multiprocessing
             atexit.register(_end_standby)  # joins its children (a standby would wait for ever)

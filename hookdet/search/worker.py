@@ -128,7 +128,7 @@ class SegmentRunner:
         model_dir = str(self.model_dir or attrs["model_dir"])
         if self.work_dir is None:
             run_dir, config = Path(attrs["run_dir"]), attrs["config"]
-            search_dir = self.search_dir
+            search_dir = self.queue.info().get("search_dir")
             if search_dir and run_dir.parent != Path(search_dir):  # queued before the search moved
                 run_dir = Path(search_dir) / run_dir.name
                 config = str(run_dir / Path(config).name)
@@ -140,12 +140,6 @@ class SegmentRunner:
         config = self.work_dir / f"{run_dir.name}-{Path(attrs['config']).name}"
         config.write_text(json.dumps(attrs["experiment"], indent=1))
         return run_dir, str(config), model_dir
-
-    @functools.cached_property
-    def search_dir(self) -> Optional[str]:
-        """Where the search directory is now (it may have moved since segments were queued);
-        read once: a search moves only while no driver runs it."""
-        return self.queue.info().get("search_dir")
 
     def accepts(self) -> bool:
         """Whether this runner waits for a segment and has none handed to it yet."""

@@ -296,12 +296,11 @@ def copied_out_of_the_file(state: Dict[str, Any]) -> Dict[str, Any]:
 def _own_cpu_tensors(optimizer: Any) -> None:
     """Copy off the checkpoint's map the CPU tensors ``optimizer`` kept from its loaded state
     (all its state on a CPU run; step counts and the like on a GPU run)."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # a wrapper's own optimizer
-    for parameter_state in getattr(inner, "state", {}).values():
+    for parameter_state in optimizer.state.values():
         for key, value in list(parameter_state.items()):
             if isinstance(value, torch.Tensor) and value.device.type == "cpu":
                 parameter_state[key] = value.clone()
-    for group in getattr(inner, "param_groups", []):
+    for group in optimizer.param_groups:
         for key, value in list(group.items()):
             if key != "params" and isinstance(value, torch.Tensor) and value.device.type == "cpu":
                 group[key] = value.clone()
