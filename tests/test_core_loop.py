@@ -429,6 +429,13 @@ def test_previous_batch_graph_lives_until_the_next_forward_and_not_into_validati
     assert alive_at_validation == [False, False]
 
 
+#: The budget is counted in Python 3.11's bytecodes (CI's Python): other versions compile the same
+#: loop to other instructions (and Python 3.12 delivered no opcode event to this tracer on a GPU
+#: machine's 3.12.3), so the count is checked on 3.11 alone.
+BUDGET_PYTHON = pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the budget is counted on Python 3.11")
+
+
+@BUDGET_PYTHON
 def test_the_loop_runs_few_python_bytecodes_of_its_own_per_batch(tmp_path: Path) -> None:
     """The per-batch path stays lean, counted rather than timed (a count is the same on every
     machine for one Python version): between the starts of two batches inside a stretch, with
