@@ -9,7 +9,8 @@
 # wheels in .whl/ (downloaded on a machine with pip: the device machine has no network).
 # TESTS replaces the list of test files; SKIP names steps to leave out (precision checkpoint_io overhead).
 # Tests of several ranks are not in the list: on GPUs each rank needs a GPU of its own.
-# Writes one log per step into OUT_DIR and prints each one's tail.
+# Writes one log per step into OUT_DIR and prints each one's tail (the tests verbosely: a run cut
+# by its time limit still names each test that failed before the cut).
 set -u
 out=${1:?usage: device_check.sh OUT_DIR}
 mkdir -p "$out"
@@ -36,7 +37,7 @@ default_tests="tests/test_cuda.py tests/builtin_plugins/test_amp.py tests/builti
   tests/test_resume.py tests/test_reducers.py tests/test_examples.py tests/test_core_loop.py
   tests/test_warm_segments.py tests/test_warm_start.py tests/test_context.py"
 # shellcheck disable=SC2086  # a list of paths
-TAIL=25 step tests "${TESTS_SECONDS:-200}" python3 -m pytest -q -n 8 --dist worksteal -p no:cacheprovider --timeout 200 -rfEs \
+TAIL=25 step tests "${TESTS_SECONDS:-200}" python3 -m pytest -v -n 8 --dist worksteal -p no:cacheprovider --timeout 200 -rfEs \
   ${TESTS:-$default_tests}
 step precision 45 python3 scripts/precision_fingerprint.py
 step checkpoint_io 90 python3 benchmarks/checkpoint_io.py --sizes 300MB,1GB --repeats 3 --stall-rounds 5
