@@ -6,7 +6,12 @@
 #   bash scripts/device_check.sh OUT_DIR
 #
 # hookdet goes into that interpreter as an editable install; dependencies it lacks come from
-# wheels in .whl/ (downloaded on a machine with pip: the device machine has no network).
+# wheels in .whl/, downloaded on a machine with pip (the device machine had no network, Python 3.12,
+# and lacked these; versions as in .venv):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl pydantic pydantic_core annotated-types typing-inspection typing_extensions stevedore \
+#     optuna alembic SQLAlchemy Mako colorlog
 # TESTS replaces the list of test files; SKIP names steps to leave out (precision checkpoint_io overhead).
 # Tests of several ranks are not in the list: on GPUs each rank needs a GPU of its own.
 # Writes one log per step into OUT_DIR and prints each one's tail (the tests verbosely: a run cut
