@@ -97,6 +97,7 @@ def check_weights_only(obj: Any, where: str = "checkpoint") -> None:
     how to fix it. Checked before writing so a bad value costs no half-written checkpoint.
     """
     import torch
+
     torch_leaves = (torch.dtype, torch.device, torch.layout)
     stack: List[Tuple[Any, str]] = [(obj, where)]
     while stack:
@@ -221,6 +222,7 @@ def write_state(directory: Path, state: Dict[str, Any]) -> Dict[str, Any]:
     The checksum is computed while writing, so sealing the checkpoint never re-reads the file.
     """
     import torch
+
     check_weights_only(state, "checkpoint")
     path = Path(directory) / STATE_FILE
     with open(path, "wb") as handle:
@@ -329,6 +331,7 @@ def reseal(directory: Path, before: Dict[str, Tuple[int, int]]) -> bool:
 def base_metadata(**fields: Any) -> Dict[str, Any]:
     """Metadata common to every checkpoint: library versions and the given fields."""
     import torch
+
     import hookdet
 
     return dict(
@@ -473,6 +476,7 @@ def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: 
             "never loads such a file"
         )
     import torch
+
     torch_load_kwargs.setdefault("weights_only", True)
     torch_load_kwargs.setdefault("mmap", True)
     try:
@@ -493,6 +497,10 @@ def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: 
         )
     return state
 
+
+# ---------------------------------------------------------------------------------------------
+# Identity and RNG state
+# ---------------------------------------------------------------------------------------------
 
 
 def trial_spec(trial_class: type) -> str:

@@ -326,10 +326,11 @@ class Driver:
 
     def _alive_here(self, segment: Any) -> Optional[bool]:
         """Whether the segment's worker (or its process) is alive: None for another machine's."""
-        host, _, pid = str(attrs_of(segment).get("worker", "")).rpartition(":")
+        attrs = attrs_of(segment)
+        host, _, pid = str(attrs.get("worker", "")).rpartition(":")
         if host != socket.gethostname():
             return None
-        return _pid_alive(int(pid or 0)) or _pid_alive(attrs_of(segment).get("child_pid"))
+        return _pid_alive(int(pid or 0)) or _pid_alive(attrs.get("child_pid"))
 
     def _dead(self, segment: Any) -> bool:
         """A RUNNING segment whose worker is gone (and whose training process too): by its pid
