@@ -383,6 +383,33 @@ def test_grid_does_not_replace_invalid_points(tmp_path: Path) -> None:
         ("True", "invalid_hp")]
 
 
+#: ``hookdet run`` as a scheduler's SIGTERM finds a search that has ended: the signal arrives as
+#: the search's summary is about to be written (sent by the process to itself, then).
+SIGTERM_AS_THE_SUMMARY_IS_WRITTEN = """
+import os, signal, sys
+from hookdet.search import cli
+write = cli.finish
+def finish(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    write(*args)
+cli.finish = finish
+from hookdet.cli.commands import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sigterm_as_a_finished_search_exits_changes_nothing(tmp_path: Path) -> None:
+    """A SIGTERM once the search has ended, before its summary is written: the search still
+    writes it and exits 0, instead of dying of the signal (-15) with no summary."""
+    ended = subprocess.run([sys.executable, "-c", SIGTERM_AS_THE_SUMMARY_IS_WRITTEN, "run",
+                            str(FIXTURES / "grid.yaml"), "--run-dir", "ended", "--workers", "2"],
+                           cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert ended.returncode == 0, ended.stderr[-3000:]
+    assert "received SIGTERM after training ended" in ended.stderr
+    assert sorted(row["state"] for row in summary(tmp_path / "ended")) == [
+        "completed", "completed", "invalid_hp", "invalid_hp"]
+
+
 #: An ASHA search with more trials than slots, so which trials stop depends on the order of
 #: decisions: the case where a kill or a second worker could change the outcome.
 ASHA_ORDER_MATTERS = ("--config", "searcher.max_trials=6")
@@ -392,8 +419,8 @@ ASHA_ORDER_MATTERS = ("--config", "searcher.max_trials=6")
 @pytest.mark.timeout(900)
 def test_asha_ends_alike_with_one_worker_and_with_two_under_ten_kills(tmp_path: Path) -> None:
     """Which trials stop, at which length, and every metric: the same with ``--workers 1`` as
-    with ``--workers 2`` under ten SIGKILLs of the driver (half the time of a trial process
-    first) and a SIGTERM, each followed by ``--resume``."""
+    with ``--workers 2`` under a SIGTERM and ten SIGKILLs of the driver (half the time of a
+    trial process first), each followed by ``--resume``."""
     one = search(tmp_path, "asha.yaml", "--run-dir", "one", "--workers", "1", *ASHA_ORDER_MATTERS)
     assert one.returncode == 0, one.stderr[-3000:]
     expected = summary(tmp_path / "one")
@@ -408,26 +435,30 @@ def test_asha_ends_alike_with_one_worker_and_with_two_under_ten_kills(tmp_path: 
 
 
 def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
-    """Run search ``config`` in ``killed``: SIGKILL its driver at random moments (half the time a
-    trial process first), resuming each time; then SIGTERM once (exit 75) and resume to the end.
-    Its trials train a quarter second per batch, so the search outlives the kills. Returns how
-    many trial processes the kills ended."""
+    """Run search ``config`` in ``killed``: SIGTERM it once as a trial trains (exit 75), then
+    SIGKILL its driver at random moments (half the time a trial process first), resuming each
+    time, and resume it to the end. The SIGTERM comes first, while most of the search is ahead:
+    later, the segment it finds training might be the search's last, ending as it arrives. Its
+    trials train half a second per batch, so the search outlives the kills. Returns how many
+    trial processes the kills ended."""
     rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "10"))
     rng = random.Random(7)
     command = [*HOOKDET, "run", str(FIXTURES / config), "--workers", "2", *options]
     # A kill between a claim and its stamp leaves a segment whose worker is unknown until the
     # grace period passes (60 s by default): 10 s here, so such a round does not stall the test.
-    slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.25", HOOKDET_SEARCH_GRACE_SECONDS="10")
-    first, killed_trials, killed_drivers = True, 0, 0
+    slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.5", HOOKDET_SEARCH_GRACE_SECONDS="10")
+    terminated = subprocess.Popen(command + ["--run-dir", "killed"], cwd=tmp_path, env=slow,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = terminated.stdout.readline()
+    assert "search in" in line, terminated.communicate()[1][-3000:]  # the driver is up
+    wait_on_search(lambda: [s for s in segments(tmp_path / "killed") if s.state.name == "RUNNING"],
+                   terminated, "a trial to train", timeout=120)
+    terminated.send_signal(signal.SIGTERM)  # the trials checkpoint and the search exits 75
+    assert terminated.wait(timeout=300) == 75, terminated.communicate()[1][-3000:]
+    killed_trials, killed_drivers = 0, 0
     for _ in range(rounds):
-        args = ["--run-dir", "killed"] if first else ["--resume", "killed"]
-        driver = subprocess.Popen(command + args, cwd=tmp_path, env=slow,
+        driver = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path, env=slow,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if first:  # until search.json exists there is no search to resume
-            deadline = time.time() + 120
-            while not (tmp_path / "killed" / "search.json").exists() and time.time() < deadline:
-                time.sleep(0.2)
-        first = False
         try:
             driver.wait(timeout=rng.uniform(1.0, 3.0))
             break  # finished before the kill
@@ -451,20 +482,6 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
         driver.wait()
         killed_drivers += 1
     assert killed_drivers == rounds, f"the search finished after {killed_drivers} of {rounds} kills"
-    terminated = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path,
-                                  env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)
-    line = terminated.stdout.readline()
-    assert "search in" in line, terminated.communicate()[1][-3000:]  # the driver is up
-    # SIGTERM while a trial trains (not in the moment a finished search exits): the trials
-    # checkpoint and the search exits 75.
-    deadline = time.time() + 60
-    while terminated.poll() is None and time.time() < deadline and not [
-            s for s in segments(tmp_path / "killed") if s.state.name == "RUNNING"]:
-        time.sleep(0.1)
-    if terminated.poll() is None:
-        terminated.send_signal(signal.SIGTERM)
-        assert terminated.wait(timeout=300) == 75
     resumed = search(tmp_path, config, "--resume", "killed", "--workers", "2", *options)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return killed_trials

@@ -496,13 +496,3 @@ def load_state(directory: Path, map_location: Any = "cpu", **torch_load_kwargs: 
             f"checkpoint {directory}: {STATE_FILE} holds a {type(state).__name__}, not a state dict"
         )
     return state
-
-
-# ---------------------------------------------------------------------------------------------
-# Identity and RNG state
-# ---------------------------------------------------------------------------------------------
-
-
-def trial_spec(trial_class: type) -> str:
-    """``module:QualifiedName`` of a trial class, as recorded in checkpoint metadata."""
-    return f"{trial_class.__module__}:{trial_class.__qualname__}"

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hookdet.distributed.orphans import LAUNCHER_PID_ENV
 from hookdet.errors import UsageError
@@ -78,23 +78,26 @@ def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:
 
 
 class LateStop:
-    """``hookdet run``'s own SIGTERM handler, beneath the preemption plugin's (which restores it
-    when the run ends): a SIGTERM once training has finished changes nothing, so the process
-    exits with the run's status (0 for a completed run, as ``run.json`` says) instead of dying
-    of the signal in its last moments; one before training ends the process as SIGTERM does."""
+    """``hookdet run``'s own SIGTERM handler, beneath the preemption plugin's or the search
+    driver's (each restores it as training ends): a SIGTERM once training has finished changes
+    nothing, so the process exits with the run's status (0 for a completed run, as ``run.json``
+    says; 0 for a finished search, its summary written) instead of dying of the signal in its
+    last moments; one before training ends the process as SIGTERM does. Training has finished
+    once ``finished`` is set, or once ``has_finished`` says so (asked as the signal comes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, has_finished: Callable[[], bool] = lambda: False) -> None:
         self.finished = False
+        self.has_finished = has_finished
 
     @classmethod
-    def install(cls) -> "LateStop":
-        handler = cls()
+    def install(cls, has_finished: Callable[[], bool] = lambda: False) -> "LateStop":
+        handler = cls(has_finished)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)
         return handler
 
     def __call__(self, signum: int, frame: Any) -> None:
-        if self.finished:
+        if self.finished or self.has_finished():
             logger.info("received SIGTERM after training ended: exiting as the run ended")
             return
         signal.signal(signum, signal.SIG_DFL)

@@ -137,6 +137,7 @@ def run_search(args: argparse.Namespace) -> int:
         from hookdet.search.warm_start import warm_up
 
         warm_up(model_dir, raw.get("entrypoint"))
+    from hookdet.cli.run_edges import LateStop
     from hookdet.search.driver import Driver
 
     if not args.resume:
@@ -160,6 +161,7 @@ def run_search(args: argparse.Namespace) -> int:
         queue.set_info({"search_dir": str(search_dir), "slots_per_trial": slots, "finished": False})
         driver.start()
     summary.prefetch_plotting()
+    LateStop.install(has_finished=lambda: driver.ended)  # the summary is written whatever comes
     status = driver.run(max(workers, 0), slots, announce=f"hookdet: {settings.name} search in {search_dir} "
                         f"({max(workers, 0)} local workers; store {storage})")
     from hookdet.search.warm_start import stop_warm_process

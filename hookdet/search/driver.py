@@ -81,6 +81,7 @@ class Driver:
         self.state: Dict[str, Any] = {"trials": {}, "order": [], "processed": [], "pending": [],
                                       "finished": False, "next_seq": 1}
         self.stopping = False
+        self.ended = False  # the loop saw the search end: a SIGTERM from now on changes nothing
         self.runners: List[SegmentRunner] = []
         self.store_failure: Optional[StoreError] = None
         # When this process began driving, and the batches trained by then: its pace, for the ETA.
@@ -429,6 +430,7 @@ class Driver:
                 if self.store_failure is not None:
                     self._stop_for(self.store_failure, threads)
                 if over or (self.stopping and not any(t.is_alive() for t in threads)):
+                    self.ended = over
                     break
                 self.queue.wait_for_change(seen, poll)  # a local worker's finish wakes it at once
         finally:

@@ -71,7 +71,7 @@ from hookdet.plugin.checkpoint import (
     user_index,
     write_failed,
 )
-from .restore import find, located, metadata_of, plugin_call, restore_checkpoint
+from .restore import find, located, metadata_of, plugin_call, restore_checkpoint, trial_spec
 from .retention import checkpoints_to_delete
 
 logger = logging.getLogger("hookdet")
@@ -342,7 +342,7 @@ class CheckpointPlugin:
         metadata = fmt.base_metadata(
             uuid=storage_id,
             steps_completed=state.batches_trained,
-            trial_class=fmt.trial_spec(type(run.trial)),
+            trial_class=trial_spec(type(run.trial)),
             hparams=run.hparams,
             experiment_config=run.config.to_dict(),
             searcher_metric=run.config.searcher.metric,

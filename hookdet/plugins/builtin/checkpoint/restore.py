@@ -192,13 +192,18 @@ def _restore_plugins_and_callbacks(run: Any, state: Dict[str, Any], directory: P
             logger.warning("checkpoint %s holds state of callback %r, which the trial no longer builds", directory, name)
 
 
+def trial_spec(trial_class: type) -> str:
+    """``module:QualifiedName`` of a trial class, as a checkpoint's metadata records it."""
+    return f"{trial_class.__module__}:{trial_class.__qualname__}"
+
+
 def written_by(recorded: str, trial_class: type) -> str:
     """Whether the trial class a checkpoint records (``module:Class``) is ``trial_class``:
     ``"same"``; ``"moved"`` (the same class name in another module); ``"other"``. A script's
     class, run as ``__main__``, is the same as one recorded under the script's own name
     (``train:MNistTrial`` for ``python3 train.py``, as Determined records it)."""
     module, _, name = recorded.partition(":")
-    if recorded == fmt.trial_spec(trial_class):
+    if recorded == trial_spec(trial_class):
         return "same"
     if name != trial_class.__qualname__:
         return "other"
@@ -211,7 +216,7 @@ def written_by(recorded: str, trial_class: type) -> str:
 def _check_trial_class(metadata: Dict[str, Any], trial_class: type, directory: Path) -> None:
     """Refuse a checkpoint of another trial class; a moved module only earns a warning."""
     recorded = str(metadata.get("trial_class") or "")
-    expected = fmt.trial_spec(trial_class)
+    expected = trial_spec(trial_class)
     found = written_by(recorded, trial_class)
     if found == "same":
         return
