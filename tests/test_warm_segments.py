@@ -5,6 +5,7 @@ drivers, real trial processes, a real Optuna store."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -121,3 +122,54 @@ def test_a_trial_that_leaks_a_global_or_segfaults_touches_no_other(tmp_path: Pat
 
     statuses = [attrs_of(s).get("exit_code") for s in segments(tmp_path / "search")]
     assert -signal.SIGSEGV in statuses
+
+
+#: Put first in a copy of the Trainer-API script: how its process began, one line to the trials' log.
+SCRIPT_PROBE = '''import json as _json, os as _os, sys as _sys
+with open(_os.environ["SEARCH_TEST_LOG"], "a") as _log:
+    _log.write(_json.dumps({"event": "script", "pid": _os.getpid(), "ppid": _os.getppid(),
+                            "torch_imported": "torch" in _sys.modules, "argv": _sys.argv,
+                            "leads_its_session": _os.getsid(0) == _os.getpid(), "name": __name__,
+                            "file": __file__, "path0": _sys.path[0]}) + "\\n")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
+    """An ASHA search of a Trainer-API script (``python3 train.py ...``; two trials, each
+    continued from its rung's checkpoint through ``latest_checkpoint``) run warm and cold: the same decisions,
+    metrics, checkpoints and final weights. Warm, the script's process is forked from its
+    segment (torch is imported before its first line); cold, it is a new interpreter; either
+    way it leads its own session and sees the same ``sys.argv``, ``__file__`` and ``sys.path[0]``."""
+    from tests.test_search_run import SCRIPT_ASHA, SCRIPT_DIR
+
+    model = tmp_path / "model"
+    shutil.copytree(SCRIPT_DIR, model, ignore=shutil.ignore_patterns("__pycache__"))
+    (model / "train.py").write_text(SCRIPT_PROBE + (SCRIPT_DIR / "train.py").read_text())
+    config = tmp_path / "script.yaml"
+    config.write_text(SCRIPT_ASHA)
+    options = ("--workers", "1", "--model-dir", str(model), "--config", "searcher.max_trials=2")
+    warm = run_search(tmp_path / "warm", config, *options)
+    cold = run_search(tmp_path / "cold", config, *options, cold=True)
+    assert summary(tmp_path / "warm" / "search") == summary(tmp_path / "cold" / "search")
+    assert [row["state"] for row in summary(tmp_path / "warm" / "search")] == ["completed", "completed"]
+    for name in ("trial-001", "trial-002"):
+        warm_dir, cold_dir = tmp_path / "warm" / "search" / name, tmp_path / "cold" / "search" / name
+        assert reports(warm_dir) == reports(cold_dir), name
+        assert_states_equal(newest_state(warm_dir), newest_state(cold_dir), name)
+        results = [warm_dir.with_name(name + ".log").read_text(), cold_dir.with_name(name + ".log").read_text()]
+        weights = [[line.split('"weights": ')[1] for line in log.splitlines() if line.startswith("RESULT ")]
+                   for log in results]
+        assert weights[0] == weights[1] and weights[0], name
+    probes = {way: [json.loads(line) for line in (tmp_path / way / "trials.log").read_text().splitlines()
+                    if json.loads(line)["event"] == "script"] for way in ("warm", "cold")}
+    assert len(probes["warm"]) == len(probes["cold"]) == 4  # two trials, each continued past its rung
+    assert {probe["torch_imported"] for probe in probes["warm"]} == {True}
+    assert {probe["torch_imported"] for probe in probes["cold"]} == {False}
+    seen = [{key: value for key, value in probe.items() if key not in ("torch_imported", "pid", "ppid")}
+            for way in ("warm", "cold") for probe in probes[way]]
+    assert all(probe == seen[0] for probe in seen), seen
+    assert seen[0]["leads_its_session"] and seen[0]["name"] == "__main__"
+    assert seen[0]["argv"][0] == "train.py" and seen[0]["file"] == str(model / "train.py")
+    assert seen[0]["path0"] == str(model)

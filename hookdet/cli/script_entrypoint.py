@@ -37,8 +37,8 @@ from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import (
-    CRASH_SIGNALS, RANK_ENTRY, killed_ranks, launcher_death_line, resume_target, run_passing_signals, signal_name,
-    this_node, torchrun_command,
+    CRASH_SIGNALS, RANK_ENTRY, is_python, killed_ranks, launcher_death_line, resume_target, run_passing_signals,
+    signal_name, this_node, torchrun_command,
 )
 
 logger = logging.getLogger("hookdet")
@@ -65,8 +65,7 @@ def split_launch_layer(tokens: Sequence[str]) -> Tuple[Optional[str], List[str],
     the launcher underneath (torchrun, horovodrun); the rest is the script.
     """
     tokens = list(tokens)
-    is_python = bool(tokens) and re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(tokens[0]))
-    if not (is_python and len(tokens) >= 3 and tokens[1] == "-m"):
+    if not (tokens and is_python(tokens[0]) and len(tokens) >= 3 and tokens[1] == "-m"):
         return None, [], tokens
     module = tokens[2]
     if not module.startswith("determined.launch."):
@@ -159,7 +158,11 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
         logger.info("running %s in %s (%s)", shlex.join(command), model_dir, where)
         killed_lines: List[str] = []
         said: List[str] = []
-        status = run_passing_signals(command, env, said, killed_lines, cwd=model_dir, to_group=not is_launcher)
+        from hookdet.search.warm_script import warm_starter
+
+        start = None if is_launcher else warm_starter(command, env, str(model_dir))
+        status = run_passing_signals(command, env, said, killed_lines, cwd=model_dir, to_group=not is_launcher,
+                                     start=start)
         died = launcher_death_line(_launcher_name(command), status) if is_launcher else None
         if died is not None and not said:
             print(died, file=sys.stderr, flush=True)
@@ -223,8 +226,7 @@ def check_script_exists(entrypoint: str, model_dir: Path, source: str) -> None:
     if _SHELL_SYNTAX.search(entrypoint):
         return  # the shell decides what runs
     _, _, script = split_launch_layer(shlex.split(entrypoint))
-    is_python = bool(script) and re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(script[0]))
-    if not is_python or len(script) < 2 or script[1].startswith("-"):
+    if len(script) < 2 or not is_python(script[0]) or script[1].startswith("-"):
         return
     if not (model_dir / script[1]).is_file():
         raise EntrypointError(

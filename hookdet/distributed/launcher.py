@@ -316,6 +316,12 @@ def horovodrun_command(argv: Sequence[str], slots: int) -> List[str]:
     ]
 
 
+def is_python(token: str) -> bool:
+    """Whether a command's first word names a Python interpreter (``python``, ``python3``,
+    ``/usr/bin/python3.11``): Determined's launch layers and scripts are run by one."""
+    return re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(token)) is not None
+
+
 def resume_target(resume: Optional[str]) -> Optional[str]:
     """``--resume``'s argument as the trial or script sees it from the model directory: a path
     that exists here made absolute, anything else (a checkpoint id) as it is."""
@@ -331,7 +337,8 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
 
 def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str],
                         killed: Optional[List[str]] = None, watch: Optional[Callable[[], None]] = None,
-                        cwd: Optional[Path] = None, to_group: bool = False) -> int:
+                        cwd: Optional[Path] = None, to_group: bool = False,
+                        start: Optional[Callable[[List[str], Dict[str, str], str], Any]] = None) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status.
     ``watch`` is called every few seconds while it runs.
 
@@ -342,13 +349,18 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[
     a line appended to ``killed`` for the caller to tell. ``to_group`` (a plain command, a
     ``sh -c`` one): signals go to its whole process group, its stderr is this process's, and the
     call returns only when every process of the group is gone, so a script still writing its
-    checkpoint is waited for even when the shell above it has died.
+    checkpoint is waited for even when the shell above it has died. ``start`` (a plain command
+    only) starts it instead of a new process, given the command, its environment and directory,
+    and returns what :class:`subprocess.Popen` would (a script forked from a warm search
+    segment: :mod:`hookdet.search.warm_script`).
     """
     with tempfile.TemporaryDirectory(prefix="hookdet-launch-") as outcome_dir:
         outcome = Path(outcome_dir) / "outcome.json"
-        process = subprocess.Popen(
-            list(command), env=dict(env, **{LAUNCH_OUTCOME_ENV: str(outcome)}), cwd=cwd, start_new_session=True,
-            stderr=None if to_group else subprocess.PIPE, preexec_fn=None if to_group else child_setup_for(os.getpid()))
+        env = dict(env, **{LAUNCH_OUTCOME_ENV: str(outcome)})
+        process = start(list(command), env, str(cwd or os.getcwd())) if start is not None and to_group else \
+            subprocess.Popen(list(command), env=env, cwd=cwd, start_new_session=True,
+                             stderr=None if to_group else subprocess.PIPE,
+                             preexec_fn=None if to_group else child_setup_for(os.getpid()))
         pump = None if to_group else pump_filtered(process.stderr, sys.stderr, said)
 
         def send(signum: int) -> None:

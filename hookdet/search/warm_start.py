@@ -34,7 +34,8 @@ search's driver never imports torch.
 
 A trial with several ranks (``slots_per_trial > 1``) starts its launcher warm; torchrun then
 starts each rank as a new interpreter (its own process start, not a fork of ours). A script
-entrypoint's ``hookdet run`` is warm and the script itself starts cold, as a command of its own.
+entrypoint's ``hookdet run`` is warm, and it forks the script from itself when the script runs
+in this Python (:mod:`hookdet.search.warm_script`).
 
 ``HOOKDET_COLD_SEGMENTS=1`` starts every segment as a new interpreter, the way before (used by
 the benchmark that compares the two, and as an escape hatch).
@@ -75,7 +76,8 @@ PRELOAD = ("torch", "torch.optim", "torch._dynamo", "torch.utils.tensorboard", "
            "hookdet.cli.commands", "hookdet.cli.reading", "hookdet.config.overrides", "hookdet.loop.trainer",
            "hookdet.trial_api.context", "hookdet.pytorch", "hookdet.pytorch.samplers", "hookdet.checkpoints.api",
            "hookdet.checkpoints.local", "hookdet.distributed.rank_watch", "hookdet.runs.index",
-           "hookdet.search.cli", "hookdet.search.worker", "hookdet.ui.command")
+           "hookdet.search.cli", "hookdet.search.worker", "hookdet.search.warm_script", "hookdet.ui.command",
+           "hookdet.cli.script_entrypoint")
 #: Imported after everything else: readies the warm process to be forked (see its docstring).
 READY = "hookdet.search.warm_ready"
 
@@ -95,13 +97,14 @@ def preload_modules(libraries: Sequence[str] = ()) -> List[str]:
 
 
 def libraries_of(model_dir: Path, entrypoint: Optional[str]) -> List[str]:
-    """The installed modules that a ``module:Class`` entrypoint's module imports at its top level,
-    directly or through other modules of the model directory, read from the source (nothing is
-    run). Modules of the model directory are the user's code and are left out."""
-    if not entrypoint or ":" not in entrypoint:
+    """The installed modules that the entrypoint's module (:func:`entry_module`) imports at its
+    top level, directly or through other modules of the model directory, read from the source
+    (nothing is run). Modules of the model directory are the user's code and are left out."""
+    module = entry_module(entrypoint or "")
+    if module is None:
         return []
     found: List[str] = []
-    pending, seen = [entrypoint.split(":", 1)[0]], set()
+    pending, seen = [module], set()
     while pending:
         module = pending.pop()
         source = model_dir / (module.replace(".", "/") + ".py")
@@ -115,6 +118,22 @@ def libraries_of(model_dir: Path, entrypoint: Optional[str]) -> List[str]:
             elif name not in found and importlib.util.find_spec(top) is not None:
                 found.append(name)
     return found
+
+
+def entry_module(entrypoint: str) -> Optional[str]:
+    """The module of a ``module:Class`` entrypoint, or of the script a ``python3 SCRIPT.py ...``
+    one runs (``train`` for ``python3 train.py --epochs 1``); None for any other command."""
+    if ":" in entrypoint and " " not in entrypoint.strip():
+        return entrypoint.split(":", 1)[0]
+    from hookdet.distributed.launcher import is_python
+
+    tokens = entrypoint.split()
+    if len(tokens) < 2 or not is_python(tokens[0]):
+        return None
+    script = os.path.normpath(tokens[1])
+    if not script.endswith(".py") or script.startswith(("-", "..", "/")):
+        return None
+    return script[:-len(".py")].replace(os.sep, ".")
 
 
 def top_level_imports(source: Path) -> List[str]:
@@ -360,6 +379,9 @@ def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str
 def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
                 cpus: List[int]) -> None:
     """In the forked child: become the segment's process, then run ``hookdet <argv>``."""
+    from hookdet.search.warm_script import mark_warm_segment
+
+    mark_warm_segment()
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, sys.stdout.fileno())
     os.dup2(log, sys.stderr.fileno())

@@ -1,0 +1,177 @@
+"""A script entrypoint's process, forked from its warm segment instead of started cold.
+
+A search segment of a script experiment (``entrypoint: python3 train.py ...``) is a ``hookdet
+run`` forked from the warm process (:mod:`hookdet.search.warm_start`), which starts the script
+as a command of its own: a new interpreter importing torch again, about two seconds of every
+segment on an idle machine. When the command is this interpreter running a script
+(``python3 train.py --epochs 1``: ``python3`` found first on the ``PATH`` the script gets is the
+``python3`` of hookdet's environment, no interpreter option before the script), the segment
+instead forks itself and the child runs the script as ``__main__``, with what a new interpreter
+would give it:
+
+- its own session (signals to its process group reach it and whatever it starts), its
+  environment (the cluster info, the ``PATH``), its directory, ``sys.argv`` and ``sys.path[0]``
+  (the script's directory), default signal handlers, unconfigured logging (a script's own
+  ``logging.basicConfig`` takes effect);
+- its exit: the status of its ``sys.exit``, 1 and the traceback for an uncaught exception, death
+  by SIGINT for an uncaught Ctrl-C, and its own exit functions run at its end. Those the
+  segment's ``hookdet run`` registered are not its own: the finalizers inherited (the temporary
+  directories the segment reads when the script has ended) are made not to run.
+
+Anything else (a shell command, ``python3 -m``, a launch layer, another interpreter, a segment
+started cold) starts as a new process, as outside a search.
+"""
+from __future__ import annotations
+
+import atexit
+import builtins
+import importlib.machinery
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import traceback
+import types
+import weakref
+from typing import Callable, Dict, List, Optional, Sequence
+
+from hookdet.distributed.launcher import is_python
+
+#: True in a segment forked from the warm process (set by :func:`mark_warm_segment`).
+_in_warm_segment = False
+
+
+def mark_warm_segment() -> None:
+    """Called by a segment forked from the warm process: its scripts may be forked too."""
+    global _in_warm_segment
+    _in_warm_segment = True
+
+
+def warm_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optional[Callable[..., "ForkedScript"]]:
+    """What starts ``command`` forked from this process, or None when it must start cold (see
+    the module's docstring): a callable taking the command, its environment and directory."""
+    if not _in_warm_segment or len(command) < 2 or not is_python(command[0]):
+        return None
+    found = shutil.which(command[0], path=env.get("PATH"))
+    if found is None or os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(sys.executable)):
+        return None
+    script = command[1]
+    if script.startswith("-") or not os.path.isfile(os.path.join(cwd, script)):
+        return None
+    return ForkedScript
+
+
+class ForkedScript:
+    """The script ``command[1:]`` run in a child forked from this process, behind the face of
+    :class:`subprocess.Popen` that the launcher uses: ``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``returncode`` and no ``stderr`` pipe. The child leads a session of its own
+    before this constructor returns, as ``Popen(start_new_session=True)`` does."""
+
+    stderr = None
+
+    def __init__(self, command: Sequence[str], env: Dict[str, str], cwd: str) -> None:
+        self.args = list(command)
+        self.returncode: Optional[int] = None
+        ready_to_read, ready_to_write = os.pipe()
+        sys.stdout.flush()  # the child starts with empty buffers, not a copy of this process's
+        sys.stderr.flush()
+        self.process = multiprocessing.get_context("fork").Process(
+            target=run_script, args=(self.args[1:], dict(env), str(cwd), ready_to_read, ready_to_write),
+            name="hookdet-script")
+        try:
+            self.process.start()
+        finally:
+            os.close(ready_to_write)
+        try:
+            os.read(ready_to_read, 1)  # the end of the file: the child has its session (or died)
+        finally:
+            os.close(ready_to_read)
+        self.pid: int = self.process.pid
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and not self.process.is_alive():
+            self.returncode = self.process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        self.process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+
+def run_script(argv: List[str], env: Dict[str, str], cwd: str, ready_to_read: int, ready_to_write: int) -> None:
+    """In the forked child: become the script's process (see the module's docstring), run it,
+    and exit as its interpreter would."""
+    os.setsid()
+    os.close(ready_to_read)
+    os.close(ready_to_write)  # the parent goes on
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    forget_the_segments_state()
+    script = os.path.abspath(argv[0])
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(script)
+    status = 0
+    try:
+        run_as_main(script)
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int) and stop.code is not None:
+            print(stop.code, file=sys.stderr)
+    except BaseException as error:  # what an interpreter prints for an uncaught exception, and its status
+        traceback.print_exception(type(error), error, from_the_script(error.__traceback__, script))
+        status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
+    finally:
+        atexit._run_exitfuncs()  # a forked child ends with os._exit, which skips them
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if status == -signal.SIGINT:  # as an interpreter ends on an uncaught Ctrl-C: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(status)
+
+
+def run_as_main(script: str) -> None:
+    """Run the file ``script`` (an absolute path) as ``__main__``, as ``python3 SCRIPT`` does:
+    its ``__file__`` absolute, ``sys.argv`` as given (:mod:`runpy` would make its first item
+    the path)."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=script, __cached__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", script))
+    sys.modules["__main__"] = main
+    with open(script, "rb") as source:
+        code = compile(source.read(), script, "exec")
+    exec(code, main.__dict__)
+
+
+def from_the_script(frames: Optional[types.TracebackType], script: str) -> Optional[types.TracebackType]:
+    """The traceback ``frames`` from the script's own first frame on (none for an error before
+    it runs, a syntax error): what an interpreter shows of an uncaught exception."""
+    while frames is not None and frames.tb_frame.f_code.co_filename != script:
+        frames = frames.tb_next
+    return frames
+
+
+def forget_the_segments_state() -> None:
+    """Undo what the segment's ``hookdet run`` set up and a new interpreter would not have:
+    its signal handlers, its logging configuration, its finalizers (which would remove, at the
+    script's exit, the temporary directories the segment still reads)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+        finalizer.atexit = False
+
