@@ -15,25 +15,16 @@ import pytest
 import torch
 
 from tests.support.states import assert_states_equal
-from tests.test_search_run import FIXTURES, HOOKDET, env, summary
+from tests.test_search_run import FIXTURES, HOOKDET, env, summary, wait_on_search
 
 pytest.importorskip("optuna")
 
 
-def run_search(workdir: Path, config: Path, *args: str, cold: bool = False) -> Dict[str, Any]:
-    """Run search ``config`` in ``workdir/search`` (trial log ``workdir/trials.log``); its
-    driver's pid and the trials' start records."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    environment = env(workdir)
-    if cold:
-        environment["HOOKDET_COLD_SEGMENTS"] = "1"
-    else:
-        environment.pop("HOOKDET_COLD_SEGMENTS", None)
-    # Its output to files, not pipes: waiting for the driver is not waiting for its output's readers.
-    with open(workdir / "driver.out", "w") as out, open(workdir / "driver.err", "w") as err:
-        driver = subprocess.Popen([*HOOKDET, "run", str(config), "--run-dir", "search", *args],
-                                  cwd=workdir, env=environment, stdout=out, stderr=err)
-        driver.wait(timeout=600)
+def run_search(workdir: Path, config: Path, *args: str, cold: bool = False, resume: bool = False) -> Dict[str, Any]:
+    """Run search ``config`` in ``workdir/search`` (trial log ``workdir/trials.log``), or
+    continue it (``resume``); its driver's pid and the trials' start records."""
+    driver = start_search(workdir, config, *args, cold=cold, resume=resume)
+    driver.wait(timeout=600)
     starts = [json.loads(line) for line in (workdir / "trials.log").read_text().splitlines()]
     parents = {record["ppid"] for record in starts}
     lingering = [pid for pid in parents if running(pid)]  # as the driver's exit is seen
@@ -41,6 +32,20 @@ def run_search(workdir: Path, config: Path, *args: str, cold: bool = False) -> D
     assert driver.returncode == 0, stderr[-3000:]
     return {"pid": driver.pid, "starts": [r for r in starts if r["event"] == "start"], "stderr": stderr,
             "lingering": lingering}
+
+
+def start_search(workdir: Path, config: Path, *args: str, cold: bool = False, resume: bool = False) -> subprocess.Popen:
+    """Start ``hookdet run config`` for ``workdir/search`` (see :func:`run_search`)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    environment = env(workdir)
+    if cold:
+        environment["HOOKDET_COLD_SEGMENTS"] = "1"
+    else:
+        environment.pop("HOOKDET_COLD_SEGMENTS", None)
+    # Its output to files, not pipes: waiting for the driver is not waiting for its output's readers.
+    with open(workdir / "driver.out", "a") as out, open(workdir / "driver.err", "a") as err:
+        return subprocess.Popen([*HOOKDET, "run", str(config), "--resume" if resume else "--run-dir", "search", *args],
+                                cwd=workdir, env=environment, stdout=out, stderr=err)
 
 
 def running(pid: int) -> bool:
@@ -125,10 +130,11 @@ def test_a_trial_that_leaks_a_global_or_segfaults_touches_no_other(tmp_path: Pat
 
 
 #: Put first in a copy of the Trainer-API script: how its process began, one line to the trials' log.
-SCRIPT_PROBE = '''import json as _json, os as _os, sys as _sys
+SCRIPT_PROBE = '''import json as _json, multiprocessing as _mp, os as _os, sys as _sys
 with open(_os.environ["SEARCH_TEST_LOG"], "a") as _log:
     _log.write(_json.dumps({"event": "script", "pid": _os.getpid(), "ppid": _os.getppid(),
                             "torch_imported": "torch" in _sys.modules, "argv": _sys.argv,
+                            "process_name": _mp.current_process().name,
                             "leads_its_session": _os.getsid(0) == _os.getpid(), "name": __name__,
                             "file": __file__, "path0": _sys.path[0]}) + "\\n")
 '''
@@ -138,10 +144,12 @@ with open(_os.environ["SEARCH_TEST_LOG"], "a") as _log:
 @pytest.mark.timeout(900)
 def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
     """An ASHA search of a Trainer-API script (``python3 train.py ...``; two trials, each
-    continued from its rung's checkpoint through ``latest_checkpoint``) run warm and cold: the same decisions,
-    metrics, checkpoints and final weights. Warm, the script's process is forked from its
+    continued from its rung's checkpoint through ``latest_checkpoint``) run warm, stopped by a
+    SIGTERM as its first script trains and resumed, and cold: the same decisions, metrics,
+    checkpoints and final weights. Warm, the script's process is forked from its
     segment (torch is imported before its first line); cold, it is a new interpreter; either
-    way it leads its own session and sees the same ``sys.argv``, ``__file__`` and ``sys.path[0]``."""
+    way it leads its own session and sees the same ``sys.argv``, ``__file__``, ``sys.path[0]`` and
+    process name."""
     from tests.test_search_run import SCRIPT_ASHA, SCRIPT_DIR
 
     model = tmp_path / "model"
@@ -149,8 +157,17 @@ def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(t
     (model / "train.py").write_text(SCRIPT_PROBE + (SCRIPT_DIR / "train.py").read_text())
     config = tmp_path / "script.yaml"
     config.write_text(SCRIPT_ASHA)
-    options = ("--workers", "1", "--model-dir", str(model), "--config", "searcher.max_trials=2")
-    warm = run_search(tmp_path / "warm", config, *options)
+    options = ("--workers", "1", "--model-dir", str(model), "--config", "searcher.max_trials=2",
+               "--config", "hyperparameters.seconds_per_batch=0.1")
+    interrupted = start_search(tmp_path / "warm", config, *options)
+    # SIGTERM once the script trains (its first report at batch 3; it pauses at 9): passed on to
+    # the forked script, which checkpoints and stops.
+    reports_file = tmp_path / "warm" / "search" / "trial-001" / "metrics.jsonl"
+    wait_on_search(reports_file.exists, interrupted, "the first script's first report")
+    interrupted.send_signal(signal.SIGTERM)
+    assert interrupted.wait(timeout=300) == 75, (tmp_path / "warm" / "driver.err").read_text()[-3000:]
+    assert "hookdet: preempted after " in (tmp_path / "warm" / "search" / "trial-001.log").read_text()
+    run_search(tmp_path / "warm", config, *options, resume=True)
     cold = run_search(tmp_path / "cold", config, *options, cold=True)
     assert summary(tmp_path / "warm" / "search") == summary(tmp_path / "cold" / "search")
     assert [row["state"] for row in summary(tmp_path / "warm" / "search")] == ["completed", "completed"]
@@ -159,17 +176,18 @@ def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(t
         assert reports(warm_dir) == reports(cold_dir), name
         assert_states_equal(newest_state(warm_dir), newest_state(cold_dir), name)
         results = [warm_dir.with_name(name + ".log").read_text(), cold_dir.with_name(name + ".log").read_text()]
-        weights = [[line.split('"weights": ')[1] for line in log.splitlines() if line.startswith("RESULT ")]
-                   for log in results]
-        assert weights[0] == weights[1] and weights[0], name
+        weights = [[line.split('"weights": ')[1] for line in log.splitlines() if line.startswith("RESULT ")][-1]
+                   for log in results]  # as the trial's last segment ended
+        assert weights[0] == weights[1], name
     probes = {way: [json.loads(line) for line in (tmp_path / way / "trials.log").read_text().splitlines()
                     if json.loads(line)["event"] == "script"] for way in ("warm", "cold")}
-    assert len(probes["warm"]) == len(probes["cold"]) == 4  # two trials, each continued past its rung
+    assert len(probes["cold"]) == 4 and len(probes["warm"]) == 5  # two trials, each continued past its rung
+    # (and the first segment warm, stopped by SIGTERM, started again)
     assert {probe["torch_imported"] for probe in probes["warm"]} == {True}
     assert {probe["torch_imported"] for probe in probes["cold"]} == {False}
     seen = [{key: value for key, value in probe.items() if key not in ("torch_imported", "pid", "ppid")}
             for way in ("warm", "cold") for probe in probes[way]]
     assert all(probe == seen[0] for probe in seen), seen
-    assert seen[0]["leads_its_session"] and seen[0]["name"] == "__main__"
+    assert seen[0]["leads_its_session"] and seen[0]["name"] == "__main__" and seen[0]["process_name"] == "MainProcess"
     assert seen[0]["argv"][0] == "train.py" and seen[0]["file"] == str(model / "train.py")
     assert seen[0]["path0"] == str(model)

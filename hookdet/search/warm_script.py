@@ -164,7 +164,8 @@ def from_the_script(frames: Optional[types.TracebackType], script: str) -> Optio
 def forget_the_segments_state() -> None:
     """Undo what the segment's ``hookdet run`` set up and a new interpreter would not have:
     its signal handlers, its logging configuration, its finalizers (which would remove, at the
-    script's exit, the temporary directories the segment still reads)."""
+    script's exit, the temporary directories the segment still reads), the process's name in
+    :mod:`multiprocessing`."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -174,4 +175,5 @@ def forget_the_segments_state() -> None:
     root.setLevel(logging.WARNING)
     for finalizer in list(getattr(weakref.finalize, "_registry", {})):
         finalizer.atexit = False
+    multiprocessing.current_process().name = "MainProcess"  # as the script's own processes see it
 
