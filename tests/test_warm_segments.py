@@ -1,7 +1,8 @@
 """Warm trial processes (``hookdet/search/warm_start.py``): a search's segments are forked from a
 process that has imported torch and hookdet, train bit for bit as segments started as new
-interpreters (``HOOKDET_COLD_SEGMENTS=1``), and stay processes of their own. Real ``hookdet run``
-drivers, real trial processes, a real Optuna store."""
+interpreters (``HOOKDET_COLD_SEGMENTS=1``), and stay processes of their own; a script
+entrypoint's script is forked from its segment (``hookdet/search/warm_script.py``) and trains as
+a new interpreter would. Real ``hookdet run`` drivers, real trial processes, a real Optuna store."""
 from __future__ import annotations
 
 import json
