@@ -120,21 +120,31 @@ def run_script(argv: List[str], env: Dict[str, str], cwd: str, ready_to_read: in
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(script)
+    end_as_an_interpreter(lambda: run_as_main(script), script)
+
+
+def end_as_an_interpreter(run: Callable[[], None], script: Optional[str] = None) -> None:
+    """In a forked child: call ``run``, then exit as an interpreter running it would: the status
+    of its ``sys.exit`` (a message printed for a non-number), 1 and the traceback for an uncaught
+    exception (from ``script``'s first frame when given, as for a script run by ``python3``),
+    death by SIGINT for an uncaught Ctrl-C; the exit functions run first (a forked child ends
+    with ``os._exit``, which skips them)."""
     status = 0
     try:
-        run_as_main(script)
+        run()
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, int) and stop.code is not None:
             print(stop.code, file=sys.stderr)
-    except BaseException as error:  # what an interpreter prints for an uncaught exception, and its status
-        traceback.print_exception(type(error), error, from_the_script(error.__traceback__, script))
+    except BaseException as error:
+        frames = error.__traceback__ if script is None else from_the_script(error.__traceback__, script)
+        traceback.print_exception(type(error), error, frames)
         status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     finally:
-        atexit._run_exitfuncs()  # a forked child ends with os._exit, which skips them
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
-    if status == -signal.SIGINT:  # as an interpreter ends on an uncaught Ctrl-C: killed by SIGINT
+    if status == -signal.SIGINT:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(status)

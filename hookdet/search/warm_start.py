@@ -53,7 +53,6 @@ import signal
 import subprocess
 import sys
 import threading
-import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -379,7 +378,7 @@ def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str
 def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
                 cpus: List[int]) -> None:
     """In the forked child: become the segment's process, then run ``hookdet <argv>``."""
-    from hookdet.search.warm_script import mark_warm_segment
+    from hookdet.search.warm_script import end_as_an_interpreter, mark_warm_segment
 
     mark_warm_segment()
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -398,16 +397,4 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
 
         torch.set_num_threads(int(threads))
     sys.argv = ["hookdet", *argv]
-    try:
-        runpy.run_module("hookdet", run_name="__main__", alter_sys=True)  # python -m hookdet ...
-        status = 0
-    except SystemExit as stop:
-        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:  # what a cold interpreter prints for an uncaught exception, and its status
-        traceback.print_exc()
-        status = 1
-    finally:
-        atexit._run_exitfuncs()  # a forked child ends with os._exit, which skips them
-        sys.stdout.flush()
-        sys.stderr.flush()
-    sys.exit(status)
+    end_as_an_interpreter(lambda: runpy.run_module("hookdet", run_name="__main__", alter_sys=True))  # python -m hookdet
