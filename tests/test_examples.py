@@ -33,6 +33,7 @@ from hookdet.cli.commands import load_trial_class, main
 from hookdet.config import ExperimentConfig, load_experiment_config
 from hookdet.markers import hookimpl
 from hookdet.plugin import run_of
+from tests.support.devices import AUTO_DTYPE
 
 REPO = Path(__file__).resolve().parent.parent
 #: Two ranks train on two GPUs where there are GPUs; a machine with one can run neither.
@@ -463,11 +464,10 @@ def fit_recording_dtypes(name: str, trial_attr: str, run_dir: Path, batches: int
 def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
     pytest.importorskip("hookdet.plugins.builtin.amp")
     trial, dtypes = fit_recording_dtypes("amp_pytorch", "MNistAutoAMPTrial", tmp_path / "run", batches=20)
-    reduced = torch.float16 if torch.cuda.is_available() else torch.bfloat16
-    assert dtypes == {reduced}, "every convolution ran in reduced precision"
+    assert dtypes == {AUTO_DTYPE}, "every convolution ran in reduced precision"
     precision = trial.context.precision
     assert run_of(trial.context).plugins.get("amp") is not None
-    assert precision.name == "amp" and precision.mode == "auto" and precision.dtype == reduced
+    assert precision.name == "amp" and precision.mode == "auto" and precision.dtype == AUTO_DTYPE
     for value in trial.model.state_dict().values():
         assert value.dtype == torch.float32, "weights stay float32 under autocast"
     (validation,) = validations(tmp_path / "run")
@@ -477,8 +477,7 @@ def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
 def test_apex_example_runs_opt_level_o1(tmp_path: Path) -> None:
     pytest.importorskip("hookdet.plugins.builtin.apex")
     trial, dtypes = fit_recording_dtypes("apex_pytorch", "MNistApexAMPTrial", tmp_path / "run", batches=20)
-    reduced = torch.float16 if torch.cuda.is_available() else torch.bfloat16
-    assert dtypes == {reduced}, "O1 casts convolutions to reduced precision"
+    assert dtypes == {AUTO_DTYPE}, "O1 casts convolutions to reduced precision"
     apex_state = latest_state(tmp_path / "run")["plugins"]["apex"]
     assert apex_state["opt_level"] == "O1"
     assert len(apex_state["loss_scalers"]) == 1

@@ -27,17 +27,11 @@ from hookdet.plugins.manager import PluginError
 from hookdet.trial_api.trial import TrialError
 from hookdet.plugin import run_of
 from tests.support.amp_trials import ManualScalerTrial, RegressionTrial, UseAmpAfterWrapTrial, UseAmpTrial
+from tests.support.devices import AUTO_DTYPE, CPU_ONLY, DEVICE
 from tests.support.trials import fit
 
 REPO = Path(__file__).resolve().parents[2]
 HP = {"lr": 0.02, "records": 256, "global_batch_size": 16}
-
-#: Tests of what the CPU does (bfloat16 by default, float16 overflowing only where a test makes it
-#: overflow); on a GPU, float16 is the default and a scale of 2**16 overflows by itself
-#: (tests/test_cuda.py and this module's device-independent tests cover the GPU).
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU's precision behaviour")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-AUTO_DTYPE = torch.float16 if torch.cuda.is_available() else torch.bfloat16
 
 
 def float16(**scaler: Any) -> Dict[str, Any]:
