@@ -29,6 +29,7 @@ from hookdet.metrics.live_view import format_number
 from hookdet.plugins.manager import PluginError
 from hookdet.distributed.context import DistributedContext
 from hookdet.plugin import run_of
+from tests.test_core_loop import BUDGET_PYTHON
 from tests.support.trials import OneWeightTrial, fit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -307,7 +308,7 @@ def test_the_live_view_calls_no_per_batch_hook_in_training(tmp_path: Path) -> No
     assert run_of(viewed.context).plugins.get("progress:validation") is None  # gone when the run ended
 
 
-@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the budget is counted on Python 3.11")
+@BUDGET_PYTHON
 def test_the_bytecode_budget_holds_with_the_live_view_on(tmp_path: Path) -> None:
     """The per-batch bytecode budget of ``tests/test_core_loop.py``, run again with stderr a
     terminal, so the live view (and its refresh thread) is on."""
