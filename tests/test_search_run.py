@@ -162,7 +162,7 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
     assert result.returncode == 0, result.stderr[-3000:]
     search_dir = tmp_path / "asha"
     state = json.loads((search_dir / "search-state.json").read_text())
-    by_key = {attrs_of(s)["key"]: attrs_of(s) for s in segments(search_dir)}
+    by_key = {attrs["key"]: attrs for attrs in map(attrs_of, segments(search_dir))}
     units = methods.rung_units(2, 2.0, 8)
     assert units == [4, 8]
 
@@ -366,8 +366,9 @@ def trial_death_recorded(search_dir: Path, pid: int) -> object:
     deadline = time.time() + 15
     while time.time() < deadline:
         for segment in segments(search_dir):
-            if attrs_of(segment).get("child_pid") == pid and segment.state.name != "RUNNING":
-                return attrs_of(segment).get("exit_code")
+            attrs = attrs_of(segment)
+            if attrs.get("child_pid") == pid and segment.state.name != "RUNNING":
+                return attrs.get("exit_code")
         time.sleep(0.1)
     return None
 
