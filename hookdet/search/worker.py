@@ -215,10 +215,11 @@ class SegmentRunner:
                                          self.slot.cpus, entrypoint)
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
-        self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
         target = f"to batch {attrs['target']}" if attrs.get("target") else "to its end"
         self._tell(f"worker: trial {attrs['trial']} training {target}"
                    + (f" from batch {steps}" if steps else "") + f" in {run_dir}")
+        # Recorded once said: whoever sees the segment's process in the store has the line too.
+        self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
         return run_dir, steps, started
 
     def _finish(self, trial_id: int, attrs: Dict[str, Any], ran: Tuple[Path, Optional[int], float, int]) -> None:
