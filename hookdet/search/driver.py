@@ -37,7 +37,7 @@ from hookdet.search.settings import SearchSettings
 from hookdet.search.live_view import SearchView, best_words, decision_line
 from hookdet.search.space import MasterRandom
 from hookdet.search.trial_view import TrialView
-from hookdet.search.store import BEAT_SECONDS, GRACE_SECONDS, Queue, StoreError, attrs_of, sequence_number, worker_id
+from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of, grace_seconds, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
@@ -340,11 +340,11 @@ class Driver:
         attrs = attrs_of(segment)
         started = segment.datetime_start.timestamp() if segment.datetime_start else time.time()
         if "worker" not in attrs:  # being claimed right now (or its claimant died doing so)
-            return time.time() - started > GRACE_SECONDS
+            return time.time() - started > grace_seconds()
         alive = self._alive_here(segment)
         if alive is not None:
             return not alive
-        return not self.queue.keeps_heartbeats and time.time() - float(attrs.get("heartbeat", started)) > GRACE_SECONDS
+        return not self.queue.keeps_heartbeats and time.time() - float(attrs.get("heartbeat", started)) > grace_seconds()
 
     def reap_stale(self, running: List[Any]) -> None:
         """Beat for this machine's live workers, then let Optuna fail every segment whose beats

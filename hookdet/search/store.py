@@ -15,7 +15,7 @@ itself for the segments of its own machine whose worker it can see alive (so a l
 however slow, is never taken for dead and its segment never run twice). Optuna's journal store
 has no heartbeat, so there the worker stamps a ``heartbeat`` attribute and the driver reads it.
 A segment of the driver's own machine whose worker is gone is failed at once (its pid is
-checked). :data:`GRACE_SECONDS` (``$HOOKDET_SEARCH_GRACE_SECONDS``) is the grace period.
+checked). :func:`grace_seconds` (``$HOOKDET_SEARCH_GRACE_SECONDS``) is the grace period.
 
 Storage: ``sqlite:///SEARCH_DIR/search.db`` by default (embedded, no server); any Optuna RDB URL
 (``postgresql://``, ``mysql://``) or ``journal:PATH`` (Optuna's journal file, for a shared disk).
@@ -41,8 +41,13 @@ from hookdet.errors import HookdetError
 LEGACY_STUDY_NAME = "hookdet-search"
 #: Seconds between two beats of a worker for its running segment.
 BEAT_SECONDS = 2
-#: Seconds without a beat after which a segment of another machine's worker is taken for dead.
-GRACE_SECONDS = int(os.environ.get("HOOKDET_SEARCH_GRACE_SECONDS", "60"))
+
+
+def grace_seconds() -> int:
+    """Seconds without a beat after which a segment of another machine's worker is taken for
+    dead (``$HOOKDET_SEARCH_GRACE_SECONDS``, 60 by default), read when asked: a warm process
+    imported this module before the search's environment existed."""
+    return int(os.environ.get("HOOKDET_SEARCH_GRACE_SECONDS", "60"))
 
 
 def study_name(search_dir: Path) -> str:
@@ -113,7 +118,7 @@ def open_storage(url: str) -> Any:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
                                              if url.startswith("sqlite") else {},
-                                             heartbeat_interval=BEAT_SECONDS, grace_period=GRACE_SECONDS)
+                                             heartbeat_interval=BEAT_SECONDS, grace_period=grace_seconds())
     return Guarded(storage, url)
 
 

@@ -375,19 +375,39 @@ def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=child_setup))
 
 
+def forget_entry_points() -> None:
+    """Forget the entry points the warm process read (:mod:`hookdet.search.warm_ready`): this
+    segment's ``sys.path`` has more places that may hold packages."""
+    import stevedore
+
+    from hookdet.checkpoints.registry import storage_class
+
+    stevedore.ExtensionManager.ENTRY_POINT_CACHE.clear()
+    storage_class.cache_clear()
+
+
 def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
-                cpus: List[int]) -> None:
-    """In the forked child: become the segment's process, then run ``hookdet <argv>``."""
+                cpus: List[int], errors_path: Optional[str] = None) -> None:
+    """In the forked child: become the segment's process, then run ``hookdet <argv>``, its
+    output appended to ``log_path`` (its standard error to ``errors_path`` when given)."""
     from hookdet.search.warm_script import end_as_an_interpreter, mark_warm_segment
 
     mark_warm_segment()
-    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, sys.stdout.fileno())
-    os.dup2(log, sys.stderr.fileno())
-    os.close(log)
+    for stream, path in ((sys.stdout, log_path), (sys.stderr, errors_path or log_path)):
+        log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(log, stream.fileno())
+        os.close(log)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    # sys.path and the import system as ``python -m`` in ``cwd`` with this PYTHONPATH would
+    # have them (the warm process started elsewhere, and files may be new since it did)
+    added = [cwd] + [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    added = [entry for entry in dict.fromkeys(added) if entry not in sys.path]
+    sys.path[:0] = added
+    importlib.invalidate_caches()
+    if any(os.path.isdir(entry) for entry in added):
+        forget_entry_points()
     set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)

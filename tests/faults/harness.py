@@ -1,20 +1,20 @@
-"""Helpers of the fault corpus: experiment files, ``hookdet run`` in a child process with a
-bound far below the test's own timeout, and the figures the corpus reports.
+"""Helpers of the fault corpus: experiment files, ``hookdet run`` in a child process
+(:mod:`tests.support.hookdet_process`) with a bound far below the test's own timeout, and the
+figures the corpus reports.
 
 Every child is started in a session of its own and, whatever happens, its whole process group
 is killed when the helper returns, so a failing case never leaves a process behind.
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
+
+from tests.support import hookdet_process
 
 #: The model directory of the tests' trials (``resume_trials:RegressionTrial``, ...).
 TESTS = Path(__file__).resolve().parents[1] / "support"
@@ -28,12 +28,7 @@ EXIT_TIMES: List[tuple] = []
 
 
 def child_env(**extra: str) -> Dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.pop("HOOKDET_RUN_DIR", None)
-    env.update(extra)
-    return env
+    return hookdet_process.child_env(None, **{"OMP_NUM_THREADS": "1", **extra})
 
 
 def write_config(path: Path, hparams: Optional[Dict[str, Any]] = None, **fields: Any) -> Path:
@@ -54,19 +49,16 @@ def write_config(path: Path, hparams: Optional[Dict[str, Any]] = None, **fields:
     return path
 
 
-def start(args: Sequence[str], env: Optional[Dict[str, str]] = None, prefix: Sequence[str] = ()) -> subprocess.Popen:
-    """``python -m hookdet ARGS`` in its own session (the tests directory holds the trials),
-    run through ``prefix`` (e.g. ``setpriv ...``) when given."""
-    command = [*prefix, sys.executable, "-m", "hookdet", *args]
+def start(args: Sequence[str], env: Optional[Dict[str, str]] = None, prefix: Sequence[str] = (),
+          cold: bool = False) -> hookdet_process.Hookdet:
+    """``hookdet ARGS`` in its own session (the tests directory holds the trials), warm unless
+    ``cold`` or run through ``prefix`` (e.g. ``setpriv ...``)."""
     if args and args[0] == "run" and "--model-dir" not in args:
-        command += ["--model-dir", str(TESTS)]
-    return subprocess.Popen(
-        command, cwd=REPO, env=child_env(**(env or {})), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
+        args = [*args, "--model-dir", str(TESTS)]
+    return hookdet_process.start(*args, cwd=REPO, env=child_env(**(env or {})), prefix=prefix, cold=cold)
 
 
-def finish(process: subprocess.Popen, case: str, since: Optional[float] = None,
+def finish(process: hookdet_process.Hookdet, case: str, since: Optional[float] = None,
            timeout: float = CASE_TIMEOUT, fault: bool = True) -> "tuple[int, str, str]":
     """Wait for ``process`` (killing its group past ``timeout``); (status, stdout, stderr).
 
@@ -77,11 +69,7 @@ def finish(process: subprocess.Popen, case: str, since: Optional[float] = None,
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_group(process)
-        stdout, stderr = process.communicate()
-        raise AssertionError(f"{case}: still running after {timeout} s (hung)\n{stderr[-3000:]}")
-    finally:
-        kill_group(process)
+        raise AssertionError(f"{case}: still running after {timeout} s (hung)\n{process.output()[1][-3000:]}")
     if fault:
         EXIT_TIMES.append((case, time.monotonic() - since))
     return process.returncode, stdout, stderr
@@ -91,13 +79,6 @@ def run(args: Sequence[str], case: str, env: Optional[Dict[str, str]] = None,
         timeout: float = CASE_TIMEOUT, fault: bool = True) -> "tuple[int, str, str]":
     """Start and finish ``hookdet ARGS``."""
     return finish(start(args, env), case, timeout=timeout, fault=fault)
-
-
-def kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def error_lines(stderr: str) -> List[str]:
@@ -115,14 +96,14 @@ def assert_one_line(stderr: str, *fragments: str) -> str:
     return lines[0]
 
 
-def wait_until(predicate: Any, process: subprocess.Popen, what: str, timeout: float = 300) -> None:
+def wait_until(predicate: Any, process: hookdet_process.Hookdet, what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if process.poll() is not None:
             _, stderr = process.communicate()
             raise AssertionError(f"exited ({process.returncode}) before {what}:\n{stderr[-3000:]}")
         if time.monotonic() > deadline:
-            kill_group(process)
+            process.kill()
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
 

@@ -12,8 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 import yaml
 
 from tests.faults.harness import REPO, TESTS, child_env, finish, wait_until
+from tests.support import hookdet_process
 from tests.faults.harness import write_config as write_regression_config
 
 SCRIPT_FIXTURE = REPO / "tests" / "fixtures" / "trainer_script"
@@ -34,13 +33,11 @@ if os.environ.get("IMPORT_MARKER"):
 '''
 
 
-def start_ignoring_ctrl_c(args: list, cwd: Path, **env: str) -> subprocess.Popen:
-    """``hookdet ARGS`` as a background job of a shell script: SIGINT ignored on entry."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "hookdet", *args], cwd=cwd, env=child_env(**env), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
+def start_ignoring_ctrl_c(args: list, cwd: Path, **env: str) -> hookdet_process.Hookdet:
+    """``hookdet ARGS`` as a background job of a shell script: SIGINT ignored on entry (what a
+    new interpreter inherits: cold)."""
+    return hookdet_process.start(*args, cwd=cwd, env=child_env(**env),
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
 
 
 def script_experiment(tmp_path: Path) -> Path:

@@ -22,6 +22,7 @@ import yaml
 
 import hookdet
 from hookdet.distributed.launcher import RANK_ENTRY
+from tests.support.hookdet_process import Hookdet
 from tests.faults.harness import REPO, TESTS, assert_one_line, child_env, error_lines, finish, start, wait_until
 
 #: hookdet's own package directory, whose frames a user's traceback leaves out.
@@ -175,7 +176,7 @@ errors.ProcessFailure.signal_name = lambda self: "a signal, in other words"
 """
 
 
-def start_two_ranks_training(tmp_path: Path, sleep: float, reworded: bool = False) -> "tuple[subprocess.Popen, Path]":
+def start_two_ranks_training(tmp_path: Path, sleep: float, reworded: bool = False) -> "tuple[Hookdet, Path]":
     """``hookdet run`` of 2 slots, returned once both ranks train; with ``reworded``, torch's
     failure text is not what it was (:data:`REWORDING`)."""
     run_dir = tmp_path / "run"
@@ -313,20 +314,20 @@ def test_only_with_ddp_listed_trains_two_ranks(tmp_path: Path) -> None:
 
 
 class StderrLines:
-    """The lines a running process writes to stderr, read as they come (by a thread)."""
+    """The lines a running process has written to stderr so far."""
 
-    def __init__(self, process: subprocess.Popen) -> None:
-        import threading
+    def __init__(self, process: Hookdet) -> None:
+        self.process = process
 
-        self.lines: List[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(process.stderr.readline, "")), daemon=True)
-        self.reader.start()
+    @property
+    def lines(self) -> List[str]:
+        return self.process.output()[1].splitlines(keepends=True)
 
     def having(self, fragment: str) -> List[str]:
-        return [line for line in list(self.lines) if fragment in line]
+        return [line for line in self.lines if fragment in line]
 
 
-def watched_run(tmp_path: Path, **hparams: object) -> "tuple[subprocess.Popen, StderrLines]":
+def watched_run(tmp_path: Path, **hparams: object) -> "tuple[Hookdet, StderrLines]":
     """2 ranks of the linear trial that write their pids, with silent ranks named after 3 s."""
     config = write_config(tmp_path / "exp.yaml", pid_dir=str(tmp_path), sleep=0.02, **hparams)
     content = yaml.safe_load(config.read_text())
@@ -353,7 +354,6 @@ def test_a_rank_that_stops_answering_is_named_and_the_run_goes_on_when_it_answer
     assert line.startswith("hookdet: warning: rank 1 has not answered for ") and "the other ranks wait for it" in line
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=120)
-    stderr.reader.join(timeout=10)
     assert process.returncode == 75, "".join(stderr.lines)[-4000:]
 
 
@@ -373,5 +373,4 @@ def test_a_rank_blocked_in_a_read_is_told_apart_from_those_waiting_for_it(tmp_pa
     assert "rank 0 at batch 3 in " in line and "(read_that_hangs)" not in line.split("rank 1 at")[0], line
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=120)
-    stderr.reader.join(timeout=10)
     assert process.returncode == 75, "".join(stderr.lines)[-4000:]

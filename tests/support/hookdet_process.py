@@ -1,0 +1,162 @@
+"""The one way a test runs hookdet in a process of its own: :func:`run` (to its end) and
+:func:`start` (to signal, watch or wait on).
+
+By default the process is *warm*: forked from a server that has imported torch and hookdet once
+per test worker, the mechanism a search's segments use (:mod:`hookdet.search.warm_start`), so
+the tests exercise it too and a run costs what it trains, not ~3 s of interpreter start and torch
+import. It runs ``hookdet ARGS`` as ``python -m hookdet ARGS`` would in ``cwd``: its own session
+(as ``Popen(start_new_session=True)``), exactly the environment given, ``sys.path`` with ``cwd``
+and the environment's ``PYTHONPATH``, its standard output and error captured apart, its exit
+status (negative for the signal that killed it).
+
+``cold=True`` starts a new interpreter instead. A test passes it when it is *about* what only a
+new interpreter shows — process start-up, a signal that arrives as the process starts, the
+installed ``hookdet`` console script (``entry_point=True``), a terminal, a command run through a
+``prefix`` (``setpriv ...``) or with a ``preexec_fn`` (cold too) — and says why where it calls. ``HOOKDET_TEST_COLD=1`` makes every run cold (to tell a warm-only failure from a real one).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+REPO = Path(__file__).resolve().parents[2]
+#: The installed console script, beside this interpreter.
+ENTRY_POINT = Path(sys.executable).with_name("hookdet")
+
+_server: Optional[multiprocessing.context.BaseContext] = None
+
+
+def child_env(env: Optional[Mapping[str, str]] = None, **extra: str) -> Dict[str, str]:
+    """The environment a test's hookdet gets: ``env`` (this process's by default) with one
+    thread per process, the repository importable (the tests' trials live in it), no run
+    directory inherited from an enclosing ``hookdet run``, and ``extra``."""
+    result = dict(os.environ if env is None else env)
+    result.setdefault("OMP_NUM_THREADS", "1")
+    result["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [str(REPO), *result.get("PYTHONPATH", "").split(os.pathsep)])))
+    result.pop("HOOKDET_RUN_DIR", None)
+    result.update(extra)
+    return result
+
+
+def warm_server() -> multiprocessing.context.BaseContext:
+    """This test worker's fork server, started on first use with what a segment preloads."""
+    global _server
+    if _server is None:
+        from hookdet.search.warm_start import preload_modules
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(preload_modules())
+        _server = context
+    return _server
+
+
+class Hookdet:
+    """A started ``hookdet``, warm or cold, behind ``Popen``'s face: ``pid``, ``poll``,
+    ``wait``, ``send_signal``, ``communicate`` (its whole output, once it ended) and
+    ``returncode``. :meth:`kill` ends its whole session."""
+
+    def __init__(self, args: Sequence[str], cwd: Path, env: Dict[str, str], cold: bool, entry_point: bool,
+                 prefix: Sequence[str] = (), preexec_fn: Optional[Callable[[], None]] = None) -> None:
+        self.args = list(args)
+        self._files = tempfile.TemporaryDirectory(prefix="hookdet-output-")
+        self.stdout_path = Path(self._files.name) / "stdout"
+        self.stderr_path = Path(self._files.name) / "stderr"
+        self.returncode: Optional[int] = None
+        self._ended: Optional[Tuple[str, str]] = None
+        self.stdout_path.touch()
+        self.stderr_path.touch()
+        if cold or entry_point or prefix or preexec_fn or os.environ.get("HOOKDET_TEST_COLD", "") not in ("", "0"):
+            command = [*prefix, *([str(ENTRY_POINT)] if entry_point else [sys.executable, "-m", "hookdet"])]
+            with open(self.stdout_path, "a") as out, open(self.stderr_path, "a") as err:
+                self.process: Union[subprocess.Popen, multiprocessing.process.BaseProcess] = subprocess.Popen(
+                    [*command, *args], cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                    start_new_session=True, preexec_fn=preexec_fn)
+        else:
+            self.process = warm_server().Process(
+                target=become_hookdet, name="hookdet-test",
+                args=(list(args), env, str(cwd), str(self.stdout_path), str(self.stderr_path)))
+            self.process.start()
+        self.pid: int = self.process.pid
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            if isinstance(self.process, subprocess.Popen):
+                self.returncode = self.process.poll()
+            elif not self.process.is_alive():
+                self.returncode = self.process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """The exit status; ``subprocess.TimeoutExpired`` (the process left running) past ``timeout``."""
+        if isinstance(self.process, subprocess.Popen):
+            self.returncode = self.process.wait(timeout)
+        else:
+            self.process.join(timeout)
+            if self.poll() is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL to its session (it and whatever it started)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def output(self) -> Tuple[str, str]:
+        """What it wrote so far: (standard output, standard error)."""
+        if self._ended is not None:
+            return self._ended
+        return (self.stdout_path.read_text(errors="replace"), self.stderr_path.read_text(errors="replace"))
+
+    def communicate(self, timeout: Optional[float] = None) -> Tuple[str, str]:
+        """Wait for its end (past ``timeout``: its session killed, ``TimeoutExpired``), then its
+        whole output (again when asked again); whatever happens, nothing it started is left
+        running."""
+        if self._ended is None:
+            try:
+                self.wait(timeout)
+            finally:
+                self.kill()
+            self._ended = self.output()
+            self._files.cleanup()
+        return self._ended
+
+    def completed(self, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+        out, err = self.communicate(timeout)
+        return subprocess.CompletedProcess(["hookdet", *self.args], self.returncode, out, err)
+
+
+def become_hookdet(argv: Sequence[str], env: Dict[str, str], cwd: str, stdout_path: str, stderr_path: str) -> None:
+    """In the child forked from the server: a session of its own, then the segment's way of
+    becoming ``python -m hookdet ARGS``."""
+    from hookdet.search.warm_start import run_segment
+
+    os.setsid()
+    run_segment(list(argv), env, cwd, stdout_path, [], errors_path=stderr_path)
+
+
+def start(*args: Union[str, Path], cwd: Path = REPO, env: Optional[Mapping[str, str]] = None,
+          cold: bool = False, entry_point: bool = False, prefix: Sequence[str] = (),
+          preexec_fn: Optional[Callable[[], None]] = None) -> Hookdet:
+    """``hookdet ARGS`` started in ``cwd`` with :func:`child_env` of ``env``; warm unless ``cold``
+    (``entry_point``: cold, through the installed console script; ``prefix``: cold, run through
+    that command; ``preexec_fn``: cold, called in the child before it runs)."""
+    return Hookdet([str(arg) for arg in args], Path(cwd), child_env(env), cold, entry_point, prefix, preexec_fn)
+
+
+def run(*args: Union[str, Path], cwd: Path = REPO, env: Optional[Mapping[str, str]] = None,
+        timeout: float = 600, cold: bool = False, entry_point: bool = False) -> subprocess.CompletedProcess:
+    """``hookdet ARGS`` run to its end (see :func:`start`): its status and output, as
+    ``subprocess.run(..., capture_output=True, text=True)`` gives them."""
+    return start(*args, cwd=cwd, env=env, cold=cold, entry_point=entry_point).completed(timeout)
