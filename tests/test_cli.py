@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,16 +15,16 @@ import torch
 
 from hookdet.runs.metrics import read_reports
 from hookdet.cli.commands import main
+from tests.support import hookdet_process
 
 REPO = Path(__file__).resolve().parent.parent
 DETERMINED_STYLE = Path(__file__).parent / "fixtures" / "determined_style"
 
 
 def hookdet(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run the installed ``hookdet`` console script in a child process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    executable = Path(sys.executable).with_name("hookdet")
-    return subprocess.run([str(executable), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    """Run the installed ``hookdet`` console script in a child process (cold: the test is about
+    the installed entry point)."""
+    return hookdet_process.run(*args, cwd=cwd, timeout=timeout, entry_point=True)
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 import pytest
 
 from tests.builtin_plugins.test_progress import open_terminal, read_until_closed, screen_lines
+from tests.support import hookdet_process
 from tests.support.postgres_fixture import postgres_server
 from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 
@@ -39,8 +40,7 @@ def env(tmp_path: Path) -> Dict[str, str]:
 
 
 def search(tmp_path: Path, config: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*HOOKDET, "run", str(FIXTURES / config), *args], cwd=tmp_path,
-                          env=env(tmp_path), capture_output=True, text=True, timeout=timeout)
+    return hookdet_process.run("run", FIXTURES / config, *args, cwd=tmp_path, env=env(tmp_path), timeout=timeout)
 
 
 def not_warnings(stderr: str) -> List[str]:
@@ -191,11 +191,9 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
 def assert_equals_a_straight_run(trial: dict, tmp_path: Path, model_dir: Path = FIXTURES, length: int = 8) -> None:
     """The trial's metrics.jsonl, trained in segments, equals one uninterrupted run's."""
     straight = tmp_path / f"straight-{trial['number']}"
-    run = subprocess.run(
-        [*HOOKDET, "run", str(Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"),
-         "--run-dir", str(straight), "--model-dir", str(model_dir)],
-        cwd=tmp_path, env={**env(tmp_path), "HOOKDET_TRIAL_SEED": str(trial["seed"])},
-        capture_output=True, text=True, timeout=600)
+    run = hookdet_process.run("run", Path(trial["dir"]) / f"segment-{trial['segments']}.yaml",
+                              "--run-dir", straight, "--model-dir", model_dir, cwd=tmp_path,
+                              env={**env(tmp_path), "HOOKDET_TRIAL_SEED": str(trial["seed"])})
     assert run.returncode == 0, run.stderr[-3000:]
 
     def values(path: Path) -> list:
@@ -224,9 +222,8 @@ def search_script(tmp_path: Path, file_name: str, experiment: str, run_dir: str,
     """``hookdet run`` of a script experiment written to ``file_name``, as a user types it."""
     config = tmp_path / file_name
     config.write_text(experiment)
-    return subprocess.run([*HOOKDET, "run", str(config), "--run-dir", run_dir, "--model-dir", str(SCRIPT_DIR),
-                           "--workers", str(workers)], cwd=tmp_path, env=env(tmp_path), capture_output=True,
-                          text=True, timeout=800)
+    return hookdet_process.run("run", config, "--run-dir", run_dir, "--model-dir", SCRIPT_DIR,
+                               "--workers", str(workers), cwd=tmp_path, env=env(tmp_path), timeout=800)
 
 
 SCRIPT_ASHA = script_experiment("script-asha", 16, """\
@@ -283,7 +280,7 @@ def assert_the_run_commands_read_the_search(cwd: Path, search_dir: str, state: D
     """``hookdet runs`` lists the trials under their search with the search's states (a stopped
     trial's own run.json says ``paused``); ``show``, ``compare`` and ``plot`` take the search."""
     def hookdet(*args: str) -> str:
-        done = subprocess.run([*HOOKDET, *args], cwd=cwd, env=env(cwd), capture_output=True, text=True, timeout=300)
+        done = hookdet_process.run(*args, cwd=cwd, env=env(cwd), timeout=300)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
         return done.stdout
 
@@ -330,8 +327,8 @@ def test_a_grid_without_hyperparameters_has_no_trial(tmp_path: Path) -> None:
     config = tmp_path / "grid.yaml"
     config.write_text("name: empty-grid\nentrypoint: search_trial:LineTrial\n"
                       "searcher: {name: grid, metric: validation_loss, max_length: {batches: 2}}\n")
-    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "grid", "--model-dir", str(FIXTURES)],
-                            cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = hookdet_process.run("run", config, "--run-dir", "grid", "--model-dir", FIXTURES, cwd=tmp_path,
+                                 env=env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads((tmp_path / "grid" / "search-state.json").read_text())
     assert state["trials"] == {}
@@ -444,22 +441,19 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
     trial processes the kills ended."""
     rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "10"))
     rng = random.Random(7)
-    command = [*HOOKDET, "run", str(FIXTURES / config), "--workers", "2", *options]
+    command = ["run", str(FIXTURES / config), "--workers", "2", *options]
     # A kill between a claim and its stamp leaves a segment whose worker is unknown until the
     # grace period passes (60 s by default): 10 s here, so such a round does not stall the test.
     slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.5", HOOKDET_SEARCH_GRACE_SECONDS="10")
-    terminated = subprocess.Popen(command + ["--run-dir", "killed"], cwd=tmp_path, env=slow,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = terminated.stdout.readline()
-    assert "search in" in line, terminated.communicate()[1][-3000:]  # the driver is up
+    terminated = hookdet_process.start(*command, "--run-dir", "killed", cwd=tmp_path, env=slow)
+    terminated.first_line(lambda line: "search in" in line)  # the driver is up
     wait_on_search(lambda: [s for s in segments(tmp_path / "killed") if s.state.name == "RUNNING"],
                    terminated, "a trial to train", timeout=120)
     terminated.send_signal(signal.SIGTERM)  # the trials checkpoint and the search exits 75
     assert terminated.wait(timeout=300) == 75, terminated.communicate()[1][-3000:]
     killed_trials, killed_drivers = 0, 0
     for _ in range(rounds):
-        driver = subprocess.Popen(command + ["--resume", "killed"], cwd=tmp_path, env=slow,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        driver = hookdet_process.start(*command, "--resume", "killed", cwd=tmp_path, env=slow)
         try:
             driver.wait(timeout=rng.uniform(1.0, 3.0))
             break  # finished before the kill
@@ -480,7 +474,7 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
             except subprocess.TimeoutExpired:
                 pass
         driver.send_signal(signal.SIGKILL)
-        driver.wait()
+        driver.communicate()
         killed_drivers += 1
     assert killed_drivers == rounds, f"the search finished after {killed_drivers} of {rounds} kills"
     resumed = search(tmp_path, config, "--resume", "killed", "--workers", "2", *options)
@@ -512,13 +506,13 @@ def test_workers_on_one_shared_store_finish_a_search_and_a_lost_machine_is_retri
         environment = {**env(tmp_path), "HOOKDET_SEARCH_GRACE_SECONDS": str(GRACE_SECONDS)}
         # Six trials, the first three invalid at once: the other machine trains them and the
         # fourth, then is lost in the fifth, which the worker here trains again, then the sixth.
-        driver = subprocess.Popen([*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--run-dir", "shared", "--workers", "0",
-                                   "--storage", url, "--config", "hyperparameters.optimizer.lr.count=3",
-                                   "--config", "hyperparameters.raise_in=init"],
-                                  cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        driver = hookdet_process.start("run", FIXTURES / "grid.yaml", "--run-dir", "shared", "--workers", "0",
+                                       "--storage", url, "--config", "hyperparameters.optimizer.lr.count=3",
+                                       "--config", "hyperparameters.raise_in=init", cwd=tmp_path, env=environment)
+        stack.callback(driver.kill)
         # Workers join once the driver has made the study and queued its first trials (its line).
-        started = driver.stdout.readline()
-        assert started.startswith("hookdet: grid search in"), (started, driver.stderr.read()[-3000:])
+        started = driver.first_line()
+        assert started.startswith("hookdet: grid search in"), started
         lost = lose_a_machine_mid_segment(tmp_path, url, driver, environment)
         here, on_terminal = a_worker_in_a_terminal_finishes(tmp_path, url, driver, environment)
         final = segments_of(url)
@@ -542,12 +536,13 @@ def test_workers_on_one_shared_store_finish_a_search_and_a_lost_machine_is_retri
     assert any(" exit status 0," in line for line in ended), ended
 
 
-def lose_a_machine_mid_segment(tmp_path: Path, url: str, driver: subprocess.Popen,
+def lose_a_machine_mid_segment(tmp_path: Path, url: str, driver: hookdet_process.Hookdet,
                                environment: Dict[str, str]) -> Dict[str, Any]:
     """Start a worker under the host name :data:`OTHER_HOST`, its batches slow enough that a
     segment outlasts the grace period; once one of its segments completed and the next trains,
     kill it with its training process (its machine is lost). What it did, by segment number, and
     what it said (to a pipe)."""
+    # cold: the worker runs under unshare, as on a machine with another host name
     worker = " ".join([*HOOKDET, "search", "worker", "--storage", f"'{url}'", "--index", "0", "--of", "2"])
     other = subprocess.Popen(["unshare", "-u", "sh", "-c", f"hostname {OTHER_HOST} && exec {worker}"],
                              cwd=tmp_path, env={**environment, "SEARCH_TEST_SECONDS_PER_BATCH": "0.8"},
@@ -567,7 +562,7 @@ def lose_a_machine_mid_segment(tmp_path: Path, url: str, driver: subprocess.Pope
             "request_id": attrs_of(training)["request_id"], "said": said.splitlines()}
 
 
-def a_worker_in_a_terminal_finishes(tmp_path: Path, url: str, driver: subprocess.Popen,
+def a_worker_in_a_terminal_finishes(tmp_path: Path, url: str, driver: hookdet_process.Hookdet,
                                     environment: Dict[str, str]) -> tuple:
     """A worker here, printing to a (pseudo-)terminal, finishes the search; its pid and the
     lines on its screen."""
@@ -575,6 +570,7 @@ def a_worker_in_a_terminal_finishes(tmp_path: Path, url: str, driver: subprocess
     screens: List[str] = []
     reader = threading.Thread(target=lambda: screens.append(read_until_closed(controller, timeout=600)))
     reader.start()
+    # cold: its output goes to a terminal
     worker = subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--index", "1", "--of", "2"],
                               cwd=tmp_path, env=environment, close_fds=True, text=True, stdout=terminal, stderr=terminal)
     os.close(terminal)
@@ -585,7 +581,7 @@ def a_worker_in_a_terminal_finishes(tmp_path: Path, url: str, driver: subprocess
     return worker.pid, screen_lines(screens[0])
 
 
-def wait_on_search(condition: Any, driver: subprocess.Popen, what: str, timeout: float = 300) -> Any:
+def wait_on_search(condition: Any, driver: hookdet_process.Hookdet, what: str, timeout: float = 300) -> Any:
     """Poll ``condition`` until it gives something (which it returns); the driver must not end."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -600,8 +596,8 @@ def wait_on_search(condition: Any, driver: subprocess.Popen, what: str, timeout:
 def test_searchers_determined_removed_are_refused_with_its_reason(tmp_path: Path) -> None:
     config = tmp_path / "old.yaml"
     config.write_text((FIXTURES / "grid.yaml").read_text().replace("name: grid", "name: adaptive_simple"))
-    result = subprocess.run([*HOOKDET, "run", str(config)], cwd=tmp_path, env=env(tmp_path),
-                            capture_output=True, text=True, timeout=60)
+    result = hookdet_process.run("run", config, cwd=tmp_path, env=env(tmp_path),
+                                 timeout=60)
     assert result.returncode == 2
     assert ("searcher.name: the 'adaptive_simple' searcher has been removed and is not valid for "
             "new experiments") in result.stderr
@@ -611,26 +607,25 @@ def test_searchers_determined_removed_are_refused_with_its_reason(tmp_path: Path
 def test_a_grid_over_a_range_without_count_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     config = tmp_path / "grid.yaml"
     config.write_text((FIXTURES / "grid.yaml").read_text().replace("      count: 2\n", ""))
-    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "grid"], cwd=tmp_path,
-                            env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    result = hookdet_process.run("run", config, "--run-dir", "grid", cwd=tmp_path,
+                                 env=env(tmp_path), timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "hyperparameter(s) optimizer.lr have no count" in result.stderr
     assert not (tmp_path / "grid").exists()
 
 
 def test_preview_lists_rungs_and_the_first_trials(tmp_path: Path) -> None:
-    result = subprocess.run([*HOOKDET, "search", "preview", str(FIXTURES / "asha.yaml")],
-                            cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
-                            timeout=60)
+    result = hookdet_process.run("search", "preview", FIXTURES / "asha.yaml",
+                                 cwd=tmp_path, env=env(tmp_path), timeout=60)
     assert result.returncode == 0, result.stderr
     assert "4 trials, rungs at [4, 8] batches" in result.stdout
     assert result.stdout.count("    trial ") == 2
 
 
 def test_preview_takes_config_overrides_as_hookdet_run_does(tmp_path: Path) -> None:
-    result = subprocess.run([*HOOKDET, "search", "preview", str(FIXTURES / "asha.yaml"),
-                             "--config", "searcher.max_trials=6", "--config", "searcher.max_time=16"],
-                            cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    result = hookdet_process.run("search", "preview", FIXTURES / "asha.yaml",
+                                 "--config", "searcher.max_trials=6", "--config", "searcher.max_time=16",
+                                 cwd=tmp_path, env=env(tmp_path), timeout=60)
     assert result.returncode == 0, result.stderr
     assert "6 trials, rungs at [8, 16] batches" in result.stdout, result.stdout
 
@@ -642,8 +637,8 @@ def test_preview_takes_config_overrides_as_hookdet_run_does(tmp_path: Path) -> N
 ])
 def test_the_digits_search_examples_preview(tmp_path: Path, name: str, expected: str) -> None:
     digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
-    result = subprocess.run([*HOOKDET, "search", "preview", str(digits / name)], cwd=tmp_path,
-                            env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    result = hookdet_process.run("search", "preview", digits / name, cwd=tmp_path,
+                                 env=env(tmp_path), timeout=60)
     assert result.returncode == 0, result.stderr
     assert expected in result.stdout
 
@@ -669,9 +664,8 @@ def test_a_single_run_of_a_space_trains_trial_one_with_its_seed(tmp_path: Path) 
         "  num_rungs: 2\n", "").replace("  divisor: 2\n", "").replace("  max_trials: 4\n", "")
         .replace("  max_concurrent_trials: 2\n", "").replace("  time_metric: batches\n", "")
         .replace("  max_time: 8\n", ""))
-    result = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "run", "--model-dir",
-                             str(FIXTURES)], cwd=tmp_path, env=env(tmp_path), capture_output=True,
-                            text=True, timeout=600)
+    result = hookdet_process.run("run", config, "--run-dir", "run", "--model-dir", FIXTURES, cwd=tmp_path,
+                                 env=env(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     [started] = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()]
     draw = draw_trial(load_experiment_config(config).hyperparameter_space, MasterRandom(5))
@@ -689,14 +683,13 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
 
     url = f"journal:{tmp_path / 'store.log'}"
 
-    def start(run_dir: str, *options: str) -> subprocess.Popen:
-        return subprocess.Popen([*HOOKDET, "run", str(FIXTURES / "random.yaml"), "--run-dir", run_dir,
-                                 "--storage", url, *options], cwd=tmp_path, env=env(tmp_path),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def start(run_dir: str, *options: str) -> hookdet_process.Hookdet:
+        return hookdet_process.start("run", FIXTURES / "random.yaml", "--run-dir", run_dir, "--storage", url,
+                                     *options, cwd=tmp_path, env=env(tmp_path))
 
     larger_options = ("--config", "searcher.smaller_is_better=false", "--config", "hyperparameters.sleep=0.2")
     larger = start("larger", *larger_options)
-    assert larger.stdout.readline().startswith("hookdet: random search in")
+    assert larger.first_line().startswith("hookdet: random search in")
     second = search(tmp_path, "random.yaml", "--resume", "larger", *larger_options)
     assert second.returncode == 2 and len(not_warnings(second.stderr)) == 1, second.stderr
     assert "larger is running (pid" in second.stderr and "hookdet search worker" in second.stderr
@@ -740,8 +733,7 @@ def test_two_searches_share_a_store_each_with_its_study_direction_and_one_driver
     unreadable = search(tmp_path, "random.yaml", "--resume", "larger", *larger_options)
     assert unreadable.returncode == 2 and len(not_warnings(unreadable.stderr)) == 1, unreadable.stderr
     assert "garbage.db cannot be read" in unreadable.stderr
-    worker = subprocess.run([*HOOKDET, "search", "worker", "--storage", url], cwd=tmp_path, env=env(tmp_path),
-                            capture_output=True, text=True, timeout=120)
+    worker = hookdet_process.run("search", "worker", "--storage", url, cwd=tmp_path, env=env(tmp_path), timeout=120)
     assert worker.returncode == 2 and "holds 2 searches" in worker.stderr and "--study" in worker.stderr
 
 
@@ -761,14 +753,11 @@ def test_a_tpe_search_with_hyperband_ends_alike_with_two_workers_and_a_driver_ki
     best = min((row for row in expected if row["best"]), key=lambda row: float(row["best"]))
     assert f"best: trial {best['trial']} (completed), validation_loss {float(best['best']):.6g}" in one.stdout
 
-    command = [*HOOKDET, "run", str(FIXTURES / "optuna.yaml"), "--workers", "2"]
-    driver = subprocess.Popen(command + ["--run-dir", "killed"], cwd=tmp_path, env=env(tmp_path),
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in driver.stdout:
-        if line.startswith("search: trial"):  # its first decision is saved: kill it now
-            break
+    driver = hookdet_process.start("run", FIXTURES / "optuna.yaml", "--workers", "2", "--run-dir", "killed",
+                                   cwd=tmp_path, env=env(tmp_path))
+    driver.first_line(lambda line: line.startswith("search: trial"))  # its first decision is saved: kill it now
     driver.send_signal(signal.SIGKILL)
-    driver.wait()
+    driver.communicate()
     resumed = search(tmp_path, "optuna.yaml", "--resume", "killed", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(tmp_path / "killed") == expected
@@ -797,26 +786,23 @@ def test_workers_that_share_only_postgresql_and_s3_finish_a_search(tmp_path: Pat
         return {**env(tmp_path), "HOME": str(homes[name]), "SEARCH_TEST_SECONDS_PER_BATCH": "0.2"}
 
     experiment = str(homes["driver"] / "model" / "asha-s3.yaml")
-    one = subprocess.run([*HOOKDET, "run", experiment, "--run-dir", str(homes["one"] / "search"), "--workers", "1"],
-                         cwd=homes["one"], env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    one = hookdet_process.run("run", experiment, "--run-dir", homes["one"] / "search", "--workers", "1",
+                              cwd=homes["one"], env=env(tmp_path))
     assert one.returncode == 0, one.stderr[-3000:]
 
-    def worker(name: str) -> subprocess.Popen:
-        return subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--work-dir", "trials",
-                                 "--model-dir", "model"], cwd=homes[name], env=env_of(name),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def worker(name: str) -> hookdet_process.Hookdet:
+        return hookdet_process.start("search", "worker", "--storage", url, "--work-dir", "trials",
+                                     "--model-dir", "model", cwd=homes[name], env=env_of(name))
 
     with postgres_server() as url:
-        driver = subprocess.Popen([*HOOKDET, "run", experiment, "--run-dir", "search", "--workers", "0",
-                                   "--storage", url], cwd=homes["driver"], env=env_of("driver"),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert driver.stdout.readline().startswith("hookdet: async_halving search in"), driver.stderr.read()[-3000:]
+        driver = hookdet_process.start("run", experiment, "--run-dir", "search", "--workers", "0", "--storage", url,
+                                       cwd=homes["driver"], env=env_of("driver"))
+        assert driver.first_line().startswith("hookdet: async_halving search in")
         first = worker("w0")
-        for line in driver.stdout:  # a first decision: worker 0 has trained a segment, and trains the next
-            if line.startswith("search: trial"):
-                break
+        # a first decision: worker 0 has trained a segment, and trains the next
+        driver.first_line(lambda line: line.startswith("search: trial"))
         first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=300) == 75, first.stderr.read()[-3000:]
+        assert first.wait(timeout=300) == 75, first.output()[1][-3000:]
         second = worker("w1")
         deadline = time.time() + 120
         while not [s for s in segments_of(url) if s.state.name == "RUNNING"] and time.time() < deadline:
@@ -825,7 +811,7 @@ def test_workers_that_share_only_postgresql_and_s3_finish_a_search(tmp_path: Pat
         driver.communicate(timeout=600)
         assert driver.returncode == 0
         for each in (second, again):
-            assert each.wait(timeout=300) == 0, each.stderr.read()[-3000:]
+            assert each.wait(timeout=300) == 0, each.output()[1][-3000:]
         done = segments_of(url)
     assert summary(homes["driver"] / "search") == summary(homes["one"] / "search")
     by_trial: Dict[int, List[dict]] = {}

@@ -12,14 +12,14 @@ from typing import List
 import pytest
 import yaml
 
-from tests.test_search_run import FIXTURES, HOOKDET, env, not_warnings, summary
+from tests.support import hookdet_process
+from tests.test_search_run import FIXTURES, env, not_warnings, summary
 
 pytest.importorskip("optuna")
 
 
 def hookdet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*HOOKDET, *args], cwd=tmp_path, env=env(tmp_path), capture_output=True,
-                          text=True, timeout=600)
+    return hookdet_process.run(*args, cwd=tmp_path, env=env(tmp_path))
 
 
 def experiment(tmp_path: Path, file: str, searcher: dict, **fields: object) -> Path:
@@ -196,8 +196,7 @@ def test_a_copied_search_directory_resumes_on_its_own_store_and_trials(tmp_path:
     config = experiment(tmp_path, "grid.yaml", {**GRID, "max_length": {"batches": 6},
                                                 "max_concurrent_trials": 1})
     slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.3")
-    driver = subprocess.Popen([*HOOKDET, "run", str(config), "--run-dir", "original", "--model-dir", str(FIXTURES)],
-                              cwd=tmp_path, env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = hookdet_process.start("run", config, "--run-dir", "original", "--model-dir", FIXTURES, cwd=tmp_path, env=slow)
     checkpoints = tmp_path / "original" / "trial-002" / "checkpoints"
     deadline = time.time() + 120
     while not list(checkpoints.glob("*/metadata.json")) and time.time() < deadline and driver.poll() is None:

@@ -24,6 +24,7 @@ import yaml
 
 from hookdet.checkpoints import lookup as lookup
 from hookdet.config import load_experiment_config
+from tests.support import hookdet_process
 from tests.support.distributed_trials import free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "trainer_script"
@@ -47,10 +48,14 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def run(command: List[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        command, cwd=model_dir(tmp_path), env=environment(tmp_path, **extra),
-        capture_output=True, text=True, timeout=300,
-    )
+    """``command`` in the model directory, to a good end: ``hookdet ...`` as the tests run hookdet
+    (:mod:`tests.support.hookdet_process`), anything else (``python3 train.py``, torchrun) as typed."""
+    if command[0] == "hookdet":
+        result = hookdet_process.run(*command[1:], cwd=model_dir(tmp_path), env=environment(tmp_path, **extra),
+                                     timeout=300)
+    else:
+        result = subprocess.run(command, cwd=model_dir(tmp_path), env=environment(tmp_path, **extra),
+                                capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -68,7 +73,7 @@ def results(output: str) -> List[Dict[str, Any]]:
 def const_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     """``hookdet run const.yaml`` (entrypoint ``python3 train.py --epochs 1``): its RESULT line."""
     tmp_path = tmp_path_factory.mktemp("const")
-    result = run([str(VENV_BIN / "hookdet"), "run", "const.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
+    result = run(["hookdet", "run", "const.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
     (seen,) = results(result.stdout)
     return {"result": seen, "run_dir": tmp_path / "run", "stderr": result.stderr}
 
@@ -96,7 +101,7 @@ def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path)
          "train.py", "--epochs", "1"],
         tmp_path, HOOKDET_RUN_DIR=str(tmp_path / "torchrun"),
     )
-    launched = run([str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
+    launched = run(["hookdet", "run", "distributed.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
     local, on_cluster = results(torchrun.stdout), results(launched.stdout)
 
     assert [r["rank"] for r in local] == [r["rank"] for r in on_cluster] == [0, 1]
@@ -120,19 +125,16 @@ def test_two_machines_on_localhost_leave_one_run_directory(tmp_path: Path) -> No
     (directory / "own-disk.yaml").write_text(yaml.safe_dump(config))
     config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "shared")}
     (directory / "two.yaml").write_text(yaml.safe_dump(config))
-    refused = subprocess.run([str(VENV_BIN / "hookdet"), "run", "own-disk.yaml", "--nnodes=2", "--node-rank=0",
-                              "--rdzv-endpoint=127.0.0.1:1"], cwd=directory, env=environment(tmp_path),
-                             capture_output=True, text=True, timeout=120)
+    refused = hookdet_process.run("run", "own-disk.yaml", "--nnodes=2", "--node-rank=0", "--rdzv-endpoint=127.0.0.1:1",
+                                  cwd=directory, env=environment(tmp_path), timeout=120)
     assert refused.returncode == 2 and "needs checkpoints every machine can read" in refused.stderr \
         and "shared_fs" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     assert not (directory / "runs").exists()
 
     endpoint = f"127.0.0.1:{free_port()}"
-    launchers = [subprocess.Popen(
-        [str(VENV_BIN / "hookdet"), "run", "two.yaml", "--nnodes=2", f"--node-rank={node}",
-         f"--rdzv-endpoint={endpoint}", "--rdzv-backend=c10d", "--rdzv-id=two-machines"],
-        cwd=directory, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True) for node in (0, 1)]
+    launchers = [hookdet_process.start(
+        "run", "two.yaml", "--nnodes=2", f"--node-rank={node}", f"--rdzv-endpoint={endpoint}", "--rdzv-backend=c10d",
+        "--rdzv-id=two-machines", cwd=directory, env=environment(tmp_path)) for node in (0, 1)]
     outputs = [launcher.communicate(timeout=300) for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], [err[-3000:] for _, err in outputs]
     (run_dir,) = (directory / "runs").iterdir()
@@ -151,11 +153,11 @@ def test_two_ranks_under_the_horovod_launch_layer(tmp_path: Path) -> None:
     hookdet run starts the script's 2 ranks with horovodrun, and the script's ``pytorch.init()``
     trains them as one data-parallel job (the horovod plugin, chosen by horovodrun's ranks)."""
     pytest.importorskip("horovod.torch", reason="Horovod is not built here (scripts/build_horovod.sh; .ci/run builds it)")
-    launched = run([str(VENV_BIN / "hookdet"), "run", "horovod.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
+    launched = run(["hookdet", "run", "horovod.yaml", "--run-dir", str(tmp_path / "run")], tmp_path)
     ranks = results(launched.stdout)
     assert [r["rank"] for r in ranks] == [0, 1] and {r["size"] for r in ranks} == {2}
     assert {r["local"] for r in ranks} == {False}
-    ddp = results(run([str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "ddp")],
+    ddp = results(run(["hookdet", "run", "distributed.yaml", "--run-dir", str(tmp_path / "ddp")],
                       tmp_path).stdout)
     # Gradients averaged by Horovod on every step: every rank ends with DDP's weights, bit for bit.
     assert len({r["weights"] for r in ranks + ddp}) == 1
@@ -167,18 +169,15 @@ def test_a_rank_aborting_after_its_training_ended_does_not_fail_the_run(tmp_path
     """Rank 1 of ``distributed.yaml`` aborts (SIGABRT) as it exits, after training: the run is
     complete (exit 0, its checkpoint there) and one warning names the rank and the signal. An
     abort before training ended still fails the run, naming the rank."""
-    launched = run([str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "run")],
+    launched = run(["hookdet", "run", "distributed.yaml", "--run-dir", str(tmp_path / "run")],
                    tmp_path, TRAIN_ABORT_AT_EXIT_RANK="1")
     warnings = [line for line in launched.stderr.splitlines() if line.startswith("hookdet: warning: rank 1")]
     assert len(warnings) == 1 and "was killed by SIGABRT after its training ended" in warnings[0], launched.stderr
     assert "hookdet: completed after 8 batches" in launched.stdout
     assert [meta["steps_completed"] for _, meta in lookup.find_checkpoints(tmp_path / "run" / "checkpoints")] == [8]
 
-    failed = subprocess.run(
-        [str(VENV_BIN / "hookdet"), "run", "distributed.yaml", "--run-dir", str(tmp_path / "failed")],
-        cwd=model_dir(tmp_path), env=environment(tmp_path, TRAIN_ABORT_AT_START_RANK="1"),
-        capture_output=True, text=True, timeout=300,
-    )
+    failed = hookdet_process.run("run", "distributed.yaml", "--run-dir", tmp_path / "failed", cwd=model_dir(tmp_path),
+                                 env=environment(tmp_path, TRAIN_ABORT_AT_START_RANK="1"), timeout=300)
     assert failed.returncode != 0
     assert any(line.startswith("hookdet: error: rank 1 (pid ") and line.endswith("was killed by SIGABRT")
                for line in failed.stderr.splitlines()), failed.stderr[-3000:]
@@ -197,21 +196,16 @@ def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
     assert "seconds_per_batch" in slow
     (directory / "slow.yaml").write_text(slow)
     run_dir = tmp_path / "run"
-    command = [str(VENV_BIN / "hookdet"), "run", "slow.yaml", "--run-dir", str(run_dir)]
-    process = subprocess.Popen(
-        command, cwd=directory, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    command = ["hookdet", "run", "slow.yaml", "--run-dir", str(run_dir)]
+    process = hookdet_process.start(*command[1:], cwd=directory, env=environment(tmp_path))
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "config.json").exists():  # written by the script's pytorch.init()
             assert process.poll() is None and time.monotonic() < deadline, "the script did not start"
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=120)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 75, stdout[-2000:] + stderr[-2000:]
     assert results(stdout) and results(stdout)[0]["weights"] != const_run["result"]["weights"]
     (stopped_at,) = [meta["steps_completed"] for _, meta in lookup.find_checkpoints(run_dir / "checkpoints")]
@@ -234,8 +228,8 @@ def test_a_missing_script_is_one_line_before_anything_starts(tmp_path: Path, ent
     config = (FIXTURE / ("distributed.yaml" if "launch" in entrypoint else "const.yaml")).read_text()
     config = re.sub(r"(?m)^entrypoint:.*$", f"entrypoint: {entrypoint}", config)
     (directory / "missing.yaml").write_text(config)
-    result = subprocess.run([str(VENV_BIN / "hookdet"), "run", "missing.yaml", "--run-dir", str(tmp_path / "run")],
-                            cwd=directory, env=environment(tmp_path), capture_output=True, text=True, timeout=120)
+    result = hookdet_process.run("run", "missing.yaml", "--run-dir", tmp_path / "run", cwd=directory,
+                                 env=environment(tmp_path), timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
     assert lines == [f"hookdet: error: missing.yaml: entrypoint {entrypoint!r}: no script missing.py in the "
@@ -246,7 +240,7 @@ def test_test_mode_reaches_a_scripts_trainer_fit(tmp_path: Path) -> None:
     """``hookdet run const.yaml --test-mode``: the script's own ``Trainer.fit`` (no test_mode
     argument) trains one batch, validates one and checkpoints, as a trial class would."""
     run_dir = tmp_path / "run"
-    run([str(VENV_BIN / "hookdet"), "run", "const.yaml", "--test-mode", "--run-dir", str(run_dir)], tmp_path)
+    run(["hookdet", "run", "const.yaml", "--test-mode", "--run-dir", str(run_dir)], tmp_path)
     assert [meta["steps_completed"] for _, meta in lookup.find_checkpoints(run_dir / "checkpoints")] == [1]
     validations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                    if json.loads(line)["group"] == "validation"]
@@ -339,14 +333,13 @@ def test_a_script_resuming_a_run_that_does_not_fit_says_so_in_one_line(tmp_path:
     config = tmp_path / "line.yaml"
     config.write_text("entrypoint: search_trial:LineTrial\nhyperparameters: {global_batch_size: 8, optimizer: {lr: 0.1}}\n"
                       "searcher: {name: single, metric: validation_loss, max_length: {batches: 2}}\n")
-    trained = subprocess.run([str(VENV_BIN / "hookdet"), "run", str(config), "--run-dir", str(other),
-                              "--model-dir", str(Path(__file__).parent / "fixtures" / "search")],
-                             cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=300)
+    trained = hookdet_process.run("run", config, "--run-dir", other, "--model-dir",
+                                  Path(__file__).parent / "fixtures" / "search", cwd=tmp_path, env=environment(tmp_path),
+                                  timeout=300)
     assert trained.returncode == 0, trained.stderr[-3000:]
     before = sorted(path.name for path in (other / "checkpoints").iterdir())
-    resumed = subprocess.run([str(VENV_BIN / "hookdet"), "run", "const.yaml", "--resume", str(other)],
-                             cwd=model_dir(tmp_path), env=environment(tmp_path), capture_output=True, text=True,
-                             timeout=300)
+    resumed = hookdet_process.run("run", "const.yaml", "--resume", other, cwd=model_dir(tmp_path),
+                                  env=environment(tmp_path), timeout=300)
     assert resumed.returncode == 1, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     errors = [line for line in resumed.stderr.splitlines() if line.startswith("hookdet: error: ")]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -21,6 +20,7 @@ import yaml
 
 from hookdet import pytorch
 from hookdet.plugin import run_of
+from tests.support import hookdet_process
 from tests.support.trials import OneWeightTrial, fit
 
 SUPPORT = Path(__file__).parent / "support"
@@ -69,8 +69,7 @@ def experiment_file(path: Path, searcher: Dict[str, Any], hyperparameters: Dict[
 
 def hookdet(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(cwd / "cache"))
-    return subprocess.run([sys.executable, "-m", "hookdet", *args, "--model-dir", str(SUPPORT)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return hookdet_process.run(*args, "--model-dir", SUPPORT, cwd=cwd, env=env)
 
 
 def last_validation(run_dir: Path) -> float:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from tests.faults.harness import child_env
+from tests.support import hookdet_process
 
 TRIAL = '''
 import os
@@ -63,8 +63,8 @@ def test_a_trial_class_runs_in_its_model_directory(tmp_path: Path) -> None:
     seen = tmp_path / "cwd.txt"
 
     def hookdet(*args: str) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "hookdet", "run", "../model/exp.yaml", *args], cwd=elsewhere,
-                                env=child_env(SEEN_CWD=str(seen)), capture_output=True, text=True, timeout=300)
+        result = hookdet_process.run("run", "../model/exp.yaml", *args, cwd=elsewhere, env=child_env(SEEN_CWD=str(seen)),
+                                     timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         return result
 

@@ -33,7 +33,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import traceback
 import types
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence
@@ -125,7 +124,7 @@ def run_script(argv: List[str], env: Dict[str, str], cwd: str, ready_to_read: in
 
 def end_as_an_interpreter(run: Callable[[], None], script: Optional[str] = None) -> None:
     """In a forked child: call ``run``, then exit as an interpreter running it would: the status
-    of its ``sys.exit`` (a message printed for a non-number), 1 and the traceback for an uncaught
+    of its ``sys.exit`` (a message printed for a non-number), 1 and ``sys.excepthook`` for an uncaught
     exception (from ``script``'s first frame when given, as for a script run by ``python3``),
     death by SIGINT for an uncaught Ctrl-C; the exit functions run first (a forked child ends
     with ``os._exit``, which skips them)."""
@@ -138,7 +137,7 @@ def end_as_an_interpreter(run: Callable[[], None], script: Optional[str] = None)
             print(stop.code, file=sys.stderr)
     except BaseException as error:
         frames = error.__traceback__ if script is None else from_the_script(error.__traceback__, script)
-        traceback.print_exception(type(error), error, frames)
+        sys.excepthook(type(error), error, frames)  # as the interpreter reports it (the script may have set its own)
         status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     finally:
         atexit._run_exitfuncs()

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
@@ -118,6 +119,21 @@ class Hookdet:
         if self._ended is not None:
             return self._ended
         return (self.stdout_path.read_text(errors="replace"), self.stderr_path.read_text(errors="replace"))
+
+    def first_line(self, wanted: Callable[[str], bool] = bool, timeout: float = 300) -> str:
+        """The first whole line of its standard output that is ``wanted``, waiting for it to be
+        written (``AssertionError`` when the process ends or ``timeout`` passes first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = self.poll() is not None
+            out, err = self.output()
+            for line in out.splitlines(keepends=True):
+                if line.endswith("\n") and wanted(line):
+                    return line
+            if ended or time.monotonic() > deadline:
+                raise AssertionError(f"no such line from hookdet {' '.join(self.args)} (exit status "
+                                     f"{self.returncode}):\n{out[-2000:]}\n{err[-3000:]}")
+            time.sleep(0.05)
 
     def communicate(self, timeout: Optional[float] = None) -> Tuple[str, str]:
         """Wait for its end (past ``timeout``: its session killed, ``TimeoutExpired``), then its
