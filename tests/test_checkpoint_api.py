@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict
 
@@ -17,6 +15,7 @@ from hookdet import pytorch
 from hookdet.cli import commands as cli
 from hookdet.checkpoints.api import CheckpointLoadContext, load_trial_from_checkpoint_path
 from hookdet.plugin import run_of
+from tests.support import hookdet_process
 from tests.support.resume_trials import GANTrial, RegressionTrial, run_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,13 +122,7 @@ def test_checkpoint_load_context_builds_a_trial_directly() -> None:
 
 def test_export_writes_a_bare_state_dict_plain_pytorch_loads(trained: Dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "model.pt"
-    completed = subprocess.run(
-        [sys.executable, "-m", "hookdet", "export", str(trained["regression_dir"]), str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    completed = hookdet_process.run("export", trained["regression_dir"], out, cwd=REPO, timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert "wrote model 0's state_dict" in completed.stdout
     model = nn.Sequential(nn.Linear(4, 12), nn.ReLU(), nn.Dropout(0.0), nn.Linear(12, 1))

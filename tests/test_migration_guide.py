@@ -14,13 +14,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import pytest
 import yaml
 
 from hookdet.runs.metrics import read_reports
 from tests.test_determined_checkpoints import determined_checkpoint  # noqa: F401 - a fixture
+from tests.support import hookdet_process
 from tests.test_docs import CodeBlock, code_blocks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,11 +49,16 @@ def model_directory(tmp_path: Path, checkpoint: Path) -> Path:
     return directory
 
 
+def guide_env(directory: Path) -> Dict[str, str]:
+    """A user's shell in ``directory``: its code importable, not inside another run."""
+    return {"PYTHONPATH": f"{directory}:{REPO}", "OMP_NUM_THREADS": "1",
+            **{key: value for key, value in __import__("os").environ.items()
+               if key not in ("PYTHONPATH", "HOOKDET_RUN_DIR", "HOOKDET_CLUSTER_INFO")}}
+
+
 def run_in(directory: Path, command: List[str]) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": f"{directory}:{REPO}", "OMP_NUM_THREADS": "1",
-           **{key: value for key, value in __import__("os").environ.items()
-              if key not in ("PYTHONPATH", "HOOKDET_RUN_DIR", "HOOKDET_CLUSTER_INFO")}}
-    return subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True, timeout=300)
+    """The guide's Python code run as typed (``python -c ...``)."""
+    return subprocess.run(command, cwd=directory, env=guide_env(directory), capture_output=True, text=True, timeout=300)
 
 
 def trained_batches(directory: Path) -> List[int]:
@@ -87,7 +93,7 @@ def test_continuing_a_determined_checkpoint_from_the_command_line_runs_as_printe
         tmp_path: Path, determined_checkpoint: Path) -> None:  # noqa: F811
     directory = model_directory(tmp_path, determined_checkpoint)
     command = shlex.split(f"hookdet run const.yaml --resume {CHECKPOINT}")
-    result = run_in(directory, [sys.executable, "-m", *command])
+    result = hookdet_process.run(*command[1:], cwd=directory, env=guide_env(directory))
     assert result.returncode == 0, result.stderr[-3000:]
     assert trained_batches(directory) == [5, 6, 7]
 
@@ -103,8 +109,8 @@ def test_a_trial_that_takes_more_than_the_context_is_told_to_pass_trial_kwargs(t
             super().__init__(context)
 
     checkpoint = tmp_path / "ckpt"
-    result = run_in(REPO, [sys.executable, "-m", "hookdet", "run", str(_tiny_experiment(tmp_path)),
-                           "--run-dir", str(checkpoint)])
+    result = hookdet_process.run("run", _tiny_experiment(tmp_path), "--run-dir", checkpoint, cwd=REPO,
+                                 env=guide_env(REPO))
     assert result.returncode == 0, result.stderr[-3000:]
     with pytest.raises(TypeError, match=r"TakesHparams\(context, \*\*trial_kwargs\) does not fit its __init__ "
                                         r"\(missing a required argument: 'hparams'\); pass the arguments after "

@@ -7,8 +7,6 @@ import json
 import re
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import List
 
@@ -16,10 +14,10 @@ import pytest
 
 from hookdet.cli.commands import main
 from hookdet.plugin import run_of
+from tests.support import hookdet_process
 from tests.test_cli import CONFIG_TEMPLATE, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
-HOOKDET = Path(sys.executable).with_name("hookdet")
 
 
 def with_plugins(block: str):
@@ -102,10 +100,7 @@ def test_adding_mlflow_to_the_digits_example_keeps_checkpoints_metrics_and_tenso
     store = tmp_path / "mlflow.db"
     config += f"plugins: [mlflow]\nplugin_config:\n  mlflow: {{tracking_uri: 'sqlite:///{store}'}}\n"
     (example / "const.yaml").write_text(config)
-    result = subprocess.run(
-        [str(HOOKDET), "run", str(example / "const.yaml"), "--run-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
-    )
+    result = hookdet_process.run("run", example / "const.yaml", "--run-dir", tmp_path / "run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert produced(tmp_path / "run") == ["checkpoints", "metrics.jsonl", "tensorboard"]
     reports = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -3,7 +3,6 @@ preempted by SIGTERM, failed in the trial, killed with SIGKILL, and resumed with
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,9 +17,9 @@ from hookdet.runs.metrics import read_reports
 from hookdet.cli.commands import main
 from hookdet.runs.index import _number
 from hookdet.runs.plot import image_size
+from tests.support import hookdet_process
 
 REPO = Path(__file__).resolve().parents[1]
-HOOKDET = Path(sys.executable).with_name("hookdet")
 
 EXPERIMENT = """
 entrypoint: {entrypoint}
@@ -31,17 +30,14 @@ scheduling_unit: 2
 """
 
 
-def start(root: Path, name: str, entrypoint: str, batches: int, *extra: str) -> subprocess.Popen:
+def start(root: Path, name: str, entrypoint: str, batches: int, *extra: str) -> hookdet_process.Hookdet:
     experiment = root / f"{name}.yaml"
     experiment.write_text(textwrap.dedent(EXPERIMENT.format(entrypoint=entrypoint, batches=batches)))
-    return subprocess.Popen(
-        [str(HOOKDET), "run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(root / "runs" / name), *extra],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    return hookdet_process.start("run", experiment, "--model-dir", REPO, "--run-dir", root / "runs" / name, *extra,
+                                 cwd=root)
 
 
-def wait_for_reports(run_dir: Path, count: int, process: subprocess.Popen) -> None:
+def wait_for_reports(run_dir: Path, count: int, process: hookdet_process.Hookdet) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         path = run_dir / "metrics.jsonl"
@@ -63,14 +59,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     preempted.send_signal(signal.SIGTERM)
     wait_for_reports(root / "runs" / "killed", 3, killed)
     killed.kill()
-    assert preempted.wait(timeout=300) == 75, preempted.stdout.read()
+    assert preempted.wait(timeout=300) == 75, preempted.output()
     killed.wait(timeout=30)
-    assert completed.wait(timeout=300) == 0, completed.stdout.read()
-    assert failed.wait(timeout=300) == 1, failed.stdout.read()
+    assert completed.wait(timeout=300) == 0, completed.output()
+    assert failed.wait(timeout=300) == 1, failed.output()
     resumed = start(root, "resumed", "tests.support.trials:OneWeightTrial", 8,
                     "--resume", str(root / "runs" / "completed"), "--config", "hyperparameters.lr=0.05",
                     "--config", "searcher.max_length.batches=12")
-    assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
+    assert resumed.wait(timeout=300) == 0, resumed.output()
     return {name: root / "runs" / name for name in ("completed", "preempted", "failed", "killed", "resumed")}
 
 

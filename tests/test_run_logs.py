@@ -13,14 +13,14 @@ from typing import List
 import pytest
 
 from tests.faults.harness import REPO, TESTS, child_env, run, write_config
+from tests.support import hookdet_process
 from tests.support.distributed_trials import write_config as write_distributed_config
 
 STAMPED = re.compile(r"^\[(\d{4}-\d\d-\d\dT[0-9:.]+\+00:00)\] \[rank=(\d+)\] \[(stdout|stderr)\] ")
 
 
 def logs(*args: str) -> List[str]:
-    result = subprocess.run([sys.executable, "-m", "hookdet", "logs", *args], cwd=REPO, env=child_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = hookdet_process.run("logs", *args, cwd=REPO, env=child_env(), timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
@@ -85,13 +85,12 @@ def test_logs_follow_a_live_run_to_its_end(tmp_path: Path) -> None:
     config = write_config(tmp_path / "exp.yaml", {"sleep": 0.05}, searcher={
         "name": "single", "metric": "validation_loss", "max_length": {"batches": 60}})
     run_dir = tmp_path / "run"
-    training = subprocess.Popen([sys.executable, "-m", "hookdet", "run", str(config), "--run-dir", str(run_dir),
-                                 "--model-dir", str(TESTS)], cwd=REPO, env=child_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    training = hookdet_process.start("run", config, "--run-dir", run_dir, "--model-dir", TESTS, cwd=REPO, env=child_env())
     deadline = time.monotonic() + 120
     while not (run_dir / "logs" / "rank-0.log").exists():
         assert training.poll() is None and time.monotonic() < deadline, "no log appeared"
         time.sleep(0.05)
+    # as typed, its output read as it comes: a pipe
     follower = subprocess.Popen([sys.executable, "-m", "hookdet", "logs", str(run_dir), "--follow"], cwd=REPO,
                                 env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -11,18 +11,20 @@ from pathlib import Path
 import pytest
 
 from tests.builtin_plugins.test_progress import open_terminal, read_until_closed, screen_lines
+from tests.support import hookdet_process
 from tests.test_search_run import FIXTURES, HOOKDET, env
 
 pytest.importorskip("optuna")
 
 SLOW = {"SEARCH_TEST_SECONDS_PER_BATCH": "0.3"}  # trials that stay long enough to be seen at work
-SEARCH = [*HOOKDET, "run", str(FIXTURES / "grid.yaml"), "--run-dir", "grid", "--workers", "2"]
+SEARCH = ["run", str(FIXTURES / "grid.yaml"), "--run-dir", "grid", "--workers", "2"]
 
 
 @pytest.mark.slow
 def test_a_search_in_a_terminal_shows_its_trials_at_work(tmp_path: Path) -> None:
     controller, terminal = open_terminal(columns=160)
-    process = subprocess.Popen(SEARCH, stdin=terminal, stdout=terminal, stderr=terminal, cwd=tmp_path,
+    # cold: its output goes to a terminal
+    process = subprocess.Popen([*HOOKDET, *SEARCH], stdin=terminal, stdout=terminal, stderr=terminal, cwd=tmp_path,
                                close_fds=True, env={**env(tmp_path), **SLOW, "COLUMNS": "160"})
     os.close(terminal)
     screen = screen_lines(read_until_closed(controller, timeout=300))
@@ -37,7 +39,7 @@ def test_a_search_in_a_terminal_shows_its_trials_at_work(tmp_path: Path) -> None
 
 
 def test_off_a_terminal_a_search_prints_its_decision_lines_only(tmp_path: Path) -> None:
-    result = subprocess.run(SEARCH, cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = hookdet_process.run(*SEARCH, cwd=tmp_path, env=env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("search: trial ") for line in lines)

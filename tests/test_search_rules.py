@@ -15,6 +15,7 @@ import pytest
 from hookdet.config import parse_experiment_config
 from hookdet.search import go_math, methods
 from hookdet.search.space import MasterRandom, SpaceError, check_spec, draw_trial, grid
+from tests.support import hookdet_process
 from tests.support.go_math_reference import bits, go_math_program, go_results
 
 
@@ -513,7 +514,6 @@ def _searcher_rule_rows() -> list:
 @pytest.mark.parametrize("block, determined, hookdet, no_space", _searcher_rule_rows())
 def test_the_searcher_table_in_the_docs_is_what_hookdet_does(tmp_path: Path, block: dict, determined: str,
                                                               hookdet: str, no_space: bool) -> None:
-    import subprocess
     import yaml
 
     # Validating every batch: every rung can be decided (else the staged rows warn that none can).
@@ -523,8 +523,7 @@ def test_the_searcher_table_in_the_docs_is_what_hookdet_does(tmp_path: Path, blo
         experiment["hyperparameters"] = {"lr": {"type": "double", "minval": 0.1, "maxval": 0.2, "count": 2}}
     path = tmp_path / "experiment.yaml"
     path.write_text(yaml.safe_dump(experiment))
-    result = subprocess.run([sys.executable, "-m", "hookdet", "search", "preview", str(path)],
-                            capture_output=True, text=True, timeout=120)
+    result = hookdet_process.run("search", "preview", path, timeout=120)
     assert hookdet in ("accepted", "accepted, warns", "refused") and determined
     if hookdet == "refused":
         assert result.returncode == 2 and result.stderr.startswith("hookdet: error: "), result.stderr

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.test_search_run import FIXTURES, HOOKDET, env, not_warnings, summary
+from tests.support import hookdet_process
+from tests.test_search_run import FIXTURES, env, not_warnings, summary
 from tests.test_searcher_block import GRID, experiment
 
 pytest.importorskip("optuna")
@@ -32,8 +32,7 @@ def test_a_store_lost_mid_search_ends_it_in_one_line(tmp_path: Path, fault: str)
     config = experiment(tmp_path, "grid.yaml", {**GRID, "max_length": {"batches": 40},
                                                 "max_concurrent_trials": 1})
     slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.1")
-    driver = subprocess.Popen([*HOOKDET, "run", str(config), "--run-dir", "search", "--model-dir", str(FIXTURES)],
-                              cwd=tmp_path, env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = hookdet_process.start("run", config, "--run-dir", "search", "--model-dir", FIXTURES, cwd=tmp_path, env=slow)
     trials_log = tmp_path / "trials.log"
     deadline = time.time() + 120
     while not trials_log.exists() and time.time() < deadline and driver.poll() is None:
@@ -60,17 +59,15 @@ def test_a_torn_last_journal_record_is_dropped_and_the_search_resumes(tmp_path: 
     with one warning and the search ends as the same search without the tear."""
     config = experiment(tmp_path, "grid.yaml", {**GRID, "max_concurrent_trials": 1})
     journal = tmp_path / "store.log"
-    first = subprocess.run([*HOOKDET, "run", str(config), "--run-dir", "search", "--model-dir", str(FIXTURES),
-                            "--storage", f"journal:{journal}"],
-                           cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    first = hookdet_process.run("run", config, "--run-dir", "search", "--model-dir", FIXTURES, "--storage",
+                                f"journal:{journal}", cwd=tmp_path, env=env(tmp_path), timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     expected = summary(tmp_path / "search")
     whole = journal.read_bytes()
     with open(journal, "ab") as handle:
         handle.write(b'{"op_code": 5, "worker_id": "torn", "trial_id": 0, "user_at')
-    resumed = subprocess.run([*HOOKDET, "run", str(config), "--resume", "search", "--model-dir", str(FIXTURES),
-                              "--storage", f"journal:{journal}"],
-                             cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    resumed = hookdet_process.run("run", config, "--resume", "search", "--model-dir", FIXTURES, "--storage",
+                                  f"journal:{journal}", cwd=tmp_path, env=env(tmp_path), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr
     assert f"search store {journal}: dropped a torn last record" in resumed.stderr

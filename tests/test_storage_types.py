@@ -8,8 +8,6 @@ another package adds (``tests/fixtures/hookdet-flatfs``, installed by pip). ``sh
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict
 
@@ -19,6 +17,7 @@ import torch
 from hookdet.checkpoints.resolver import read_identity
 from hookdet.runs.metrics import read_reports
 from tests.faults.harness import REPO, child_env, run, write_config
+from tests.support import hookdet_process
 from tests.support.storage_servers import azure_server, flatfs_installed, gcs_server  # noqa: F401  (fixtures)
 
 FIXTURES = REPO / "tests" / "fixtures" / "search"
@@ -74,12 +73,8 @@ def test_a_search_with_a_third_party_storage_outside_its_trials_continues_every_
 ) -> None:
     store = tmp_path / "store"
     override = f"checkpoint_storage={{type: flatfs, root: {store}}}"
-    result = subprocess.run(
-        [sys.executable, "-m", "hookdet", "run", str(FIXTURES / "asha.yaml"), "--run-dir", "asha",
-         "--workers", "2", "--config", override],
-        cwd=tmp_path, env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache")), capture_output=True,
-        text=True, timeout=600,
-    )
+    result = hookdet_process.run("run", FIXTURES / "asha.yaml", "--run-dir", "asha", "--workers", "2", "--config",
+                                 override, cwd=tmp_path, env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads((tmp_path / "asha" / "search-state.json").read_text())
     continued = [t for t in state["trials"].values() if t["state"] == "completed"]

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Dict
@@ -18,10 +16,10 @@ import pytest
 
 from hookdet.runs.metrics import read_reports
 from hookdet.plugins.manager import installed_plugins
+from tests.support import hookdet_process
 from tests.support.packages import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
-HOOKDET = Path(sys.executable).with_name("hookdet")
 SAMPLE_PACKAGE = REPO / "tests" / "fixtures" / "hookdet-sample-plugin"
 
 
@@ -38,8 +36,9 @@ def sample_environment(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, st
 
 @pytest.mark.slow
 def test_hookdet_plugins_lists_it(sample_environment: Dict[str, str]) -> None:
-    listing = subprocess.run([str(HOOKDET), "plugins"], env=sample_environment, capture_output=True,
-                             text=True, check=True).stdout
+    listed = hookdet_process.run("plugins", env=sample_environment)
+    assert listed.returncode == 0, listed.stderr
+    listing = listed.stdout
     entry = listing[listing.index("sample\n"):].split("\n")[:3]
     assert entry == [
         "sample",
@@ -67,10 +66,8 @@ def test_a_yaml_plugins_list_loads_it_by_name_with_its_options(
         """
     ))
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [str(HOOKDET), "run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir)],
-        env=sample_environment, capture_output=True, text=True, cwd=tmp_path,
-    )
+    result = hookdet_process.run("run", experiment, "--model-dir", REPO, "--run-dir", run_dir, env=sample_environment,
+                                 cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     recorded = json.loads((run_dir / "sample_plugin.json").read_text())
     expected_reports = [[r["group"], r["steps_completed"]] for r in read_reports(run_dir)]

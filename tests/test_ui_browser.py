@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -20,24 +18,23 @@ from typing import Any, Dict, Iterator, List, Set
 
 import pytest
 
+from tests.support import hookdet_process
 from tests.support.browser import browser, chromium_missing, console_errors, ui_server, wait_for, wait_ready
 from tests.support.progress_trials import OddNamesTrial
 
 REPO = Path(__file__).resolve().parents[1]
-HOOKDET = Path(sys.executable).with_name("hookdet")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ODD_NAME = "<script>alert('name')</script>"
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))]
 
 
-def hookdet(*arguments: str, cwd: Path) -> subprocess.Popen:
+def hookdet(*arguments: str, cwd: Path) -> hookdet_process.Hookdet:
     """``hookdet ARGUMENTS`` started; :func:`finished` waits for it."""
-    return subprocess.Popen([str(HOOKDET), *arguments], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return hookdet_process.start(*arguments, cwd=cwd, env=ENV)
 
 
-def finished(process: subprocess.Popen) -> str:
+def finished(process: hookdet_process.Hookdet) -> str:
     """What a started ``hookdet`` printed, once it ended well."""
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, out[-2000:] + err[-3000:]
@@ -216,8 +213,7 @@ def test_an_open_run_page_shows_a_new_validation_within_two_seconds(site: Dict[s
         min_validation_period: {batches: 10}
         """))
     run_dir = site["root"] / "live"
-    process = subprocess.Popen([str(HOOKDET), "run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir)],
-                               cwd=site["root"].parent, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = hookdet("run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir), cwd=site["root"].parent)
     try:
         metrics = run_dir / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and '"validation"' in metrics.read_text(), timeout=300)
@@ -234,7 +230,7 @@ def test_an_open_run_page_shows_a_new_validation_within_two_seconds(site: Dict[s
         assert console_errors(driver) == []
     finally:
         process.kill()
-        process.wait()
+        process.communicate()
 
 
 def _validations(metrics: Path) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -16,7 +15,8 @@ import pytest
 import torch
 
 from tests.support.states import assert_states_equal
-from tests.test_search_run import FIXTURES, HOOKDET, env, summary, wait_on_search
+from tests.support import hookdet_process
+from tests.test_search_run import FIXTURES, env, summary, wait_on_search
 
 pytest.importorskip("optuna")
 
@@ -29,13 +29,14 @@ def run_search(workdir: Path, config: Path, *args: str, cold: bool = False, resu
     starts = [json.loads(line) for line in (workdir / "trials.log").read_text().splitlines()]
     parents = {record["ppid"] for record in starts}
     lingering = [pid for pid in parents if running(pid)]  # as the driver's exit is seen
-    stderr = (workdir / "driver.err").read_text()
+    _, stderr = driver.communicate()
     assert driver.returncode == 0, stderr[-3000:]
     return {"pid": driver.pid, "starts": [r for r in starts if r["event"] == "start"], "stderr": stderr,
             "lingering": lingering}
 
 
-def start_search(workdir: Path, config: Path, *args: str, cold: bool = False, resume: bool = False) -> subprocess.Popen:
+def start_search(workdir: Path, config: Path, *args: str, cold: bool = False,
+                 resume: bool = False) -> hookdet_process.Hookdet:
     """Start ``hookdet run config`` for ``workdir/search`` (see :func:`run_search`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     environment = env(workdir)
@@ -43,10 +44,8 @@ def start_search(workdir: Path, config: Path, *args: str, cold: bool = False, re
         environment["HOOKDET_COLD_SEGMENTS"] = "1"
     else:
         environment.pop("HOOKDET_COLD_SEGMENTS", None)
-    # Its output to files, not pipes: waiting for the driver is not waiting for its output's readers.
-    with open(workdir / "driver.out", "a") as out, open(workdir / "driver.err", "a") as err:
-        return subprocess.Popen([*HOOKDET, "run", str(config), "--resume" if resume else "--run-dir", "search", *args],
-                                cwd=workdir, env=environment, stdout=out, stderr=err)
+    return hookdet_process.start("run", config, "--resume" if resume else "--run-dir", "search", *args, cwd=workdir,
+                                 env=environment)
 
 
 def running(pid: int) -> bool:
@@ -166,7 +165,7 @@ def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(t
     reports_file = tmp_path / "warm" / "search" / "trial-001" / "metrics.jsonl"
     wait_on_search(reports_file.exists, interrupted, "the first script's first report")
     interrupted.send_signal(signal.SIGTERM)
-    assert interrupted.wait(timeout=300) == 75, (tmp_path / "warm" / "driver.err").read_text()[-3000:]
+    assert interrupted.wait(timeout=300) == 75, interrupted.communicate()[1][-3000:]
     assert "hookdet: preempted after " in (tmp_path / "warm" / "search" / "trial-001.log").read_text()
     run_search(tmp_path / "warm", config, *options, resume=True)
     cold = run_search(tmp_path / "cold", config, *options, cold=True)

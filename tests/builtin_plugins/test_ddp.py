@@ -29,6 +29,7 @@ from hookdet.distributed.launcher import RANK_ENTRY
 from hookdet.runs.metrics import read_reports
 from hookdet.plugins.builtin.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugins.manager import PluginError, PluginManager
+from tests.support import hookdet_process
 from tests.support.distributed_trials import (
     REPO_ROOT,
     TESTS_DIR,
@@ -213,7 +214,7 @@ def _uneven_config(path: Path, **hparams: Any) -> Path:
     )
 
 
-def _wait_for_training_reports(metrics: Path, count: int, process: subprocess.Popen, timeout: float) -> None:
+def _wait_for_training_reports(metrics: Path, count: int, process: hookdet_process.Hookdet, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert process.poll() is None, "the run ended before it could be interrupted"
@@ -251,18 +252,12 @@ def test_uneven_shards_sigterm_and_exact_resume(tmp_path: Path) -> None:
     # The same run, sent SIGTERM through the launcher after 3 batches: every rank stops at the
     # same batch, the chief checkpoints, the launcher exits 75.
     slow = _uneven_config(tmp_path / "slow.yaml", sleep=0.15)
-    process = subprocess.Popen(
-        hookdet_command(slow, tmp_path / "stopped"), env=child_env(), cwd=str(REPO_ROOT),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    process = hookdet_process.start(*hookdet_command(slow, tmp_path / "stopped")[3:], env=child_env(), cwd=REPO_ROOT)
     try:
         _wait_for_training_reports(tmp_path / "stopped" / "metrics.jsonl", 3, process, LAUNCH_TIMEOUT)
         process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=LAUNCH_TIMEOUT)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stdout, stderr = process.communicate(timeout=LAUNCH_TIMEOUT)
     assert process.returncode == PREEMPTED_EXIT_CODE, stderr[-6000:]
     stopped = [read_rank(tmp_path / "stopped", rank) for rank in (0, 1)]
     assert stopped[0]["batches"] == stopped[1]["batches"]

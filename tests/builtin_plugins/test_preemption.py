@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -33,6 +31,7 @@ from hookdet import pytorch
 from hookdet.runs.metrics import read_reports
 from hookdet.plugins.builtin.preemption import PREEMPTED_EXIT_CODE
 from hookdet.plugin import SEGMENT_END_ENV, run_of
+from tests.support import hookdet_process
 from tests.support.resume_trials import RegressionTrial
 from tests.support.states import assert_states_equal
 
@@ -58,19 +57,17 @@ def write_config(path: Path, hparams: Dict[str, Any], **fields: Any) -> Path:
     return path
 
 
-def hookdet_run(config: Path, run_dir: Path, resume: Optional[Path] = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "hookdet", "run", str(config), "--model-dir", str(TESTS), "--run-dir", str(run_dir)]
-    if resume is not None:
-        command += ["--resume", str(resume)]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def hookdet_run(config: Path, run_dir: Path, resume: Optional[Path] = None) -> hookdet_process.Hookdet:
+    resuming = [] if resume is None else ["--resume", str(resume)]
+    return hookdet_process.start("run", config, "--model-dir", TESTS, "--run-dir", run_dir, *resuming, cwd=REPO)
 
 
-def finish(process: subprocess.Popen, timeout: float = 240) -> str:
-    output, _ = process.communicate(timeout=timeout)
-    return output.decode(errors="replace")
+def finish(process: hookdet_process.Hookdet, timeout: float = 240) -> str:
+    """Its standard output, then its standard error."""
+    return "".join(process.communicate(timeout=timeout))
 
 
-def wait_for(predicate: Any, process: subprocess.Popen, what: str, timeout: float = 120) -> None:
+def wait_for(predicate: Any, process: hookdet_process.Hookdet, what: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if process.poll() is not None:
@@ -366,9 +363,8 @@ def test_sigterm_as_a_completed_run_exits_does_not_turn_it_into_a_failure(tmp_pa
         "entrypoint": "lingering:Trial", "hyperparameters": {"global_batch_size": 2},
         "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}}}))
     marker = tmp_path / "exiting"
-    process = subprocess.Popen([sys.executable, "-m", "hookdet", "run", str(config), "--run-dir", str(tmp_path / "run")],
-                               cwd=tmp_path, env=dict(os.environ, LINGER_MARKER=str(marker)),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = hookdet_process.start("run", config, "--run-dir", tmp_path / "run", cwd=tmp_path,
+                                    env=dict(os.environ, LINGER_MARKER=str(marker)))
     wait_for(marker.exists, process, "the run's process to reach its exit")
     process.send_signal(signal.SIGTERM)
     output = finish(process)

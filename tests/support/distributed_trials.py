@@ -23,6 +23,7 @@ import yaml
 from torch import nn
 
 from hookdet import pytorch
+from tests.support import hookdet_process
 
 TESTS_DIR = Path(__file__).resolve().parent  # tests/support: the model directory of the trials here
 REPO_ROOT = TESTS_DIR.parents[1]
@@ -350,7 +351,11 @@ def hookdet_command(config: Path, run_dir: Path, *extra: str) -> List[str]:
 
 
 def run_command(command: Sequence[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
-    """Run ``command`` to completion (killing it after ``timeout`` seconds); output captured."""
+    """Run ``command`` to completion (killing it after ``timeout`` seconds); output captured. A
+    :func:`hookdet_command` runs as the tests run hookdet (:mod:`tests.support.hookdet_process`),
+    anything else (torchrun, horovodrun) as typed."""
+    if list(command[:3]) == [sys.executable, "-m", "hookdet"]:
+        return hookdet_process.run(*command[3:], cwd=REPO_ROOT, env=child_env(**env), timeout=timeout)
     return subprocess.run(
         list(command), env=child_env(**env), cwd=str(REPO_ROOT), capture_output=True, text=True,
         timeout=timeout,
