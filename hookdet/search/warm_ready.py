@@ -12,13 +12,15 @@ interpreter whose only work from now on is to be forked, once per segment.
 - what every ``hookdet run`` reads and no segment changes is read once here: hookdet's version
   (the command line's ``--version``), the plugins' entry points (stevedore keeps them in memory
   once read) and the class of the default checkpoint storage. In a forked segment, reading them
-  again walks the installed packages with cold caches.
+  again walks the installed packages with cold caches; a segment whose ``sys.path`` is not the
+  one they were read with (its ``PYTHONPATH`` adds places) reads the entry points again.
 
 Nothing here is for another process: the warm process alone imports this module.
 """
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 
 import stevedore
@@ -41,6 +43,8 @@ def skip_inherited_torch_finalizers() -> int:
     return skipped
 
 
+#: ``sys.path`` as the entry points were read: a segment whose path differs reads them again.
+PATH_READ = tuple(sys.path)
 version_string()
 stevedore.NamedExtensionManager(ENTRY_POINT_GROUP, names=[])  # reads the group, loads nothing
 storage_class("default")

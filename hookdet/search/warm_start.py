@@ -377,7 +377,7 @@ def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str
 
 def forget_entry_points() -> None:
     """Forget the entry points the warm process read (:mod:`hookdet.search.warm_ready`): this
-    segment's ``sys.path`` has more places that may hold packages."""
+    segment's ``sys.path`` is not the one they were read with."""
     import stevedore
 
     from hookdet.checkpoints.registry import storage_class
@@ -403,10 +403,10 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
     # sys.path and the import system as ``python -m`` in ``cwd`` with this PYTHONPATH would
     # have them (the warm process started elsewhere, and files may be new since it did)
     added = [cwd] + [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    added = [entry for entry in dict.fromkeys(added) if entry not in sys.path]
-    sys.path[:0] = added
+    sys.path[:0] = [entry for entry in dict.fromkeys(added) if entry not in sys.path]
     importlib.invalidate_caches()
-    if any(os.path.isdir(entry) for entry in added):
+    ready = sys.modules.get(READY)
+    if ready is None or tuple(sys.path) != ready.PATH_READ:
         forget_entry_points()
     set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
     if cpus and hasattr(os, "sched_setaffinity"):
