@@ -44,6 +44,7 @@ import torch
 from hookdet.runs.metrics import read_reports
 from tests.support.resume_trials import run_spec
 from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
+from tests.support.shared import computed_once
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,8 +156,12 @@ CASES = [(name, k) for name, (_spec, _hparams, ks) in SCENARIOS.items() for k in
 @pytest.fixture(scope="module")
 def resume_matrix(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     """Every scenario: the straight run, the stopped runs and their resumes (all resumes of all
-    scenarios in new processes, from one fresh interpreter)."""
-    root = tmp_path_factory.mktemp("resume")
+    scenarios in new processes, from one fresh interpreter); trained once for the session, the
+    tests only read it."""
+    return computed_once(tmp_path_factory, "resume-matrix", train_the_resume_matrix)
+
+
+def train_the_resume_matrix(root: Path) -> Dict[str, Any]:
     matrix: Dict[str, Any] = {}
     resume_specs, order = [], []
     for name, (spec_overrides, hparam_overrides, ks) in SCENARIOS.items():

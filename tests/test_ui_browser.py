@@ -21,6 +21,7 @@ import pytest
 from tests.support import hookdet_process
 from tests.support.browser import browser, chromium_missing, console_errors, ui_server, wait_for, wait_ready
 from tests.support.progress_trials import OddNamesTrial
+from tests.support.shared import computed_once
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -48,9 +49,18 @@ def run_dir_of(output: str) -> Path:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
+    """The runs of :func:`train_the_site` (trained once for the session, only read) and a folder
+    of this worker's where the live test adds its run; ``hookdet ui`` over both and a browser."""
+    trained = computed_once(tmp_path_factory, "ui-site", train_the_site)
+    live = tmp_path_factory.mktemp("site") / "runs"
+    live.mkdir()
+    with ui_server(str(trained["root"]), str(live)) as (url, _, _), browser() as driver:
+        yield {"url": url.rstrip("/"), "driver": driver, "live": live, **trained}
+
+
+def train_the_site(digits: Path) -> Dict[str, Path]:
     """The digits example trained and resumed with a change, its adaptive search (4 trials of at
-    most 90 batches, to keep the suite quick), and a run whose names are HTML; ``hookdet ui`` over them and a browser."""
-    digits = tmp_path_factory.mktemp("digits")
+    most 90 batches, to keep the suite quick), and a run whose names are HTML, in ``digits/runs``."""
     for path in (REPO / "examples" / "digits").iterdir():
         if path.is_file():
             shutil.copy(path, digits)
@@ -72,9 +82,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
         finished(process)
     (search,) = [path for path in (digits / "runs").iterdir() if (path / "search.json").exists()]
     second = search / "trial-001"  # a run of the same trial, other hyperparameters: compared with the first
-    with ui_server(str(digits / "runs")) as (url, _, _), browser() as driver:
-        yield {"url": url.rstrip("/"), "driver": driver, "first": first, "second": second, "search": search,
-               "odd": odd, "root": digits / "runs"}
+    return {"first": first, "second": second, "search": search, "odd": odd, "root": digits / "runs"}
 
 
 def shot(driver: Any, name: str) -> None:
@@ -205,19 +213,19 @@ def test_what_run_files_hold_is_shown_as_text(site: Dict[str, Any]) -> None:
 
 
 def test_an_open_run_page_shows_a_new_validation_within_two_seconds(site: Dict[str, Any]) -> None:
-    experiment = site["root"].parent / "live.yaml"
+    experiment = site["live"].parent / "live.yaml"
     experiment.write_text(textwrap.dedent("""
         entrypoint: tests.support.progress_trials:SlowTrainingTrial
         hyperparameters: {lr: 0.1, records: 8, global_batch_size: 2, train_sleep_s: 0.05}
         searcher: {name: single, metric: validation_loss, max_length: {batches: 400}}
         min_validation_period: {batches: 10}
         """))
-    run_dir = site["root"] / "live"
-    process = hookdet("run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir), cwd=site["root"].parent)
+    run_dir = site["live"] / "live"
+    process = hookdet("run", str(experiment), "--model-dir", str(REPO), "--run-dir", str(run_dir), cwd=site["live"].parent)
     try:
         metrics = run_dir / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and '"validation"' in metrics.read_text(), timeout=300)
-        driver = open_page(site, f"/run/{_root_key(site['root'])}/live")
+        driver = open_page(site, f"/run/{_root_key(site['live'])}/live")
         points = "const d = document.getElementById('chart-validation_loss'); return d && d.data ? d.data[0].x.length : 0"
         lags: List[float] = []
         for _ in range(3):

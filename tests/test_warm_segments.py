@@ -84,11 +84,15 @@ def test_warm_segments_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
     same decisions, every trial's metrics.jsonl and its newest checkpoint (weights, optimizer,
     every RNG stream) equal bit for bit. Warm segments are children of one fork server, not of
     the driver, which ends it before it exits; cold ones are the driver's own."""
-    warm = run_search(tmp_path / "warm", FIXTURES / "asha.yaml", "--workers", "1")
-    cold = run_search(tmp_path / "cold", FIXTURES / "asha.yaml", "--workers", "1", cold=True)
+    # Three trials (the fixture's four less one, for the cold search's sake): one stopped at its
+    # rung, one continued from its checkpoint.
+    options = ("--workers", "1", "--config", "searcher.max_trials=3")
+    warm = run_search(tmp_path / "warm", FIXTURES / "asha.yaml", *options)
+    cold = run_search(tmp_path / "cold", FIXTURES / "asha.yaml", *options, cold=True)
     assert summary(tmp_path / "warm" / "search") == summary(tmp_path / "cold" / "search")
+    assert {row["state"] for row in summary(tmp_path / "warm" / "search")} == {"completed", "stopped"}
     trials = sorted(path.name for path in (tmp_path / "warm" / "search").glob("trial-*") if path.is_dir())
-    assert len(trials) == 4
+    assert len(trials) == 3
     for name in trials:
         warm_dir, cold_dir = tmp_path / "warm" / "search" / name, tmp_path / "cold" / "search" / name
         assert reports(warm_dir) == reports(cold_dir), name
