@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 OVERHEAD = REPO / "benchmarks" / "overhead.py"
 
@@ -27,6 +29,7 @@ def _run(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_hookdet_final_weights_equal_the_raw_loop_bitwise(tmp_path: Path) -> None:
     done = _run(tmp_path, "--modes", "raw,hookdet", "--workloads", "mlp,cnn")
     assert done.returncode == 0, done.stdout + done.stderr

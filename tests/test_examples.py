@@ -461,6 +461,7 @@ def fit_recording_dtypes(name: str, trial_attr: str, run_dir: Path, batches: int
     return trial, recorder.dtypes
 
 
+@pytest.mark.slow
 def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
     pytest.importorskip("hookdet.plugins.builtin.amp")
     trial, dtypes = fit_recording_dtypes("amp_pytorch", "MNistAutoAMPTrial", tmp_path / "run", batches=20)
@@ -474,6 +475,7 @@ def test_amp_example_autocasts_the_forward_pass(tmp_path: Path) -> None:
     assert validation["metrics"]["accuracy"] > 0.4, validation
 
 
+@pytest.mark.slow
 def test_apex_example_runs_opt_level_o1(tmp_path: Path) -> None:
     pytest.importorskip("hookdet.plugins.builtin.apex")
     trial, dtypes = fit_recording_dtypes("apex_pytorch", "MNistApexAMPTrial", tmp_path / "run", batches=20)

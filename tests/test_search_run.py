@@ -322,6 +322,7 @@ def test_a_random_search_without_a_length_trains_each_trial_the_length_its_scrip
     assert [(t["state"], t["batches"], t["segments"]) for t in trials] == [("completed", 6, 1)] * 2
 
 
+@pytest.mark.slow
 def test_a_grid_without_hyperparameters_has_no_trial(tmp_path: Path) -> None:
     """As in Determined: a grid of no axes has no points, so the search creates no trial."""
     config = tmp_path / "grid.yaml"
@@ -396,6 +397,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_sigterm_as_a_finished_search_exits_changes_nothing(tmp_path: Path) -> None:
     """A SIGTERM once the search has ended, before its summary is written: the search still
     writes it and exits 0, instead of dying of the signal (-15) with no summary."""

@@ -33,8 +33,8 @@ def storage_block(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
     return {"type": "flatfs", "root": str(tmp_path / "flat-store")}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["gcs", "azure", "flatfs"])
+@pytest.mark.parametrize("kind", [pytest.param("gcs", marks=pytest.mark.slow), pytest.param("azure", marks=pytest.mark.slow),
+                                  "flatfs"])
 def test_run_resume_show_and_export_through_each_storage_type(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

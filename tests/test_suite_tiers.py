@@ -1,5 +1,6 @@
 """The fast tier (``python -m pytest -m "not slow"``, CONTRIBUTING.md) runs at least one test of
-every test module, so an edit checked with it has touched every feature's tests."""
+every test module, so an edit checked with it has touched every feature's tests; the modules
+whose every test needs seconds of processes it cannot share are named here, each with why."""
 from __future__ import annotations
 
 import json
@@ -29,6 +30,25 @@ print(json.dumps({"status": int(status), "items": marks.items}))
 """
 
 
+#: Test modules with no test in the fast tier, and why each of their tests is slow.
+WHOLLY_SLOW = {
+    "tests/parity/test_ddp_passthrough.py": "two ranks under torchrun, each a new interpreter",
+    "tests/parity/test_parity.py": "each case runs Determined 0.38.1 in its own interpreter",
+    "tests/parity/test_parity_data.py": "each case runs Determined 0.38.1 in its own interpreter",
+    "tests/parity/test_parity_distributed.py": "two ranks of Determined and of hookdet under torchrun",
+    "tests/parity/test_parity_experiment_file.py": "each case runs Determined 0.38.1 in its own interpreter",
+    "tests/parity/test_public_surface.py": "dumps Determined's public surface in its own interpreter",
+    "tests/test_builtin_registry.py": "one table: every plugin trained in a fork of its own",
+    "tests/test_checkpoint_index.py": "resumes by id in new interpreters, on purpose",
+    "tests/test_ranks_view.py": "two ranks drawing on a terminal",
+    "tests/test_search_store_faults.py": "whole searches whose store is damaged mid-way",
+    "tests/test_search_vocabulary.py": "whole searches read back by every command",
+    "tests/test_tensorboard_hparams.py": "a whole search read by a TensorBoard server",
+    "tests/test_ui_browser.py": "a real Chromium over trained runs and a search",
+    "tests/test_warm_segments.py": "warm searches compared with cold ones",
+}
+
+
 def test_every_test_module_has_a_test_in_the_fast_tier() -> None:
     done = subprocess.run([sys.executable, "-c", COLLECT], cwd=REPO, capture_output=True, text=True, timeout=600)
     collected = json.loads(done.stdout.strip().splitlines()[-1])
@@ -36,4 +56,5 @@ def test_every_test_module_has_a_test_in_the_fast_tier() -> None:
     modules = {module for module, _ in collected["items"]}
     fast = {module for module, slow in collected["items"] if not slow}
     assert len(modules) > 50, modules
-    assert sorted(modules - fast) == []
+    assert sorted(modules - fast - set(WHOLLY_SLOW)) == []
+    assert sorted(set(WHOLLY_SLOW) & fast) == []  # a module that has a fast test is not listed

@@ -34,7 +34,6 @@ def sample_environment(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, st
     return env
 
 
-@pytest.mark.slow
 def test_hookdet_plugins_lists_it(sample_environment: Dict[str, str]) -> None:
     listed = hookdet_process.run("plugins", env=sample_environment)
     assert listed.returncode == 0, listed.stderr

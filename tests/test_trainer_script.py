@@ -30,8 +30,6 @@ from tests.support.distributed_trials import free_port
 FIXTURE = Path(__file__).parent / "fixtures" / "trainer_script"
 VENV_BIN = Path(sys.executable).parent
 
-pytestmark = pytest.mark.slow
-
 
 def environment(tmp_path: Path, **extra: str) -> Dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in ("HOOKDET_CLUSTER_INFO", "HOOKDET_RUN_DIR")}
@@ -78,6 +76,7 @@ def const_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     return {"result": seen, "run_dir": tmp_path / "run", "stderr": result.stderr}
 
 
+@pytest.mark.slow
 def test_bare_and_under_hookdet_run_train_the_same(tmp_path: Path, const_run: Dict[str, Any]) -> None:
     bare = run([sys.executable, "train.py", "--epochs", "1"], tmp_path, HOOKDET_RUN_DIR=str(tmp_path / "bare"))
     (local,) = results(bare.stdout)
@@ -95,6 +94,7 @@ def test_bare_and_under_hookdet_run_train_the_same(tmp_path: Path, const_run: Di
     assert [meta["steps_completed"] for _, meta in lookup.find_checkpoints(const_run["run_dir"] / "checkpoints")] == [8]
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path) -> None:
     torchrun = run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -114,6 +114,7 @@ def test_two_ranks_under_torchrun_and_hookdet_run_train_the_same(tmp_path: Path)
     assert len({r["weights"] for r in local + on_cluster}) == 1
 
 
+@pytest.mark.slow
 def test_two_machines_on_localhost_leave_one_run_directory(tmp_path: Path) -> None:
     """Two ``hookdet run two.yaml --nnodes=2 --node-rank=N`` on one machine, each with its
     default run directory and the checkpoints on a shared filesystem: rank 0's machine records
@@ -148,6 +149,7 @@ def test_two_machines_on_localhost_leave_one_run_directory(tmp_path: Path) -> No
     assert sorted(result["container_rank"] for stdout, _ in outputs for result in results(stdout)) == [0, 1]
 
 
+@pytest.mark.slow
 def test_two_ranks_under_the_horovod_launch_layer(tmp_path: Path) -> None:
     """``horovod.yaml`` (``python3 -m determined.launch.horovod --autohorovod python3 train.py``):
     hookdet run starts the script's 2 ranks with horovodrun, and the script's ``pytorch.init()``
@@ -165,6 +167,7 @@ def test_two_ranks_under_the_horovod_launch_layer(tmp_path: Path) -> None:
     assert [meta["steps_completed"] for _, meta in checkpoints] == [8]  # an epoch: 256 records, 32 a batch
 
 
+@pytest.mark.slow
 def test_a_rank_aborting_after_its_training_ended_does_not_fail_the_run(tmp_path: Path) -> None:
     """Rank 1 of ``distributed.yaml`` aborts (SIGABRT) as it exits, after training: the run is
     complete (exit 0, its checkpoint there) and one warning names the rank and the signal. An
@@ -183,6 +186,7 @@ def test_a_rank_aborting_after_its_training_ended_does_not_fail_the_run(tmp_path
                for line in failed.stderr.splitlines()), failed.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_preempted_script_exits_75_and_resume_reaches_latest_checkpoint(
     tmp_path: Path, const_run: Dict[str, Any]
 ) -> None:
@@ -252,6 +256,7 @@ def records_of(run_dir: Path) -> Dict[str, bytes]:
             for name in ("run.json", "config.json", "metrics.jsonl", "run_identity.json", "history.jsonl")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launch", [[], [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]],
                          ids=["bare", "torchrun-2-ranks"])
 def test_a_second_script_run_into_its_run_directory_is_refused_naming_latest_checkpoint(
@@ -307,6 +312,7 @@ def tensorboard_for_determined(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_fixture_is_a_determined_script(tmp_path: Path) -> None:
     """The real Determined (the parity suite's environment) runs the fixture as its tutorial."""
     from tests.parity.harness import require_determined
@@ -325,6 +331,7 @@ def test_the_fixture_is_a_determined_script(tmp_path: Path) -> None:
     assert "checkpoint_policy='best' is not supported in local training mode" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_script_resuming_a_run_that_does_not_fit_says_so_in_one_line(tmp_path: Path) -> None:
     """A script resuming another trial's run (a different model structure): the one line a trial
     class's run prints (``hookdet: error: cannot resume: ...``), not a traceback through

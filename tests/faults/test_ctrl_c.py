@@ -58,7 +58,6 @@ def trained_records(run_dir: Path) -> list:
     return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
 
 
-@pytest.mark.slow
 def test_ctrl_c_while_a_script_is_still_importing_stops_it_in_one_line(tmp_path: Path) -> None:
     config = script_experiment(tmp_path)
     marker, run_dir = tmp_path / "importing", tmp_path / "run"

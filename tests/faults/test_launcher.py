@@ -140,6 +140,7 @@ def test_sigterm_stops_two_ranks_with_75_and_no_torchrun_traceback(tmp_path: Pat
     assert "\x1b[" not in stderr and not re.search(r"rank \d +\S*━", stderr)
 
 
+@pytest.mark.slow
 def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
     config = write_config(tmp_path / "exp.yaml")
     config.write_text(config.read_text().replace("distributed_trials:LinearTrial", "distributed_trials:NoSuchTrial"))
@@ -281,6 +282,7 @@ def test_an_abort_in_teardown_cannot_fail_a_finished_run(tmp_path: Path) -> None
     assert not error_lines(stderr) and "completed after 4 batches" in stdout, stdout[-2000:] + stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plugins, words", [
     (["no:ddp"], "the experiment file removes 'ddp' (no:ddp)"),
     ({"only": ["checkpoint", "metrics_log"]}, "the experiment file lists only ['checkpoint', 'metrics_log']"),
@@ -301,6 +303,7 @@ def test_no_and_only_hold_under_two_ranks_and_a_launch_nothing_distributes_is_re
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_only_with_ddp_listed_trains_two_ranks(tmp_path: Path) -> None:
     config = write_config(tmp_path / "exp.yaml")
     content = yaml.safe_load(config.read_text())

@@ -23,8 +23,6 @@ from tests.faults.harness import run, write_config
 from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
 from tests.support.storage_servers import azure_server  # noqa: F401  (a fixture)
 
-pytestmark = pytest.mark.slow
-
 
 def storage_block(kind: str, request: pytest.FixtureRequest) -> Dict[str, Any]:
     if kind == "s3":
@@ -58,6 +56,7 @@ def damage(run_dir: Path, storage_id: str, how: str, scratch: Path) -> str:
     return storage.location(storage_id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, how", [("s3", "deleted"), ("s3", "truncated"), ("azure", "deleted"),
                                        ("azure", "truncated")])
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_continues_exactly(
@@ -99,6 +98,7 @@ def straight_searcher() -> Dict[str, Any]:
     return {"name": "single", "metric": "validation_loss", "smaller_is_better": True, "max_length": {"batches": 16}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["s3", "azure"])
 def test_a_killed_upload_of_this_run_is_removed_and_anothers_in_progress_kept(
         kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:

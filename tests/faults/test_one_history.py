@@ -37,7 +37,6 @@ def trained(config: Path, run_dir: Path, case: str) -> Dict[str, bytes]:
     return snapshot(run_dir)
 
 
-@pytest.mark.slow
 def test_a_second_run_into_a_run_directory_is_refused_naming_resume(tmp_path: Path) -> None:
     config = write_config(tmp_path / "exp.yaml")
     run_dir = tmp_path / "run"

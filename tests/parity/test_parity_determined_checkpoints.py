@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.parity import harness
 from tests.parity.checks import COMPARED, assert_same_weights, events
 from tests.parity.compare import AVERAGE_RTOL, metric_value, values_differ
@@ -39,6 +41,7 @@ def continue_under_hookdet(tmp_path: Path, trial: str, fit: dict, checkpoint_dir
     return harness._collect(harness._launch("hookdet", spec, workdir, 1, 1), "hookdet", workdir, harness.TIMEOUT_S)[0]
 
 
+@pytest.mark.slow
 def test_a_determined_checkpoint_continues_under_hookdet_bit_for_bit(tmp_path):
     stopped = harness.run_case(tmp_path / "stopped", "Continued", dict(PERIODS, max_length={"Batch": 4}),
                                frameworks=("determined",))["determined"][0][0]

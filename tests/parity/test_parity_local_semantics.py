@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import List
 
+import pytest
+
 from hookdet.runs.metrics import read_reports
 from tests.faults.harness import REPO, run, write_config
 from tests.parity import harness
@@ -29,6 +31,7 @@ def on_disk(tmp_path: Path, framework: str, uuid: str) -> bool:
     return (tmp_path / "hookdet" / "run" / "checkpoints" / uuid / "metadata.json").is_file()
 
 
+@pytest.mark.slow
 def test_the_trainer_api_keeps_every_checkpoint_and_resumes_from_the_first(tmp_path):
     """``pytorch.init()`` + ``Trainer.fit`` with no ``checkpoint_storage``: Determined, with no
     master to collect them, keeps every checkpoint it writes, and so does hookdet; a second fit
