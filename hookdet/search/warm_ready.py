@@ -12,8 +12,8 @@ interpreter whose only work from now on is to be forked, once per segment.
 - what every ``hookdet run`` reads and no segment changes is read once here: hookdet's version
   (the command line's ``--version``), the plugins' entry points (stevedore keeps them in memory
   once read) and the class of the default checkpoint storage. In a forked segment, reading them
-  again walks the installed packages with cold caches; a segment whose ``sys.path`` is not the
-  one they were read with (its ``PYTHONPATH`` adds places) reads the entry points again.
+  again walks the installed packages with cold caches; a segment whose ``sys.path`` has packages
+  from elsewhere (a ``PYTHONPATH`` of its own) reads the entry points again.
 
 Nothing here is for another process: the warm process alone imports this module.
 """
@@ -43,7 +43,8 @@ def skip_inherited_torch_finalizers() -> int:
     return skipped
 
 
-#: ``sys.path`` as the entry points were read: a segment whose path differs reads them again.
+#: ``sys.path`` as the entry points were read: a segment whose path has packages from elsewhere
+#: reads them again.
 PATH_READ = tuple(sys.path)
 version_string()
 stevedore.NamedExtensionManager(ENTRY_POINT_GROUP, names=[])  # reads the group, loads nothing

@@ -375,9 +375,19 @@ def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=child_setup))
 
 
+def holds_packages(entry: str) -> bool:
+    """Whether the ``sys.path`` entry holds installed packages' metadata (where entry points are
+    found); a model directory does not."""
+    try:
+        return any(name.endswith((".dist-info", ".egg-info")) for name in os.listdir(entry or "."))
+    except OSError:
+        return False
+
+
 def forget_entry_points() -> None:
     """Forget the entry points the warm process read (:mod:`hookdet.search.warm_ready`): this
-    segment's ``sys.path`` is not the one they were read with."""
+    segment's ``sys.path`` has packages they were not read from (reading them again costs about
+    0.1 s, more than the rest of a segment's start)."""
     import stevedore
 
     from hookdet.checkpoints.registry import storage_class
@@ -406,7 +416,7 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
     sys.path[:0] = [entry for entry in dict.fromkeys(added) if entry not in sys.path]
     importlib.invalidate_caches()
     ready = sys.modules.get(READY)
-    if ready is None or tuple(sys.path) != ready.PATH_READ:
+    if ready is None or any(holds_packages(entry) for entry in sys.path if entry not in ready.PATH_READ):
         forget_entry_points()
     set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
     if cpus and hasattr(os, "sched_setaffinity"):
