@@ -16,6 +16,7 @@ installed ``hookdet`` console script (``entry_point=True``), a terminal, a comma
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import signal
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
@@ -31,6 +33,16 @@ REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINT = Path(sys.executable).with_name("hookdet")
 
 _server: Optional[multiprocessing.context.BaseContext] = None
+#: What this test worker started and has not seen end: killed when the worker exits (multiprocessing
+#: would otherwise wait there for a warm one a failing test left running).
+_started: "weakref.WeakSet[Hookdet]" = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_what_is_left() -> None:
+    for process in list(_started):
+        if process.poll() is None:
+            process.kill()
 
 
 def child_env(env: Optional[Mapping[str, str]] = None, **extra: str) -> Dict[str, str]:
@@ -84,6 +96,7 @@ class Hookdet:
                 args=(list(args), env, str(cwd), str(self.stdout_path), str(self.stderr_path)))
             self.process.start()
         self.pid: int = self.process.pid
+        _started.add(self)
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
