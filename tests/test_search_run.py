@@ -475,8 +475,8 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
                 break
             except subprocess.TimeoutExpired:
                 pass
-        driver.send_signal(signal.SIGKILL)
-        driver.communicate()
+        driver.send_signal(signal.SIGKILL)  # the driver alone, as kill -9 PID does
+        driver.wait()
         killed_drivers += 1
     assert killed_drivers == rounds, f"the search finished after {killed_drivers} of {rounds} kills"
     resumed = search(tmp_path, config, "--resume", "killed", "--workers", "2", *options)
@@ -758,8 +758,8 @@ def test_a_tpe_search_with_hyperband_ends_alike_with_two_workers_and_a_driver_ki
     driver = hookdet_process.start("run", FIXTURES / "optuna.yaml", "--workers", "2", "--run-dir", "killed",
                                    cwd=tmp_path, env=env(tmp_path))
     driver.first_line(lambda line: line.startswith("search: trial"))  # its first decision is saved: kill it now
-    driver.send_signal(signal.SIGKILL)
-    driver.communicate()
+    driver.send_signal(signal.SIGKILL)  # the driver alone, as kill -9 PID does
+    driver.wait()
     resumed = search(tmp_path, "optuna.yaml", "--resume", "killed", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(tmp_path / "killed") == expected
