@@ -121,6 +121,14 @@ def _default_workers(slots_per_trial: int) -> int:
     return max(gpus // max(slots_per_trial, 1), 1)
 
 
+def has_trials(searcher: str, space: Dict[str, Any]) -> bool:
+    """Whether the search can make a trial: all but Determined's grid of no hyperparameter axes
+    (for that one, starting the warm process would import torch for nothing)."""
+    from hookdet.search.space import grid
+
+    return searcher != "grid" or bool(grid(space))
+
+
 def run_search(args: argparse.Namespace) -> int:
     """Run (or, with ``--resume SEARCH_DIR``, continue) the search ``args.config`` describes."""
     from hookdet.search import summary
@@ -133,8 +141,8 @@ def run_search(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else _default_workers(slots)
     if settings.max_concurrent_trials > 0:
         workers = min(workers, settings.max_concurrent_trials)
-    if workers > 0:  # the warm process imports torch while this one opens the store and decides
-        from hookdet.search.warm_start import warm_up
+    if workers > 0 and has_trials(settings.name, space):  # the warm process imports torch while
+        from hookdet.search.warm_start import warm_up  # this one opens the store and decides
 
         warm_up(model_dir, raw.get("entrypoint"))
     from hookdet.cli.run_edges import LateStop
