@@ -12,7 +12,8 @@ status (negative for the signal that killed it).
 ``cold=True`` starts a new interpreter instead. A test passes it when it is *about* what only a
 new interpreter shows — process start-up, a signal that arrives as the process starts, the
 installed ``hookdet`` console script (``entry_point=True``), a terminal, a command run through a
-``prefix`` (``setpriv ...``) or with a ``preexec_fn`` (cold too) — and says why where it calls. ``HOOKDET_TEST_COLD=1`` makes every run cold (to tell a warm-only failure from a real one).
+``prefix`` (``setpriv ...``) or with a ``preexec_fn`` (cold too) — and says why where it calls.
+``HOOKDET_TEST_COLD=1`` makes every run cold (to tell a warm-only failure from a real one).
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 #: The installed console script, beside this interpreter.
 ENTRY_POINT = Path(sys.executable).with_name("hookdet")
 
-_server: Optional[multiprocessing.context.BaseContext] = None
 #: What this test worker started and has not seen end: killed when the worker exits (multiprocessing
 #: would otherwise wait there for a warm one a failing test left running).
 _started: "weakref.WeakSet[Hookdet]" = weakref.WeakSet()
@@ -51,22 +51,19 @@ def child_env(env: Optional[Mapping[str, str]] = None, **extra: str) -> Dict[str
     directory inherited from an enclosing ``hookdet run``, and ``extra``."""
     result = dict(os.environ if env is None else env)
     result.setdefault("OMP_NUM_THREADS", "1")
-    result["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [str(REPO), *result.get("PYTHONPATH", "").split(os.pathsep)])))
+    paths = [str(REPO), *result.get("PYTHONPATH", "").split(os.pathsep)]
+    result["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, paths)))
     result.pop("HOOKDET_RUN_DIR", None)
     result.update(extra)
     return result
 
 
 def warm_server() -> multiprocessing.context.BaseContext:
-    """This test worker's fork server, started on first use with what a segment preloads."""
-    global _server
-    if _server is None:
-        from hookdet.search.warm_start import preload_modules
+    """This test worker's fork server: the search's own (:func:`hookdet.search.warm_start.forkserver`),
+    started on first use with what a segment preloads."""
+    from hookdet.search.warm_start import forkserver
 
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(preload_modules())
-        _server = context
-    return _server
+    return forkserver(REPO, None)
 
 
 class Hookdet:

@@ -43,9 +43,3 @@ def computed_once(tmp_path_factory: pytest.TempPathFactory, name: str, compute: 
         saved.write_bytes(pickle.dumps(value))
         return value
 
-
-def private_copy(shared: Path, tmp_path: Path) -> Path:
-    """A copy of the shared directory ``shared`` for one test to change as it likes."""
-    copy = tmp_path / shared.name
-    shutil.copytree(shared, copy, symlinks=True)
-    return copy
