@@ -1,11 +1,12 @@
-"""Run a parity case under the real Determined and under hookdet, each in fresh processes.
+"""Run a parity case under the real Determined and under hookdet, each in a process of its own.
 
 A case is a trial class of :mod:`tests.parity.trials`, its hyperparameters and ``Trainer.fit``
 arguments; optionally a second phase that resumes, in new processes, from the first phase's
 latest checkpoint. Each framework gets its own working directory (Determined's local checkpoints
 go under ``$XDG_DATA_HOME``, hookdet's under ``$HOOKDET_RUN_DIR``) and the same seed. The two
 frameworks' processes run side by side: each is deterministic on its own, so sharing the CPU
-changes their timing, never their results.
+changes their timing, never their results. Each process is forked from a warm server of its
+framework (:mod:`tests.parity.warm_runner`), or a new interpreter under ``HOOKDET_TEST_COLD=1``.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
+
+from tests.parity import warm_runner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("runner.py")
@@ -103,11 +106,17 @@ def _launch(
             if framework == "determined":
                 env.update(zmq_ports)
         out = workdir / f"phase{phase}-rank{rank}.json"
-        log = open(workdir / f"phase{phase}-rank{rank}.log", "w")
-        process = subprocess.Popen(
-            [python, str(RUNNER), str(spec_path), str(out)],
-            cwd=_cwd(workdir), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        log = workdir / f"phase{phase}-rank{rank}.log"
+        log.write_text("")
+        if warm_runner.cold():
+            with open(log, "w") as output:
+                process = subprocess.Popen(
+                    [python, str(RUNNER), str(spec_path), str(out)], cwd=_cwd(workdir), env=env,
+                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+        else:
+            process = warm_runner.server(python, framework).start(
+                str(spec_path), str(out), env, str(_cwd(workdir)), str(log))
         processes.append((process, out, log))
     return processes
 
@@ -125,14 +134,23 @@ def _collect(processes: List[Any], framework: str, workdir: Path, timeout_s: flo
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
+            _kill_session(process)
             process.wait()
-        log.close()
         if process.returncode != 0 or not out.exists():
-            text = Path(log.name).read_text()[-4000:]
+            text = log.read_text()[-4000:]
             raise AssertionError(f"{framework} runner failed (rc {process.returncode}):\n{text}")
         records.append(json.loads(out.read_text()))
     return records
+
+
+def _kill_session(process: Any) -> None:
+    if isinstance(process, warm_runner.Runner):
+        process.kill()
+        return
+    try:
+        os.killpg(process.pid, 9)
+    except ProcessLookupError:
+        pass
 
 
 def run_case(

@@ -33,3 +33,20 @@ def test_metric_value_strips_containers_only():
     array = {"ndarray": "float32", "shape": [], "values": 2.5}
     assert metric_value({"dict": "dict", "items": {"x": array, "y": 2.5}}) == {"x": 2.5, "y": 2.5}
     assert metric_value({"list": [array]}) == [2.5]
+
+
+@pytest.mark.slow
+def test_a_runner_forked_from_the_warm_server_records_what_a_new_interpreter_records(tmp_path, monkeypatch):
+    """Both frameworks' records (events, final weights, error) of one checkpointing case are
+    equal whether its runners are forked from the warm servers (the default) or started cold."""
+    from tests.parity.checks import PERIODS
+
+    fit = dict(PERIODS, max_length={"Batch": 5})
+    warm = harness.run_case(tmp_path / "warm", "Basic", fit)
+    monkeypatch.setenv("HOOKDET_TEST_COLD", "1")
+    cold = harness.run_case(tmp_path / "cold", "Basic", fit)
+    for framework in harness.FRAMEWORKS:
+        (warm_record,), (cold_record,) = warm[framework][0], cold[framework][0]
+        assert len(warm_record["events"]) > 20
+        for key in ("events", "weights", "error"):
+            assert warm_record[key] == cold_record[key], (framework, key)
