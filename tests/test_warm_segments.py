@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -195,3 +196,27 @@ def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(t
     assert seen[0]["leads_its_session"] and seen[0]["name"] == "__main__" and seen[0]["process_name"] == "MainProcess"
     assert seen[0]["argv"][0] == "train.py" and seen[0]["file"] == str(model / "train.py")
     assert seen[0]["path0"] == str(model)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_sigkill_of_the_driver_stops_its_warm_segment_with_a_checkpoint(tmp_path: Path) -> None:
+    """``kill -9`` of a search's driver (its one worker runs in it): the warm process ends with
+    it, so the segment it was training gets its parent-death signal, SIGTERM, checkpoints and
+    stops, as the docs say, instead of training on, orphaned, into the search's directory."""
+    from hookdet.search.store import attrs_of
+    from tests.test_search_run import segments
+
+    environment = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.5")
+    driver = hookdet_process.start("run", FIXTURES / "asha.yaml", "--run-dir", "search", "--workers", "1",
+                                   "--config", "searcher.max_trials=1", cwd=tmp_path, env=environment)
+    reports_file = tmp_path / "search" / "trial-001" / "metrics.jsonl"
+    wait_on_search(reports_file.exists, driver, "the trial's first report")
+    (pid,) = [attrs_of(s)["child_pid"] for s in segments(tmp_path / "search") if s.state.name == "RUNNING"]
+    driver.send_signal(signal.SIGKILL)  # the driver alone, as kill -9 PID does
+    driver.wait()
+    deadline = time.monotonic() + 120
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(pid), "the segment trains on after its driver's SIGKILL"
+    assert "hookdet: preempted after " in (tmp_path / "search" / "trial-001.log").read_text()

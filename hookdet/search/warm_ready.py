@@ -15,12 +15,24 @@ interpreter whose only work from now on is to be forked, once per segment.
   again walks the installed packages with cold caches; a segment whose ``sys.path`` has packages
   from elsewhere (a ``PYTHONPATH`` of its own) reads the entry points again.
 
+- the warm process ends with the process that started it (a search's worker): each process it
+  forks holds the pipe by which :mod:`multiprocessing` tells the server its caller is gone, so a
+  server with a segment running would outlive a worker killed with SIGKILL, and the segment,
+  waiting on its parent-death signal, would train on, orphaned. A thread of the server waits on
+  its parent's exit and ends it; the segment then gets its parent-death signal (SIGTERM:
+  checkpoint and stop).
+
 Nothing here is for another process: the warm process alone imports this module.
 """
 from __future__ import annotations
 
 import gc
+import os
+import select
+import signal
 import sys
+import threading
+import time
 import weakref
 
 import stevedore
@@ -43,6 +55,24 @@ def skip_inherited_torch_finalizers() -> int:
     return skipped
 
 
+def end_with_parent() -> None:
+    """End this process (SIGKILL: it holds nothing to save) when the process that started it
+    exits, watched from a daemon thread (a forked child has none of its threads)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        try:
+            with_parent = os.pidfd_open(parent)
+        except (AttributeError, OSError):  # no pidfd (an older kernel): look every second
+            while os.getppid() == parent:
+                time.sleep(1.0)
+        else:
+            select.select([with_parent], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="hookdet-warm-parent", daemon=True).start()
+
+
 #: ``sys.path`` as the entry points were read: a segment whose path has packages from elsewhere
 #: reads them again.
 PATH_READ = tuple(sys.path)
@@ -50,4 +80,5 @@ version_string()
 stevedore.NamedExtensionManager(ENTRY_POINT_GROUP, names=[])  # reads the group, loads nothing
 storage_class("default")
 skip_inherited_torch_finalizers()
+end_with_parent()
 gc.freeze()

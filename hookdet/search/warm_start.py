@@ -17,8 +17,8 @@ What a segment keeps from the cold way:
   the child before anything runs (the thread count explicitly: the OpenMP runtime read
   ``OMP_NUM_THREADS`` when the fork server loaded torch, not when the segment started);
 - its output goes to the trial's log file; SIGTERM reaches it as before (it checkpoints and exits
-  75), and it gets SIGTERM when its worker dies (the fork server leaves when its worker goes, and
-  the segment is told by its parent-death signal);
+  75), and it gets SIGTERM when its worker dies, even by SIGKILL (the fork server ends with its
+  worker, :mod:`hookdet.search.warm_ready`, and the segment is told by its parent-death signal);
 - the interpreter's exit functions run at its end, as at a cold interpreter's exit (all but
   torch's operator-library finalizers inherited from the warm process: see
   :mod:`hookdet.search.warm_ready`).
