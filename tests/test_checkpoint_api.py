@@ -153,3 +153,27 @@ def test_export_refuses_a_corrupt_checkpoint(trained: Dict[str, Any], tmp_path: 
     state_file.write_bytes(bytes(data))
     assert cli.main(["export", str(copy), str(tmp_path / "x.pt")]) == 2
     assert "fails its xxh3_128 check" in capsys.readouterr().err
+
+
+def test_a_checkpoint_id_is_read_by_export_and_load_as_by_resume_and_an_unknown_one_says_where_it_looked(
+    trained: Dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint id of the user's index (what ``--resume`` accepts) names the same checkpoint
+    to ``hookdet export`` and ``load_trial_from_checkpoint_path``, from any directory."""
+    from hookdet.checkpoints import user_index
+
+    monkeypatch.chdir(tmp_path)
+    storage_id = trained["regression_dir"].name
+    assert user_index.lookup(storage_id) is not None
+    out = tmp_path / "by-id.pt"
+    assert cli.main(["export", storage_id, str(out)]) == 0, capsys.readouterr().err
+    model = nn.Sequential(nn.Linear(4, 12), nn.ReLU(), nn.Dropout(0.0), nn.Linear(12, 1))
+    model.load_state_dict(torch.load(out, weights_only=True))
+    assert_same_weights(model, trained["regression_models"][0])
+    assert_same_weights(load_trial_from_checkpoint_path(storage_id).model, trained["regression_models"][0])
+    capsys.readouterr()
+    assert cli.main(["export", "no-such-checkpoint-id", str(tmp_path / "x.pt")]) == 2
+    told = capsys.readouterr().err
+    assert f"no such run directory or checkpoint directory in {tmp_path}" in told, told
+    assert f"this user's checkpoint index ({user_index.index_dir()})" in told, told
+    assert not (tmp_path / "x.pt").exists()

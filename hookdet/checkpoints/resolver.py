@@ -157,12 +157,13 @@ def refuse_mixed_store(folder: Path) -> None:
     )
 
 
-def storage_holding(storage_id: str, current: CheckpointStorage) -> CheckpointStorage:
+def storage_holding(storage_id: str, current: Optional[CheckpointStorage]) -> CheckpointStorage:
     """The storage checkpoint ``storage_id`` is in: the one the user's checkpoint index names (a
     checkpoint of any earlier local run, as in Determined's per-user store), else ``current``
-    (the running run's own)."""
+    (the running run's own; the caller has made sure there is one)."""
     entry = user_index.lookup(storage_id)
     if entry is None:
+        assert current is not None, "no index entry and no storage of a run to look in"
         return current
     try:
         return storage_from_locator(entry["storage"], current)
@@ -172,15 +173,41 @@ def storage_holding(storage_id: str, current: CheckpointStorage) -> CheckpointSt
         ) from error
 
 
+def locate(name: str, current: Optional[CheckpointStorage],
+           doing: str = "resume") -> Tuple[Union[Path, CheckpointStorage], Optional[str]]:
+    """``(local checkpoint directory, None)`` or ``(storage, storage id)`` for what a user named: a
+    checkpoint directory, a run directory (its newest intact checkpoint, :func:`locate_for_resume`)
+    or a checkpoint id, found in the storage the user's checkpoint index names, else in
+    ``current`` (the running run's storage; None for a reader outside a run). ``doing`` names
+    what failed in a message (``resume``, ``read``)."""
+    path = Path(name)
+    if path.exists():
+        found = locate_for_resume(path, current)
+        return (lookup.resolve_checkpoint_dir(found), None) if isinstance(found, Path) else found
+    if "/" in name or "\\" in name or name.startswith("."):
+        raise fmt.CheckpointError(f"cannot {doing}: {name} does not exist")
+    if current is None and user_index.lookup(name) is None:
+        deleted = user_index.deletion(name)
+        if deleted is not None:
+            raise fmt.CheckpointError(user_index.why_gone(name, deleted))
+        raise fmt.CheckpointError(
+            f"cannot {doing} {name!r}: no such run directory or checkpoint directory in {Path.cwd()}, "
+            f"and no checkpoint with that id in this user's checkpoint index ({user_index.index_dir()})"
+        )
+    storage = storage_holding(name, current)
+    directory = storage.local_dir(name)
+    return (directory, None) if directory is not None and directory.is_dir() else (storage, name)
+
+
 @contextlib.contextmanager
 def fetched(target: Path) -> Iterator[Path]:
-    """A local directory of the checkpoint ``target`` names: itself, or a run directory's newest
-    intact checkpoint wherever the run's storage keeps it (fetched when it is remote)."""
-    found = locate_for_resume(target, None)
-    if isinstance(found, Path):
-        yield found
+    """A local directory of the checkpoint ``target`` names (a checkpoint or run directory, or a
+    checkpoint id of the user's index, :func:`locate`), fetched when its storage is remote."""
+    where, storage_id = locate(str(target), None, "read")
+    if storage_id is None:
+        yield Path(where)  # type: ignore[arg-type]
         return
-    storage, storage_id = found
+    storage: CheckpointStorage = where  # type: ignore[assignment]
     try:
         with storage.restore_path(storage_id) as restored:
             yield Path(restored)

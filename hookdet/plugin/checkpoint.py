@@ -5,8 +5,8 @@ machinery, and nothing else of it:
 
 * ``fmt``: the checkpoint format (``write_state``, ``write_metadata``, ``read_metadata``,
   ``load_state``, ``verify``, ``CheckpointError``, the file names): docs/checkpoint-format.md;
-* ``lookup``: checkpoints found on a local disk; ``resolver``'s ``locate_for_resume`` and
-  ``storage_holding``: from what a user names to a storage and a checkpoint
+* ``lookup``: checkpoints found on a local disk; ``resolver``'s ``locate``: from what a user
+  names (a path or a checkpoint id) to a storage and a checkpoint
   (:mod:`hookdet.checkpoints.resolver`); ``user_index``: this user's checkpoint ids;
 * ``BackgroundWriter``, ``HostSnapshot`` and ``write_failed``: writing while training goes on;
 * ``noting_the_write``: a write noted in the run directory while it lasts, so a resume can
@@ -15,10 +15,10 @@ machinery, and nothing else of it:
 """
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup, user_index
-from hookdet.checkpoints.resolver import locate_for_resume, storage_holding
+from hookdet.checkpoints.resolver import locate
 from hookdet.checkpoints.writer import BackgroundWriter, HostSnapshot, write_failed
 from hookdet.runs.lock import noting_the_write
 from hookdet.runs.resume_report import report_resume
 
-__all__ = ["BackgroundWriter", "HostSnapshot", "fmt", "locate_for_resume", "lookup", "noting_the_write",
-           "report_resume", "storage_holding", "user_index", "write_failed"]
+__all__ = ["BackgroundWriter", "HostSnapshot", "fmt", "locate", "lookup", "noting_the_write",
+           "report_resume", "user_index", "write_failed"]

@@ -13,24 +13,16 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from hookdet.plugin import TRIAL_CALLBACKS, CheckpointNotFoundError, PluginError, StorageError, rng
-from hookdet.plugin.checkpoint import fmt, locate_for_resume, lookup, storage_holding, user_index
+from hookdet.plugin.checkpoint import fmt, locate, lookup, user_index
 
 logger = logging.getLogger("hookdet")
 
 
 def find(run: Any, checkpoint: str) -> Tuple[Any, Any]:
-    """``(local directory, None)`` or ``(storage, storage id)`` for what the user named: a
-    checkpoint directory, a run directory (its newest intact checkpoint) or a storage id of the
-    run's storage. Damaged checkpoints passed over on the way are each named once, here."""
-    path = Path(checkpoint)
-    if path.exists():
-        found = locate_for_resume(path, run.storage)
-        return (lookup.resolve_checkpoint_dir(found), None) if isinstance(found, Path) else found
-    if "/" in checkpoint or "\\" in checkpoint or checkpoint.startswith("."):
-        raise fmt.CheckpointError(f"cannot resume: {checkpoint} does not exist")
-    storage = storage_holding(checkpoint, run.storage)
-    directory = storage.local_dir(checkpoint)
-    return (directory, None) if directory is not None and directory.is_dir() else (storage, checkpoint)
+    """``(local directory, None)`` or ``(storage, storage id)`` for what the user named (the
+    resolver's :func:`~hookdet.checkpoints.resolver.locate`, with the run's storage for a bare
+    id). Damaged checkpoints passed over on the way are each named once, there."""
+    return locate(checkpoint, run.storage)
 
 
 def metadata_of(found: Tuple[Any, Any]) -> Dict[str, Any]:
