@@ -33,10 +33,10 @@ print(json.dumps({"status": int(status), "items": marks.items}))
 #: Test modules with no test in the fast tier, and why each of their tests is slow.
 WHOLLY_SLOW = {
     "tests/parity/test_ddp_passthrough.py": "two ranks under torchrun, each a new interpreter",
-    "tests/parity/test_parity.py": "each case runs Determined 0.38.1 in its own interpreter",
-    "tests/parity/test_parity_data.py": "each case runs Determined 0.38.1 in its own interpreter",
+    "tests/parity/test_parity.py": "each case trains under Determined 0.38.1 and hookdet, apart",
+    "tests/parity/test_parity_data.py": "each case trains under Determined 0.38.1 and hookdet, apart",
     "tests/parity/test_parity_distributed.py": "two ranks of Determined and of hookdet under torchrun",
-    "tests/parity/test_parity_experiment_file.py": "each case runs Determined 0.38.1 in its own interpreter",
+    "tests/parity/test_parity_experiment_file.py": "each case trains under Determined 0.38.1 and hookdet, apart",
     "tests/parity/test_public_surface.py": "dumps Determined's public surface in its own interpreter",
     "tests/test_builtin_registry.py": "one table: every plugin trained in a fork of its own",
     "tests/test_checkpoint_index.py": "resumes by id in new interpreters, on purpose",

@@ -144,8 +144,8 @@ def _collect(processes: List[Any], framework: str, workdir: Path, timeout_s: flo
 
 
 def _kill_session(process: Any) -> None:
-    if isinstance(process, warm_runner.Runner):
-        process.kill()
+    """SIGKILL a runner's session (its own, cold or warm); None: the warm server died first."""
+    if process.pid is None:
         return
     try:
         os.killpg(process.pid, 9)

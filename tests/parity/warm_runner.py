@@ -43,13 +43,19 @@ def cold() -> bool:
 
 
 class Runner:
-    """One runner the server forked: its pid once known, its exit status once it ended."""
+    """One runner the server forked, with ``Popen``'s face for the harness: its ``pid`` (once the
+    server has told it), ``wait`` and ``returncode``."""
 
     def __init__(self) -> None:
-        self.pid: Optional[int] = None
+        self.forked_pid: Optional[int] = None
         self.returncode: Optional[int] = None
         self.started = threading.Event()
         self.ended = threading.Event()
+
+    @property
+    def pid(self) -> Optional[int]:
+        self.started.wait()
+        return self.forked_pid
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """The exit status; ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
@@ -57,15 +63,6 @@ class Runner:
             raise subprocess.TimeoutExpired(str(RUNNER), timeout or 0)
         assert self.returncode is not None
         return self.returncode
-
-    def kill(self) -> None:
-        """SIGKILL the runner's session (its own process group, as ``start_new_session``)."""
-        self.started.wait()
-        if self.returncode is None:
-            try:
-                os.killpg(self.pid, 9)
-            except ProcessLookupError:
-                pass
 
 
 class Server:
@@ -100,7 +97,7 @@ class Server:
             answer = json.loads(line)
             runner = self.runners[answer["id"]]
             if "pid" in answer:
-                runner.pid = answer["pid"]
+                runner.forked_pid = answer["pid"]
                 runner.started.set()
             else:
                 runner.returncode = answer["status"]

@@ -42,4 +42,3 @@ def computed_once(tmp_path_factory: pytest.TempPathFactory, name: str, compute: 
         value = compute(directory)
         saved.write_bytes(pickle.dumps(value))
         return value
-
