@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -34,13 +34,17 @@ FIXTURES = Path(__file__).parent / "fixtures" / "search"
 HOOKDET = [sys.executable, "-m", "hookdet"]
 
 
-def env(tmp_path: Path) -> Dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+def env(tmp_path: Path, threads: Optional[str] = "1") -> Dict[str, Optional[str]]:
+    """The environment of a search in ``tmp_path``: ``OMP_NUM_THREADS=threads`` (None: unset, as
+    :func:`tests.support.hookdet_process.child_env` reads it)."""
+    return {**os.environ, "OMP_NUM_THREADS": threads, "XDG_CACHE_HOME": str(tmp_path / "cache"),
             "MLFLOW_DISABLE_TELEMETRY": "true", "SEARCH_TEST_LOG": str(tmp_path / "trials.log")}
 
 
-def search(tmp_path: Path, config: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return hookdet_process.run("run", FIXTURES / config, *args, cwd=tmp_path, env=env(tmp_path), timeout=timeout)
+def search(tmp_path: Path, config: str, *args: str, timeout: int = 600,
+           threads: Optional[str] = "1") -> subprocess.CompletedProcess:
+    return hookdet_process.run("run", FIXTURES / config, *args, cwd=tmp_path, env=env(tmp_path, threads),
+                               timeout=timeout)
 
 
 def not_warnings(stderr: str) -> List[str]:
@@ -73,7 +77,10 @@ def max_overlap(intervals: List[tuple]) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_path: Path) -> None:
-    two = search(tmp_path, "random.yaml", "--run-dir", "two", "--workers", "2")
+    """A random search with invalid trials, run by two workers and by one, without
+    ``OMP_NUM_THREADS``: the same trials; each worker trains on its own cores, with as many
+    threads in torch and in NumPy's BLAS (which the warm process loaded for the whole machine)."""
+    two = search(tmp_path, "random.yaml", "--run-dir", "two", "--workers", "2", threads=None)
     assert two.returncode == 0, two.stderr[-3000:]
     rows = summary(tmp_path / "two")
     # experiment_seed 14 draws invalid = F, T, T, F: both invalid trials are replaced
@@ -88,13 +95,16 @@ def test_random_search_replaces_invalid_trials_and_two_workers_match_one(tmp_pat
     assert {tuple(a["slot"]["cpus"]) for a in ran} == {(0,), (1,)}  # each worker its own core
     starts = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()]
     assert {tuple(s["cpus"]) for s in starts} == {(0,), (1,)}
+    assert {(s["threads"], tuple(s["blas_threads"])) for s in starts} == {(1, (1,))}
     assert {s["seed"] for s in starts} == {int(row["seed"]) for row in rows}
     # Inside a trial, its id is its number in the search (as on a Determined cluster), not 1.
     assert {s["trial_id"] for s in starts} == {s["cluster_trial_id"] for s in starts} == {int(row["trial"]) for row in rows}
 
-    one = search(tmp_path, "random.yaml", "--run-dir", "one", "--workers", "1")
+    one = search(tmp_path, "random.yaml", "--run-dir", "one", "--workers", "1", threads=None)
     assert one.returncode == 0, one.stderr[-3000:]
     assert summary(tmp_path / "one") == rows
+    alone = [json.loads(line) for line in (tmp_path / "trials.log").read_text().splitlines()][len(starts):]
+    assert {(s["threads"], tuple(s["blas_threads"])) for s in alone} == {(2, (2,))}  # the one worker's two cores
     assert_optuna_dashboard_reads(tmp_path / "one")
 
 

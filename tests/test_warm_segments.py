@@ -38,9 +38,10 @@ def run_search(workdir: Path, config: Path, *args: str, cold: bool = False, resu
 
 def start_search(workdir: Path, config: Path, *args: str, cold: bool = False,
                  resume: bool = False) -> hookdet_process.Hookdet:
-    """Start ``hookdet run config`` for ``workdir/search`` (see :func:`run_search`)."""
+    """Start ``hookdet run config`` for ``workdir/search`` (see :func:`run_search`), its trials
+    writing their unclosed log (``SEARCH_TEST_UNCLOSED``) to ``workdir/unclosed.log``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    environment = env(workdir)
+    environment = dict(env(workdir), SEARCH_TEST_UNCLOSED=str(workdir / "unclosed.log"))
     if cold:
         environment["HOOKDET_COLD_SEGMENTS"] = "1"
     else:
@@ -84,7 +85,9 @@ def test_warm_segments_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
     """An ASHA search (trials continued from their rung-0 checkpoints) run warm and cold: the
     same decisions, every trial's metrics.jsonl and its newest checkpoint (weights, optimizer,
     every RNG stream) equal bit for bit. Warm segments are children of one fork server, not of
-    the driver, which ends it before it exits; cold ones are the driver's own."""
+    the driver, which ends it before it exits; cold ones are the driver's own. Either way a
+    segment trains on the user's ``OMP_NUM_THREADS=1`` (torch and BLAS), not on its worker's two
+    cores, and what a trial wrote to a file it never closed is on disk after its segment ends."""
     # Three trials (the fixture's four less one, for the cold search's sake): one stopped at its
     # rung, one continued from its checkpoint.
     options = ("--workers", "1", "--config", "searcher.max_trials=3")
@@ -104,6 +107,9 @@ def test_warm_segments_train_bit_for_bit_as_cold_ones(tmp_path: Path) -> None:
     assert warm["lingering"] == []  # the warm process ended with the search, not a second after it
     assert {record["ppid"] for record in cold["starts"]} == {cold["pid"]}
     assert len({record["pid"] for record in warm["starts"]}) == len(warm["starts"])
+    assert {(r["threads"], tuple(r["blas_threads"])) for r in warm["starts"] + cold["starts"]} == {(1, (1,))}
+    unclosed = {way: sorted((tmp_path / way / "unclosed.log").read_text().splitlines()) for way in ("warm", "cold")}
+    assert len(unclosed["cold"]) > 0 and unclosed["warm"] == unclosed["cold"]
 
 
 @pytest.mark.slow

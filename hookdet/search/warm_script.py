@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import gc
 import importlib.machinery
+import io
 import logging
 import multiprocessing
 import os
@@ -126,8 +128,8 @@ def end_as_an_interpreter(run: Callable[[], None], script: Optional[str] = None)
     """In a forked child: call ``run``, then exit as an interpreter running it would: the status
     of its ``sys.exit`` (a message printed for a non-number), 1 and ``sys.excepthook`` for an uncaught
     exception (from ``script``'s first frame when given, as for a script run by ``python3``),
-    death by SIGINT for an uncaught Ctrl-C; the exit functions run first (a forked child ends
-    with ``os._exit``, which skips them)."""
+    death by SIGINT for an uncaught Ctrl-C; the exit functions run first and the files left
+    open are flushed (a forked child ends with ``os._exit``, which skips both)."""
     status = 0
     try:
         run()
@@ -141,12 +143,30 @@ def end_as_an_interpreter(run: Callable[[], None], script: Optional[str] = None)
         status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     finally:
         atexit._run_exitfuncs()
+        flush_open_files()
         sys.stdout.flush()
         sys.stderr.flush()
     if status == -signal.SIGINT:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(status)
+
+
+def flush_open_files() -> None:
+    """Write out what the files this process opened and never closed still buffer, as a new
+    interpreter does at its end (where it frees every module's objects, and a file's buffer is
+    written as the file is freed): a line a trial wrote to a log it keeps in a global is on disk
+    after a warm segment as after a cold one. The files are found among the objects the garbage
+    collector tracks (those of the warm process are frozen out of it: it opened none for the
+    segment); one that cannot be written any more is left as the interpreter would leave it."""
+    gc.collect()  # a file in a reference cycle is freed, and written, here
+    for found in gc.get_objects():
+        if isinstance(found, io.IOBase):
+            try:
+                if not found.closed and found.writable():
+                    found.flush()
+            except (OSError, ValueError):
+                continue
 
 
 def run_as_main(script: str) -> None:

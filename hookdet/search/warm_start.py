@@ -14,8 +14,9 @@ What a segment keeps from the cold way:
 - a process of its own: a crash, a segfault, an out-of-memory kill or a global the trial leaks
   touches no other segment, and the fork server never runs user code;
 - its environment, working directory, CPU affinity and thread count are the segment's, set in
-  the child before anything runs (the thread count explicitly: the OpenMP runtime read
-  ``OMP_NUM_THREADS`` when the fork server loaded torch, not when the segment started);
+  the child before anything runs (the thread count explicitly, for torch and for every BLAS and
+  OpenMP library loaded, through threadpoolctl: each read ``OMP_NUM_THREADS`` when the fork
+  server loaded it, not when the segment started);
 - its output goes to the trial's log file; SIGTERM reaches it as before (it checkpoints and exits
   75), and it gets SIGTERM when its worker dies, even by SIGKILL (the fork server ends with its
   worker, :mod:`hookdet.search.warm_ready`, and the segment is told by its parent-death signal);
@@ -67,8 +68,9 @@ COLD_ENV = "HOOKDET_COLD_SEGMENTS"
 #: What the warm process imports besides the default plugins: torch (with ``torch._dynamo``,
 #: which every optimizer pulls in, its TensorBoard writer and the hyperparameter records the
 #: default ``tensorboard`` plugin writes as a run starts, and the serialization a checkpoint
-#: uses), stevedore (which loads the plugins) and every module a ``hookdet run`` of a trial class
-#: goes through (the command line imports each command's module to build its parser).
+#: uses), stevedore (which loads the plugins), every module a ``hookdet run`` of a trial class
+#: goes through (the command line imports each command's module to build its parser) and
+#: threadpoolctl (which gives a segment its thread count).
 PRELOAD = ("torch", "torch.optim", "torch._dynamo", "torch.utils.tensorboard", "torch.utils.serialization",
            "tensorboard.plugins.hparams.api_pb2", "tensorboard.plugins.hparams.metadata",
            "tensorboard.plugins.hparams.plugin_data_pb2", "stevedore", "stevedore.named",
@@ -76,7 +78,7 @@ PRELOAD = ("torch", "torch.optim", "torch._dynamo", "torch.utils.tensorboard", "
            "hookdet.trial_api.context", "hookdet.pytorch", "hookdet.pytorch.samplers", "hookdet.checkpoints.api",
            "hookdet.checkpoints.local", "hookdet.distributed.rank_watch", "hookdet.runs.index",
            "hookdet.search.cli", "hookdet.search.worker", "hookdet.search.warm_script", "hookdet.ui.command",
-           "hookdet.cli.script_entrypoint")
+           "hookdet.cli.script_entrypoint", "threadpoolctl")
 #: Imported after everything else: readies the warm process to be forked (see its docstring).
 READY = "hookdet.search.warm_ready"
 
@@ -396,6 +398,20 @@ def forget_entry_points() -> None:
     storage_class.cache_clear()
 
 
+def set_thread_count(threads: int) -> None:
+    """Give torch and every BLAS and OpenMP library loaded (NumPy's and SciPy's OpenBLAS, MKL,
+    torch's OpenMP) ``threads`` threads: each read ``OMP_NUM_THREADS`` as the warm process loaded
+    it, with the warm process's environment, not the segment's."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # hookdet[search] brings it; without it, torch's threads alone
+        return
+    threadpool_limits(limits=threads)
+
+
 def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
                 cpus: List[int], errors_path: Optional[str] = None) -> None:
     """In the forked child: become the segment's process, then run ``hookdet <argv>``, its
@@ -423,8 +439,6 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
         os.sched_setaffinity(0, cpus)
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
-        import torch
-
-        torch.set_num_threads(int(threads))
+        set_thread_count(int(threads))
     sys.argv = ["hookdet", *argv]
     end_as_an_interpreter(lambda: runpy.run_module("hookdet", run_name="__main__", alter_sys=True))  # python -m hookdet

@@ -70,13 +70,16 @@ def latest_batch(run_dir: Path) -> Optional[int]:
 
 
 class Slot:
-    """One worker's share of the machine: CPU cores and threads, GPUs."""
+    """One worker's share of the machine: CPU cores and threads, GPUs. The thread count is the
+    user's ``OMP_NUM_THREADS`` when set (a 2-core machine running one worker with
+    ``OMP_NUM_THREADS=1`` trains each trial on one thread, as ``hookdet run`` would), else the
+    slot's cores shared among the trial's ranks."""
 
     def __init__(self, index: int, count: int, slots_per_trial: int = 1) -> None:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         share = max(len(cores) // max(count, 1), 1)
         self.cpus = cores[index * share:(index + 1) * share] if len(cores) >= count else cores
-        self.threads = max(len(self.cpus) // max(slots_per_trial, 1), 1)
+        self.threads = users_thread_count() or max(len(self.cpus) // max(slots_per_trial, 1), 1)
         self.index, self.slots_per_trial = index, slots_per_trial
 
     @functools.cached_property
@@ -87,13 +90,20 @@ class Slot:
         return visible[first:first + self.slots_per_trial] or None
 
     def env(self) -> Dict[str, str]:
-        env = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        env = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS")
+               or str(self.threads)}
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in self.gpus)
         return env
 
     def describe(self) -> Dict[str, Any]:
         return {"cpus": self.cpus, "threads": self.threads, "gpus": self.gpus}
+
+
+def users_thread_count() -> Optional[int]:
+    """``OMP_NUM_THREADS`` of this process's environment when it is a positive number."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def visible_gpus() -> List[int]:

@@ -47,15 +47,16 @@ def _kill_what_is_left() -> None:
 
 def child_env(env: Optional[Mapping[str, str]] = None, **extra: str) -> Dict[str, str]:
     """The environment a test's hookdet gets: ``env`` (this process's by default) with one
-    thread per process, the repository importable (the tests' trials live in it), no run
-    directory inherited from an enclosing ``hookdet run``, and ``extra``."""
+    thread per process (``OMP_NUM_THREADS``: None in ``env`` leaves it unset), the repository
+    importable (the tests' trials live in it), no run directory inherited from an enclosing
+    ``hookdet run``, and ``extra``."""
     result = dict(os.environ if env is None else env)
     result.setdefault("OMP_NUM_THREADS", "1")
     paths = [str(REPO), *result.get("PYTHONPATH", "").split(os.pathsep)]
     result["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, paths)))
     result.pop("HOOKDET_RUN_DIR", None)
     result.update(extra)
-    return result
+    return {name: value for name, value in result.items() if value is not None}
 
 
 def warm_server() -> multiprocessing.context.BaseContext:
