@@ -4,6 +4,7 @@ under a run that prints without end, continued by a resume."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -108,3 +109,44 @@ def test_logs_follow_a_live_run_to_its_end(tmp_path: Path) -> None:
     followed = [first.rstrip("\n"), *rest.splitlines()]
     assert followed == logs(str(run_dir))
     assert "completed after 60 batches" in "\n".join(followed[-4:])
+
+
+def test_a_log_that_cannot_be_written_is_reported_once_and_the_run_trains_on(tmp_path: Path) -> None:
+    """A run resumed three times, its log broken each time a new way: ``logs`` a file, its
+    ``rank-0.log`` a folder, and ``rank-0.log`` a symlink to a file outside the run. Each resume
+    trains to its end (exit 0) with one warning naming the file and why; nothing is written
+    outside the run, and what was in the way is left as it was."""
+    run_dir = tmp_path / "run"
+    status, _, stderr = run(["run", str(write_config(tmp_path / "to4.yaml", {"stop_at": 4})), "--run-dir",
+                             str(run_dir)], "to 4", fault=False)
+    assert status == 0, stderr[-3000:]
+    log = run_dir / "logs" / "rank-0.log"
+    outside = tmp_path / "elsewhere.log"
+    outside.write_text("not the run's\n")
+
+    def logs_a_file() -> str:
+        shutil.rmtree(run_dir / "logs")
+        (run_dir / "logs").write_text("a file\n")
+        return "logs is not a folder"
+
+    def rank_log_a_folder() -> str:
+        assert (run_dir / "logs").read_text() == "a file\n"  # as the last resume found it
+        (run_dir / "logs").unlink()
+        log.mkdir(parents=True)
+        return "rank-0.log is a folder"
+
+    def rank_log_leads_outside() -> str:
+        log.rmdir()  # as the last resume found it: an empty folder
+        log.symlink_to(outside)
+        return f"rank-0.log leads outside the run, to {outside}"
+
+    for stop_at, breaking in ((6, logs_a_file), (8, rank_log_a_folder), (None, rank_log_leads_outside)):
+        why = breaking()
+        config = write_config(tmp_path / f"to{stop_at}.yaml", {} if stop_at is None else {"stop_at": stop_at})
+        status, stdout, stderr = run(["run", str(config), "--resume", str(run_dir)], breaking.__name__, fault=False)
+        assert status == 0, stderr[-3000:]
+        warnings = [line.split(" WARNING ", 1)[-1] for line in stderr.splitlines() if "cannot be written" in line]
+        assert warnings == [f"run_log: {log} cannot be written ({why}); the run trains on without its log"], stderr[-3000:]
+        assert "Traceback" not in stderr
+        assert (f"after {stop_at} batches" if stop_at else "completed after 12 batches") in stdout
+    assert outside.read_text() == "not the run's\n" and log.is_symlink()

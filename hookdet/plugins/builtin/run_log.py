@@ -16,6 +16,11 @@ the root logger that wrote to them), so a terminal stays a terminal: the live pr
 redraws (terminal control sequences) are shown and not logged. Output of C code straight to the
 file descriptors (a warning of torch's C++ side) is not captured. Lines printed before the run
 directory is known (imports, the trial's ``__init__``) are kept in memory and written when it is.
+
+A log never stops a run: when the file cannot be written (``logs`` is a file, ``rank-0.log`` a
+folder, no permission, a full disk) one warning says so and the run trains on without it. It is
+written only inside the run: a ``logs`` folder or a rank's file that leads outside the run
+directory (a symlink) is not followed, and is reported the same way.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ from typing import IO, Any, List, Optional, Tuple
 import pydantic
 
 from hookdet.plugin import LOGS_DIR, hookimpl, options_for
+
+logger = logging.getLogger("hookdet")
 
 NAME = "run_log"
 #: Lines kept in memory before the run directory is known (the rest are dropped).
@@ -68,7 +75,7 @@ class RunLogPlugin:
     def on_trial_startup(self, run: Any) -> None:
         """Open this rank's file (where the run directory is on this machine) and write what was kept."""
         if run.run_dir is not None and Path(run.run_dir).is_dir():
-            self.sink.open(Path(run.run_dir) / LOGS_DIR / f"rank-{run.distributed.rank}.log", run.distributed.rank)
+            self.sink.open(Path(run.run_dir), run.distributed.rank)
 
     @hookimpl(trylast=True)
     def hookdet_unconfigure(self, run: Any) -> None:
@@ -80,6 +87,21 @@ class RunLogPlugin:
                 setattr(owner, attribute, original)
         self._restore.clear()
         self.sink.close()
+
+
+def why_not_writable(run_dir: Path, path: Path) -> Optional[str]:
+    """Why the log file ``path`` of ``run_dir`` cannot be written there, as far as can be seen
+    before opening it; None when nothing is in the way (the folder may not exist yet)."""
+    inside = run_dir.resolve()
+    for each in (path.parent, path):
+        if not (each.exists() or each.is_symlink()):
+            return None
+        resolved = each.resolve()
+        if resolved != inside and inside not in resolved.parents:
+            return f"{each.name} leads outside the run, to {resolved}"
+        if each == path.parent and not each.is_dir():
+            return f"{each.name} is not a folder"
+    return f"{path.name} is a folder" if path.is_dir() else None
 
 
 class _Tee:
@@ -115,21 +137,40 @@ class _Sink:
         self.rank: Optional[int] = None
         self.handler: Optional[logging.handlers.RotatingFileHandler] = None
         self.early: List[str] = []
+        self.refused = False  # the file cannot be written: lines are dropped
         self.lock = threading.RLock()  # a write that fails reports on stderr, which comes back here
 
     def add(self, stream: str, line: str) -> None:
         now = datetime.datetime.now(datetime.timezone.utc).isoformat()
         with self.lock:
+            if self.refused:
+                return
             if self.handler is None:
                 if len(self.early) < EARLY_LINES:
                     self.early.append(f"[{now}] [rank={{rank}}] [{stream}] {line}")
                 return
             self._emit(f"[{now}] [rank={self.rank}] [{stream}] {line}")
 
-    def open(self, path: Path, rank: int) -> None:
-        path.parent.mkdir(exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(path, maxBytes=self.max_bytes, backupCount=self.backups,
-                                                       encoding="utf-8")
+    def open(self, run_dir: Path, rank: int) -> None:
+        """Open rank ``rank``'s file in ``run_dir`` and write the lines kept; when it cannot be
+        written (see the module's docstring), say so once and keep no lines from now on."""
+        path = run_dir / LOGS_DIR / f"rank-{rank}.log"
+        try:
+            problem = why_not_writable(run_dir, path)
+            if problem is None:
+                path.parent.mkdir(exist_ok=True)
+                problem = why_not_writable(run_dir, path)  # a folder made by another rank meanwhile
+            if problem is None:
+                handler = logging.handlers.RotatingFileHandler(path, maxBytes=self.max_bytes,
+                                                               backupCount=self.backups, encoding="utf-8")
+        except OSError as error:
+            problem = error.strerror or str(error)
+        if problem is not None:
+            with self.lock:
+                self.refused = True
+                self.early.clear()
+            logger.warning("run_log: %s cannot be written (%s); the run trains on without its log", path, problem)
+            return
         handler.setFormatter(logging.Formatter("%(message)s"))
         handler.handleError = lambda record: None  # type: ignore[method-assign]  # a full disk must not stop training
         with self.lock:
