@@ -80,17 +80,19 @@ def command_run(args: argparse.Namespace) -> int:
     if launched_rank() is None:
         refuse_checkpoints_one_machine_keeps(config, args.torchrun, args.run_dir, str(config_path))
     fork_parent = resume_run_dir(args)
+    late_stop = LateStop.install()  # each way to train says when it has finished
     if config.entrypoint is not None and not names_trial_class(config.entrypoint):
         from hookdet.cli.script_entrypoint import run_script  # a script or launch-layer command
 
-        return run_script(args, config, config_path)
+        return run_script(args, config, config_path, late_stop)
     slots = config.resources.slots_per_trial
     if slots > 1 and launched_rank() is None:
-        return _launch(args, config, slots)
-    return _train_trial_class(args, config, config_path, fork_parent)
+        return _launch(args, config, slots, late_stop)
+    return _train_trial_class(args, config, config_path, fork_parent, late_stop)
 
 
-def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path, fork_parent: Any) -> int:
+def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path, fork_parent: Any,
+                       late_stop: LateStop) -> int:
     """Build the ``module:Class`` trial and train it with the model directory as the working
     directory, where Determined's harness runs it (so a trial's relative data paths mean what
     they mean there); the paths given on the command line are made absolute first."""
@@ -112,7 +114,6 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
     resume = resume_target(args.resume)
     slots = config.resources.slots_per_trial
     info = local_cluster_info(config, slots=slots, latest_checkpoint=resume, run_dir=run_dir)
-    late_stop = LateStop.install()
     with working_directory(model_dir), activated(info), \
             init(exp_conf=config, run_dir=run_dir, model_dir=model_dir) as context:
         run = run_of(context)
@@ -183,7 +184,7 @@ def _state_of(run_dir: Path) -> str:
     return f" ({state})" if state else ""
 
 
-def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
+def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateStop) -> int:
     """Start ``slots`` ranks of this very command and return their combined exit status.
 
     torchrun starts them, or horovodrun when the experiment lists the ``horovod`` plugin. The
@@ -226,6 +227,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int) -> int:
                 if view is not None:
                     view.poll()
             launcher_status = run_passing_signals(command, env, launcher_said, killed_lines, watch=check)
+        late_stop.finished = True  # the ranks have ended: what is left is telling how
         statuses = read_rank_statuses(Path(status_dir))
         killed = killed_ranks(killed_lines)
         lines = failure_lines(Path(status_dir), statuses, local_ranks, killed, every_rank_here=local_ranks == slots)

@@ -78,8 +78,9 @@ def refuse_what_cannot_be_resumed(resume: Optional[str], config: Any) -> None:
 
 
 class LateStop:
-    """``hookdet run``'s own SIGTERM handler, beneath the preemption plugin's or the search
-    driver's (each restores it as training ends): a SIGTERM once training has finished changes
+    """``hookdet run``'s own SIGTERM handler, beneath the handler of whatever trains (the
+    preemption plugin's, the search driver's, or the one passing signals on to a script or to
+    the ranks' launcher; each restores it as training ends): a SIGTERM once training has finished changes
     nothing, so the process exits with the run's status (0 for a completed run, as ``run.json``
     says; 0 for a finished search, its summary written) instead of dying of the signal in its
     last moments; one before training ends the process as SIGTERM does. Training has finished

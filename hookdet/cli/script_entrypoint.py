@@ -130,12 +130,13 @@ def horovod_command(script: Sequence[str], overrides: Sequence[str], slots: int,
     ]
 
 
-def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
+def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_stop: Any) -> int:
     """``hookdet run`` for a command entrypoint; returns the exit status (75 after preemption).
     What the script reads through ``det.get_cluster_info()`` and what its ranks say of how they
     ended go through a directory of this launch's own, removed at its end: the run directory
     holds only what the run wrote (on a machine of a multi-node run whose ranks do not include
-    rank 0, nothing is made)."""
+    rank 0, nothing is made). ``late_stop`` (:class:`hookdet.cli.run_edges.LateStop`) is told
+    when the command has ended."""
     from hookdet.loop.trainer import default_run_dir
 
     source = str(config_path)
@@ -163,6 +164,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path) -> int:
         start = None if is_launcher else warm_starter(command, env, str(model_dir))
         status = run_passing_signals(command, env, said, killed_lines, cwd=model_dir, to_group=not is_launcher,
                                      start=start)
+        late_stop.finished = True  # the command has ended: a SIGTERM from now on changes nothing
         died = launcher_death_line(_launcher_name(command), status) if is_launcher else None
         if died is not None and not said:
             print(died, file=sys.stderr, flush=True)

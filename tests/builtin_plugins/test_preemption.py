@@ -371,3 +371,37 @@ def test_sigterm_as_a_completed_run_exits_does_not_turn_it_into_a_failure(tmp_pa
     assert process.returncode == 0, output
     assert json.loads((tmp_path / "run" / "run.json").read_text())["state"] == "completed"
     assert "received SIGTERM after training ended: exiting as the run ended" in output
+
+
+#: A script entrypoint that prints a line, waits for the test's word (a file), then fills its
+#: standard output's pipe, so that ``hookdet run``'s closing lines wait there for the test to read.
+PIPE_FILLER = """\
+import fcntl, os, sys, time
+print("script done", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+os.write(1, b"." * fcntl.fcntl(1, fcntl.F_GETPIPE_SZ))
+"""
+
+
+def test_sigterm_after_a_scripts_command_ended_does_not_turn_it_into_a_failure(tmp_path: Path) -> None:
+    """A SIGTERM to ``hookdet run`` of a script entrypoint once the script has ended, while
+    hookdet prints how it ended (held there by a full pipe: a reader that went slow): it exits
+    0, as the script did, instead of dying of the signal. Cold: the test reads the pipe itself."""
+    (tmp_path / "filler.py").write_text(PIPE_FILLER)
+    go = tmp_path / "go"
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({"entrypoint": f"python3 filler.py {go}", "hyperparameters": {},
+                                      "searcher": {"name": "single", "metric": "validation_loss"}}))
+    process = hookdet_process.start("run", config, "--run-dir", tmp_path / "run", cwd=tmp_path, stdout_pipe=True)
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"script done\n"
+    go.touch()
+    wait_for(lambda: "pipe_write" in Path(f"/proc/{process.pid}/wchan").read_text(), process,
+             "hookdet's closing lines to wait on the full pipe")
+    process.send_signal(signal.SIGTERM)
+    rest = process.stdout.read()
+    output = finish(process)
+    assert process.returncode == 0, output
+    assert b"hookdet: entrypoint exited with status 0" in rest
+    assert "received SIGTERM after training ended: exiting as the run ended" in output

@@ -27,7 +27,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import IO, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 REPO = Path(__file__).resolve().parents[2]
 #: The installed console script, beside this interpreter.
@@ -73,7 +73,8 @@ class Hookdet:
     ``returncode``. :meth:`kill` ends its whole session."""
 
     def __init__(self, args: Sequence[str], cwd: Path, env: Dict[str, str], cold: bool, entry_point: bool,
-                 prefix: Sequence[str] = (), preexec_fn: Optional[Callable[[], None]] = None) -> None:
+                 prefix: Sequence[str] = (), preexec_fn: Optional[Callable[[], None]] = None,
+                 stdout_pipe: bool = False) -> None:
         self.args = list(args)
         self._files = tempfile.TemporaryDirectory(prefix="hookdet-output-")
         self.stdout_path = Path(self._files.name) / "stdout"
@@ -82,12 +83,16 @@ class Hookdet:
         self._ended: Optional[Tuple[str, str]] = None
         self.stdout_path.touch()
         self.stderr_path.touch()
-        if cold or entry_point or prefix or preexec_fn or os.environ.get("HOOKDET_TEST_COLD", "") not in ("", "0"):
+        #: With ``stdout_pipe``: the read end of its standard output, which the test reads itself.
+        self.stdout: Optional[IO[bytes]] = None
+        if (cold or entry_point or prefix or preexec_fn or stdout_pipe
+                or os.environ.get("HOOKDET_TEST_COLD", "") not in ("", "0")):
             command = [*prefix, *([str(ENTRY_POINT)] if entry_point else [sys.executable, "-m", "hookdet"])]
             with open(self.stdout_path, "a") as out, open(self.stderr_path, "a") as err:
                 self.process: Union[subprocess.Popen, multiprocessing.process.BaseProcess] = subprocess.Popen(
-                    [*command, *args], cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                    start_new_session=True, preexec_fn=preexec_fn)
+                    [*command, *args], cwd=cwd, env=env, stdout=subprocess.PIPE if stdout_pipe else out, stderr=err,
+                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec_fn)
+            self.stdout = self.process.stdout
         else:
             self.process = warm_server().Process(
                 target=become_hookdet, name="hookdet-test",
@@ -155,6 +160,8 @@ class Hookdet:
                 self.wait(timeout)
             finally:
                 self.kill()
+                if self.stdout is not None:
+                    self.stdout.close()
             self._ended = self.output()
             self._files.cleanup()
         return self._ended
@@ -175,11 +182,13 @@ def become_hookdet(argv: Sequence[str], env: Dict[str, str], cwd: str, stdout_pa
 
 def start(*args: Union[str, Path], cwd: Path = REPO, env: Optional[Mapping[str, str]] = None,
           cold: bool = False, entry_point: bool = False, prefix: Sequence[str] = (),
-          preexec_fn: Optional[Callable[[], None]] = None) -> Hookdet:
+          preexec_fn: Optional[Callable[[], None]] = None, stdout_pipe: bool = False) -> Hookdet:
     """``hookdet ARGS`` started in ``cwd`` with :func:`child_env` of ``env``; warm unless ``cold``
     (``entry_point``: cold, through the installed console script; ``prefix``: cold, run through
-    that command; ``preexec_fn``: cold, called in the child before it runs)."""
-    return Hookdet([str(arg) for arg in args], Path(cwd), child_env(env), cold, entry_point, prefix, preexec_fn)
+    that command; ``preexec_fn``: cold, called in the child before it runs; ``stdout_pipe``:
+    cold, its standard output a pipe the test reads, ``Hookdet.stdout``)."""
+    return Hookdet([str(arg) for arg in args], Path(cwd), child_env(env), cold, entry_point, prefix, preexec_fn,
+                   stdout_pipe)
 
 
 def run(*args: Union[str, Path], cwd: Path = REPO, env: Optional[Mapping[str, str]] = None,
