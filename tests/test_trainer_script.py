@@ -281,6 +281,34 @@ def test_a_second_script_run_into_its_run_directory_is_refused_naming_latest_che
     assert records_of(run_dir) == before
 
 
+def test_a_resume_into_a_script_that_ignores_latest_checkpoint_is_refused_not_trained_again(
+    tmp_path: Path, const_run: Dict[str, Any]
+) -> None:
+    """``hookdet run const.yaml --resume RUN_DIR`` where the script passes
+    ``latest_checkpoint=None`` whatever ``det.get_cluster_info()`` says: it would train from
+    batch 0 over the run's history. Refused as a second history in one line (after Determined's
+    warning that ``latest_checkpoint`` was not configured); the run's records stay byte for byte."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(const_run["run_dir"], run_dir)
+    script = model_dir(tmp_path) / "train.py"
+    source = script.read_text()
+    ignoring = source.replace("latest_checkpoint = info.latest_checkpoint  # For pause/resume.",
+                              "latest_checkpoint = None  # ignored")
+    assert ignoring != source
+    script.write_text(ignoring)
+    before = records_of(run_dir)
+    resumed = hookdet_process.run("run", "const.yaml", "--resume", run_dir, cwd=model_dir(tmp_path),
+                                  env=environment(tmp_path), timeout=300)
+    assert resumed.returncode == 1, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "latest_checkpoint has not been configured" in resumed.stderr
+    errors = [line for line in resumed.stderr.splitlines() if line.startswith("hookdet: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"hookdet: error: run directory {run_dir} already holds a run"), \
+        resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr
+    assert not results(resumed.stdout)
+    assert records_of(run_dir) == before
+
+
 def determined_copy(tmp_path: Path) -> Path:
     """The fixture with its two import lines changed to Determined's."""
     directory = tmp_path / "determined"

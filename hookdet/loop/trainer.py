@@ -253,7 +253,7 @@ class Trainer:
             self.run.plugins.ensure_provider("hookdet_set_profiler")
         if latest_checkpoint is not None:
             self.run.resume_from = str(latest_checkpoint)
-        resuming = latest_checkpoint is not None or (info is not None and info.latest_checkpoint is not None)
+        resuming = latest_checkpoint is not None  # what this call continues, not what it was offered
         if not resuming:  # Determined's warm start: a checkpoint's state, training from batch 0
             self.run.warm_start_from = self.run.config.searcher.source_checkpoint_uuid
         ownership.refuse_second_history(self.run, resuming)

@@ -160,6 +160,17 @@ def hookdet_resume_uuid(run: "Run", checkpoint: str) -> Optional[str]:
 
 
 @hookspec(firstresult=True)
+def hookdet_resume_run_id(run: "Run", checkpoint: str) -> Optional[str]:
+    """Return the run id recorded in ``checkpoint``'s metadata: the run that wrote it (None for
+    a checkpoint that records none, Determined's). Fires on the chief only, before training
+    starts, so that a run directory holding one run is never continued from another run's checkpoint
+    (:mod:`hookdet.runs.ownership`). The checkpoint plugin answers.
+
+    **Observes**: reads the checkpoint, changes nothing.
+    """
+
+
+@hookspec(firstresult=True)
 def hookdet_add_callbacks(run: "Run", callbacks: Dict[str, Any]) -> Optional[bool]:
     """Run the trial's ``build_callbacks()`` result (name -> ``PyTorchCallback``) from now on;
     return True. Fires once, before checkpoint loading, when the trial built any. With the
@@ -541,7 +552,7 @@ PER_BATCH_HOOKS = (
 )
 
 #: Lifecycle hooks that fire on the chief rank only, as in Determined.
-CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end")
+CHIEF_ONLY_HOOKS = ("on_checkpoint_save_start", "on_checkpoint_write_end", "hookdet_resume_run_id")
 
 #: Hooks that answer a call of the trial's own (``context.wrap_scaler(...)``, ...): an exception
 #: raised in them reaches the trial as raised (it is the answer to the trial's call, as a method's

@@ -45,9 +45,12 @@ def write_identity(run: Any, parent: Optional[Dict[str, Any]] = None) -> None:
 def adopt_identity(run_dir: Union[str, Path], identity: Dict[str, Any]) -> None:
     """Write ``identity`` (another run directory's, :func:`read_identity`) into ``run_dir``, so
     ``--resume run_dir`` finds that run's checkpoints in the storage it records: how a search
-    worker on another machine continues a trial whose checkpoints are in S3."""
+    worker on another machine continues a trial whose checkpoints are in S3. ``run_dir`` takes
+    the run over (it is recorded as where the identity is written): it is not a copy of the
+    other directory, whose run it continues (:func:`hookdet.runs.ownership.copied_from`)."""
     path = Path(run_dir) / IDENTITY_FILE
     partial = path.with_name(f".{path.name}.partial")
+    identity = dict(identity, run_dir=str(Path(run_dir).absolute()))
     partial.write_text(json.dumps(identity, indent=2, sort_keys=True), encoding="utf-8")
     os.replace(partial, path)
 

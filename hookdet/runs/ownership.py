@@ -5,17 +5,22 @@
 chief never joins), then :func:`record` once the storage exists, and :func:`give_up` at the end
 (which removes a directory it made for a run that failed before training a batch).
 :func:`refuse_second_history` keeps one history per run directory: training that does not resume
-may not start in a directory that already holds a run.
+may not start in a directory that already holds a run, nor continue there another run's
+checkpoint, nor continue a copy that shares its checkpoints with the run it was copied from.
 """
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 from typing import Any, Dict, Optional, Set
 
+from hookdet.checkpoints.resolver import moved_with_the_run, read_identity
 from hookdet.runs.identity import run_id_for, write_identity
 from hookdet.checkpoints.os_errors import describe_os_error
 from hookdet.checkpoints.storage import StorageError
-from hookdet.runs.files import CONFIG_FILE, RUN_RECORD_FILE
+from hookdet.errors import UsageError
+from hookdet.runs.files import CONFIG_FILE, IDENTITY_FILE, RUN_RECORD_FILE
 from hookdet.runs.lock import RunDirLock, RunDirLockedError, sweep_stale_writes
 
 #: Locks held by this process, by ``id(run)``.
@@ -68,26 +73,75 @@ def raise_problem(problem: Optional[str]) -> None:
         raise StorageError(problem)
 
 
-class ExistingRunError(ValueError):
-    """Training that does not resume was pointed at a run directory that holds a run already."""
+class ExistingRunError(UsageError, ValueError):
+    """Training would start a second history in a run directory that holds a run already
+    (:func:`refuse_second_history`): one line from ``hookdet run``."""
 
 
 def refuse_second_history(run: Any, resuming: bool) -> None:
-    """Raise :class:`ExistingRunError` on every rank when ``run`` would train from batch 0 in a
-    run directory that held a run before this process started (the chief decides, from the
-    records :func:`hookdet.runs.record.record_start` kept, and tells the others)."""
-    problem = None
-    if run.is_chief and not resuming:
-        prior = run.prior_records or {}
-        if prior.get(RUN_RECORD_FILE) is not None or prior.get(CONFIG_FILE) is not None:
-            problem = (
-                f"run directory {run.run_dir} already holds a run; continue it with "
-                f"Trainer.fit(latest_checkpoint={str(run.run_dir)!r}) (hookdet run --resume {run.run_dir}), "
-                "or give another run_dir (one run directory, one history)"
-            )
+    """Raise :class:`ExistingRunError` on every rank when ``run`` would start a second history in
+    a run directory that held a run before this process started (the chief decides, from the
+    records :func:`hookdet.runs.record.record_start` kept, and tells the others): training from
+    batch 0 there, resuming there a checkpoint another run wrote, or resuming a copy of a run
+    directory whose checkpoints it shares with the original (:func:`second_history`)."""
+    problem = second_history(run, resuming) if run.is_chief else None
     problem = run.distributed.broadcast(problem) if run.distributed is not None else problem
     if problem is not None:
         raise ExistingRunError(problem)
+
+
+def second_history(run: Any, resuming: bool) -> Optional[str]:
+    """Why ``run`` would start a second history in its run directory (see
+    :func:`refuse_second_history`), or None. A directory is owned by the run id it records: a
+    checkpoint of that run (or of the run it was forked from) continues it; a directory moved
+    elsewhere is the same run; a copy is a run of its own only where its checkpoints travelled
+    with it (the default storage, inside the run directory)."""
+    prior = run.prior_records or {}
+    if not resuming:
+        if prior.get(RUN_RECORD_FILE) is not None or prior.get(CONFIG_FILE) is not None:
+            return (f"run directory {run.run_dir} already holds a run; continue it with "
+                    f"Trainer.fit(latest_checkpoint={str(run.run_dir)!r}) (hookdet run --resume {run.run_dir}), "
+                    "or give another run_dir (one run directory, one history)")
+        return None
+    written_by = run.hook.hookdet_resume_run_id(run=run, checkpoint=run.resume_from)
+    held = identity_in(prior.get(IDENTITY_FILE))
+    if held is None:
+        return None
+    own = {str(held["run_id"]), str((held.get("parent") or {}).get("run_id"))}
+    if written_by is not None and written_by not in own:
+        return (f"cannot resume {run.resume_from} in run directory {run.run_dir}: that checkpoint was written by "
+                f"run {written_by}, and the directory holds run {held['run_id']} (one run directory, one history); "
+                "resume the checkpoint's own run directory, or continue from it in a new run directory")
+    original = copied_from(run.run_dir, held)
+    if original is not None:
+        return (f"cannot resume run directory {run.run_dir}: it is a copy of {original}, which holds the same run "
+                f"({held['run_id']}) and shares its checkpoint storage, so both would write one run's history; "
+                f"resume {original}, or continue from one of its checkpoints in a new run directory")
+    return None
+
+
+def identity_in(content: Optional[bytes]) -> Optional[Dict[str, Any]]:
+    """The run identity in ``content`` (a ``run_identity.json`` as it was), or None."""
+    try:
+        identity = json.loads(content) if content is not None else None
+    except ValueError:
+        return None
+    return identity if isinstance(identity, dict) and identity.get("run_id") else None
+
+
+def copied_from(run_dir: Path, held: Dict[str, Any]) -> Optional[str]:
+    """The run directory that ``run_dir`` (which recorded identity ``held``) was copied from,
+    when that directory still holds the same run and the copy would use its checkpoint storage;
+    None for a directory moved (the original is gone), reached through a symlink, or copied
+    with its own checkpoints."""
+    written_in = held.get("run_dir")
+    if not isinstance(written_in, str) or Path(written_in).resolve() == Path(run_dir).resolve():
+        return None
+    original = read_identity(written_in)
+    if original is None or original["run_id"] != held["run_id"]:
+        return None
+    here = moved_with_the_run(held, Path(run_dir))
+    return written_in if here.get("storage") == original.get("storage") else None
 
 
 def give_up(run: Any, discard: bool = False) -> None:

@@ -3,6 +3,8 @@
 - Two experiments checkpoint into one ``shared_fs`` store: ``--resume STORE`` is refused with
   both runs listed; ``--resume RUN_DIR`` finds that run's checkpoints in the store, continues in
   the same run directory, and its retention never touches the other experiment's checkpoints.
+- One run directory, one history: another run's checkpoint is not continued in a run directory,
+  nor a copy of a run directory whose checkpoints stay the original's (in a shared folder, in S3).
 - S3: ``--resume RUN_DIR`` finds the run's checkpoint in the bucket.
 - SIGTERM, then ``--resume RUN_DIR`` alone: one run directory whose ``metrics.jsonl`` equals the
   uninterrupted run's step for step; a second run on a locked directory is refused naming the
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import time
@@ -52,6 +55,12 @@ def recording(endpoint_url: str) -> Iterator[List[Tuple[str, str]]]:
         made.extend((entry["method"], entry["url"]) for entry in map(json.loads, lines.splitlines()))
 
 
+def records_of(run_dir: Path) -> Dict[str, bytes]:
+    """The bytes of a run directory's records (what a refused run must leave as it found)."""
+    return {name: (run_dir / name).read_bytes()
+            for name in ("run.json", "config.json", "metrics.jsonl", "run_identity.json", "history.jsonl")}
+
+
 def reports(run_dir: Path) -> List[Any]:
     return [(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(run_dir)]
 
@@ -80,6 +89,22 @@ def test_two_experiments_in_one_shared_store(tmp_path: Path) -> None:
     status, _, stderr = run(["run", str(stop_a), "--resume", str(store), "--run-dir", str(tmp_path / "x")], "resume STORE")
     assert status == 2
     assert_one_line(stderr, "holds checkpoints of 2 runs", run_a, run_b)
+
+    # One run directory, one history: b's checkpoint is not continued in a's directory, and a
+    # copy of a, whose checkpoints are a's in the store, is not continued as a second a. Both
+    # are refused before anything is written.
+    before = records_of(tmp_path / "a")
+    status, _, stderr = run(["run", str(stop_a), "--resume", str(tmp_path / "b"), "--run-dir", str(tmp_path / "a")],
+                            "resume another run's checkpoint")
+    assert status == 2
+    assert_one_line(stderr, f"written by run {run_b}", f"the directory holds run {run_a}", "one run directory, one history")
+    assert records_of(tmp_path / "a") == before
+    shutil.copytree(tmp_path / "a", tmp_path / "a-copy")
+    status, _, stderr = run(["run", str(stop_a), "--resume", str(tmp_path / "a-copy")], "resume a copy")
+    assert status == 2
+    assert_one_line(stderr, f"{tmp_path / 'a-copy'}: it is a copy of {tmp_path / 'a'}", run_a, "shares its checkpoint storage")
+    assert records_of(tmp_path / "a-copy") == before
+    shutil.rmtree(tmp_path / "a-copy")
 
     # The run directory leads to its own checkpoints in the store and continues there.
     status, stdout, stderr = run(["run", str(stop_a), "--resume", str(tmp_path / "a")], "resume RUN_DIR (shared_fs)", fault=False)
@@ -112,6 +137,11 @@ def test_resume_run_dir_finds_its_checkpoint_in_s3(tmp_path: Path, s3_server: Di
     assert sorted(set(gets)) == sorted(gets), requests_made
     steps = [r["steps_completed"] for r in read_reports(tmp_path / "run") if r["group"] == "training"]
     assert steps == list(range(1, 13))
+    # A copy of the run directory shares its checkpoints in the bucket: it is not a second run.
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    status, _, stderr = run(["run", str(config), "--resume", str(tmp_path / "copy")], "s3: resume a copy")
+    assert status == 2
+    assert_one_line(stderr, f"it is a copy of {tmp_path / 'run'}", "shares its checkpoint storage")
 
 
 @pytest.mark.slow

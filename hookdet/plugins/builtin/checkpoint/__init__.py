@@ -123,6 +123,12 @@ class CheckpointPlugin:
         metadata before its state is loaded."""
         return self._metadata(run, checkpoint).get("uuid")
 
+    @hookimpl
+    def hookdet_resume_run_id(self, run: Any, checkpoint: str) -> Optional[str]:
+        """The run id that ``checkpoint``'s metadata records (the run that wrote it)."""
+        written_by = self._metadata(run, checkpoint).get("run_id")
+        return None if written_by is None else str(written_by)
+
     def _metadata(self, run: Any, checkpoint: str) -> Dict[str, Any]:
         return metadata_of(self._find(run, checkpoint))
 
