@@ -195,8 +195,9 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
-    from hookdet.distributed.launcher import (combined_exit_status, ending_away_from_rank_0, failure_lines, killed_ranks,
-                                              launcher_death_line, read_rank_statuses, run_passing_signals, this_node)
+    from hookdet.distributed.launcher import (KilledRank, combined_exit_status, ending_away_from_rank_0, failure_lines,
+                                              killed_ranks, launcher_death_line, read_rank_statuses, run_passing_signals,
+                                              this_node)
     from hookdet.plugins.selection import Launch, select_plugins
     from hookdet.loop.trainer import default_run_dir
     from hookdet.distributed.rank_watch import SilenceWatch, silent_after_of
@@ -219,20 +220,20 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
         env[RANK_STATUS_DIR_ENV] = status_dir
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_said: List[str] = []
-        killed_lines: List[str] = []
+        killed_by_signal: List[KilledRank] = []
         watch = SilenceWatch(Path(status_dir), silent_after_of(config), lambda line: print(line, file=sys.stderr, flush=True))
         with launcher_view(Path(status_dir), Path(args.run_dir or env["HOOKDET_RUN_DIR"]), config, env) as view:
             def check() -> None:
                 watch.check()
                 if view is not None:
                     view.poll()
-            launcher_status = run_passing_signals(command, env, launcher_said, killed_lines, watch=check)
+            launcher_status = run_passing_signals(command, env, launcher_said, killed_by_signal, watch=check)
         late_stop.finished = True  # the ranks have ended: what is left is telling how
         statuses = read_rank_statuses(Path(status_dir))
-        killed = killed_ranks(killed_lines)
+        killed = killed_ranks(killed_by_signal)
         lines = failure_lines(Path(status_dir), statuses, local_ranks, killed, every_rank_here=local_ranks == slots)
         if not lines and not statuses:  # no rank had a word: what torchrun saw is all there is
-            lines = [line for _, line in killed.values()]
+            lines = [each.line for each in killed.values()]
         died = launcher_death_line(launcher, launcher_status, len(statuses))
         for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)

@@ -37,7 +37,7 @@ from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import (
-    CRASH_SIGNALS, RANK_ENTRY, is_python, killed_ranks, launcher_death_line, resume_target, run_passing_signals,
+    CRASH_SIGNALS, RANK_ENTRY, KilledRank, is_python, killed_ranks, launcher_death_line, resume_target, run_passing_signals,
     signal_name, this_node, torchrun_command,
 )
 
@@ -157,12 +157,12 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
         where = f"node {node[0]} of {node[1]}; run directory {run_dir} if rank 0 is on this machine" if node[1] > 1 \
             else f"run directory {run_dir}"
         logger.info("running %s in %s (%s)", shlex.join(command), model_dir, where)
-        killed_lines: List[str] = []
+        killed_by_signal: List[KilledRank] = []
         said: List[str] = []
         from hookdet.search.warm_script import warm_starter
 
         start = None if is_launcher else warm_starter(command, env, str(model_dir))
-        status = run_passing_signals(command, env, said, killed_lines, cwd=model_dir, to_group=not is_launcher,
+        status = run_passing_signals(command, env, said, killed_by_signal, cwd=model_dir, to_group=not is_launcher,
                                      start=start)
         late_stop.finished = True  # the command has ended: a SIGTERM from now on changes nothing
         died = launcher_death_line(_launcher_name(command), status) if is_launcher else None
@@ -170,7 +170,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
             print(died, file=sys.stderr, flush=True)
         outcomes = cluster_info.read_outcomes(Path(info_dir))
     ranks = slots // node[1] if is_launcher else 1
-    status = tell_killed_ranks(status, outcomes, ranks, killed_ranks(killed_lines))
+    status = tell_killed_ranks(status, outcomes, ranks, killed_ranks(killed_by_signal))
     final = exit_status(status, outcomes, ranks, is_launcher)
     print(ending_of(run_dir, config.searcher.metric, status, final, node), flush=True)
     return final
@@ -237,27 +237,29 @@ def check_script_exists(entrypoint: str, model_dir: Path, source: str) -> None:
 
 
 def tell_killed_ranks(status: int, outcomes: Dict[int, Optional[str]], ranks: int,
-                      killed: Dict[int, Tuple[str, str]]) -> int:
+                      killed: Dict[int, KilledRank]) -> int:
     """Print the ranks torchrun saw die of a signal, and return the launch's status: 0 when they
     only crashed after training (:func:`crashed_after_training`, a warning each), else ``status``
     (an error each, but for the SIGTERM/SIGINT of the launcher stopping the others)."""
     if crashed_after_training(outcomes, ranks, killed):
-        for _, line in (entry for entry in killed.values() if entry[0] in CRASH_SIGNALS):
-            print(line.replace("hookdet: error:", "hookdet: warning:") + " after its training ended (a crash "
-                  "as it exited); the run's training and checkpoints are complete", file=sys.stderr, flush=True)
+        for each in killed.values():
+            if each.signal in CRASH_SIGNALS:
+                print(f"hookdet: warning: rank {each.rank} (pid {each.pid}) was killed by {each.signal} after its "
+                      "training ended (a crash as it exited); the run's training and checkpoints are complete",
+                      file=sys.stderr, flush=True)
         return 0
-    for killed_by, line in killed.values():
-        if status != 0 and killed_by not in ("SIGTERM", "SIGINT"):
-            print(line, file=sys.stderr, flush=True)
+    for each in killed.values():
+        if status != 0 and each.signal not in ("SIGTERM", "SIGINT"):
+            print(each.line, file=sys.stderr, flush=True)
     return status
 
 
-def crashed_after_training(outcomes: Dict[int, Optional[str]], ranks: int, killed: Dict[int, Tuple[str, str]]) -> bool:
+def crashed_after_training(outcomes: Dict[int, Optional[str]], ranks: int, killed: Dict[int, KilledRank]) -> bool:
     """Whether every rank's training ended (each recorded its outcome) and the only failures are
     ranks that crashed by themselves afterwards (an abort in the process group's teardown as the
     interpreter exits): the run is then complete, as ``hookdet run``'s own ranks are once they
     recorded their status. The launcher may have stopped the other ranks as they exited too."""
-    names = [name for name, _ in killed.values()]
+    names = [each.signal for each in killed.values()]
     return (len(outcomes) >= ranks and any(name in CRASH_SIGNALS for name in names)
             and all(name in CRASH_SIGNALS or name in ("SIGTERM", "SIGKILL") for name in names))
 

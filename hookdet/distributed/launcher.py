@@ -17,6 +17,7 @@ told once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -40,8 +41,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _TORCHRUN_LOG = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/")
 _TORCHRUN_EXCEPTIONS = ("ChildFailedError", "SignalException")
-#: The line :func:`tell_outcome` makes of a rank torchrun saw die of a signal.
-KILLED_RANK = re.compile(r"^hookdet: error: rank (\d+) \(pid \d+\) was killed by (\w+)")
 #: Signals a rank dies of when it crashes by itself (not stopped by a launcher or a person).
 CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
 #: The packages the launchers' own frames are in, by which their tracebacks are told from a rank's.
@@ -182,18 +181,27 @@ def record_rank_message(status_dir: str, rank: int, message: str) -> None:
     partial.replace(path)
 
 
-def killed_ranks(said: Iterable[str]) -> Dict[int, Tuple[str, str]]:
-    """The ranks ``said`` names as killed by a signal: rank -> (the signal's name, the line)."""
-    killed = {}
-    for line in said:
-        match = KILLED_RANK.match(line)
-        if match:
-            killed[int(match.group(1))] = (match.group(2), line)
-    return killed
+@dataclasses.dataclass(frozen=True)
+class KilledRank:
+    """A rank torchrun saw die of a signal, as it recorded it (:func:`tell_outcome`)."""
+
+    rank: int
+    pid: Optional[int]
+    signal: str  # the signal's name: SIGKILL, SIGABRT, ...
+
+    @property
+    def line(self) -> str:
+        """How it is told: ``hookdet: error: rank 1 (pid 7) was killed by SIGKILL``."""
+        return f"hookdet: error: rank {self.rank} (pid {self.pid}) was killed by {self.signal}"
+
+
+def killed_ranks(killed: Iterable[KilledRank]) -> Dict[int, KilledRank]:
+    """The ranks killed by a signal, by rank."""
+    return {each.rank: each for each in killed}
 
 
 def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
-                  killed: Optional[Dict[int, Tuple[str, str]]] = None, every_rank_here: bool = True) -> List[str]:
+                  killed: Optional[Dict[int, KilledRank]] = None, every_rank_here: bool = True) -> List[str]:
     """One line per distinct failure: the ranks that said it, and what they said; a rank of
     this machine that ended without a word (no status, no message) is named as having died, by
     the signal that killed it where ``killed`` (:func:`killed_ranks`) knows it. With
@@ -213,7 +221,7 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
     reported = set(statuses) | {rank for ranks in by_message.values() for rank in ranks}
     if not every_rank_here:
         named = [rank for rank in killed if rank not in reported]
-        lines.extend(killed[rank][1] + "; the other ranks were stopped" for rank in named)
+        lines.extend(killed[rank].line + "; the other ranks were stopped" for rank in named)
         unnamed = local_ranks - len(reported) - len(named)
         if unnamed > 0 and reported:
             lines.append(f"hookdet: error: {unnamed} of this machine's {local_ranks} ranks ended without "
@@ -221,7 +229,7 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
         return lines
     silent = [rank for rank in range(local_ranks) if rank not in reported]
     if silent and reported:
-        lines.extend(killed[rank][1] + "; the other ranks were stopped" for rank in silent if rank in killed)
+        lines.extend(killed[rank].line + "; the other ranks were stopped" for rank in silent if rank in killed)
         unknown = [rank for rank in silent if rank not in killed]
         if unknown:
             who = "rank" if len(unknown) == 1 else "ranks"
@@ -336,7 +344,7 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
 
 
 def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str],
-                        killed: Optional[List[str]] = None, watch: Optional[Callable[[], None]] = None,
+                        killed: Optional[List[KilledRank]] = None, watch: Optional[Callable[[], None]] = None,
                         cwd: Optional[Path] = None, to_group: bool = False,
                         start: Optional[Callable[[List[str], Dict[str, str], str], Any]] = None) -> int:
     """Run ``command`` in its own session, passing this process's stop signals on; its status.
@@ -346,7 +354,7 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[
     process (even by SIGKILL), its stderr goes through :func:`filter_launcher_stderr`, and what
     torchrun recorded of how it ended (:mod:`hookdet.distributed.torchrun_agent`) becomes lines:
     its own failure, one line appended to ``said`` and printed; each rank it saw die of a signal,
-    a line appended to ``killed`` for the caller to tell. ``to_group`` (a plain command, a
+    a :class:`KilledRank` appended to ``killed`` for the caller to tell. ``to_group`` (a plain command, a
     ``sh -c`` one): signals go to its whole process group, its stderr is this process's, and the
     call returns only when every process of the group is gone, so a script still writing its
     checkpoint is waited for even when the shell above it has died. ``start`` (a plain command
@@ -388,10 +396,10 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[
                 process.wait()
 
 
-def tell_outcome(outcome: Path, said: List[str], killed: Optional[List[str]]) -> None:
-    """What torchrun recorded in ``outcome`` (:mod:`hookdet.distributed.torchrun_agent`), as
-    lines: its own failure printed and added to ``said``; a rank killed by a signal added to
-    ``killed`` (as ``hookdet: error: rank N (pid P) was killed by SIGX``)."""
+def tell_outcome(outcome: Path, said: List[str], killed: Optional[List[KilledRank]]) -> None:
+    """What torchrun recorded in ``outcome`` (:mod:`hookdet.distributed.torchrun_agent`): its
+    own failure, a line printed and added to ``said``; each rank killed by a signal, a
+    :class:`KilledRank` added to ``killed``."""
     try:
         recorded = json.loads(outcome.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -402,8 +410,7 @@ def tell_outcome(outcome: Path, said: List[str], killed: Optional[List[str]]) ->
         print(line, file=sys.stderr, flush=True)
     for rank, failure in sorted((recorded.get("failures") or {}).items(), key=lambda item: int(item[0])):
         if killed is not None and failure.get("exitcode", 0) < 0:
-            killed.append(f"hookdet: error: rank {rank} (pid {failure.get('pid')}) was killed by "
-                          f"{signal_name(-failure['exitcode'])}")
+            killed.append(KilledRank(int(rank), failure.get("pid"), signal_name(-failure["exitcode"])))
 
 
 def group_alive(pgid: int) -> bool:

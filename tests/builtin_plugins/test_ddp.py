@@ -425,8 +425,7 @@ def test_a_rank_that_left_its_message_but_no_status_is_not_called_dead(tmp_path:
     ]
     assert hookdet_launcher.failure_lines(tmp_path / "none", {}, 2) == []  # nobody said anything: no guess
     # A death torchrun recorded names the signal instead.
-    killed = hookdet_launcher.killed_ranks(["hookdet: error: rank 1 (pid 7) was killed by SIGKILL"])
-    assert killed == {1: ("SIGKILL", "hookdet: error: rank 1 (pid 7) was killed by SIGKILL")}
+    killed = hookdet_launcher.killed_ranks([hookdet_launcher.KilledRank(rank=1, pid=7, signal="SIGKILL")])
     assert hookdet_launcher.failure_lines(tmp_path, {}, 2, killed) == [
         lines[0], "hookdet: error: rank 1 (pid 7) was killed by SIGKILL; the other ranks were stopped"]
 
@@ -434,16 +433,16 @@ def test_a_rank_that_left_its_message_but_no_status_is_not_called_dead(tmp_path:
 def test_a_rank_torchrun_saw_die_of_a_signal_is_one_line(tmp_path: Path) -> None:
     """How torchrun's ranks ended is read from what it recorded as data (its ``ProcessFailure``
     records, written by hookdet's torchrun agent), not from its failure summary's text: a rank
-    killed by a signal becomes one line naming the rank, its pid and the signal; a rank that
+    killed by a signal becomes a record (rank, pid, signal), told in one line; a rank that
     exited with a status none (its own status file tells it); torchrun's own failure one line."""
     outcome = tmp_path / "outcome.json"
     outcome.write_text(json.dumps({"failures": {"1": {"exitcode": -6, "pid": 12577, "local_rank": 1},
                                                 "0": {"exitcode": 1, "pid": 12576, "local_rank": 0}}}))
     said: List[str] = []
-    killed: List[str] = []
+    killed: List[hookdet_launcher.KilledRank] = []
     hookdet_launcher.tell_outcome(outcome, said, killed)
-    assert killed == ["hookdet: error: rank 1 (pid 12577) was killed by SIGABRT"] and said == []
-    assert hookdet_launcher.killed_ranks(killed) == {1: ("SIGABRT", killed[0])}
+    assert killed == [hookdet_launcher.KilledRank(rank=1, pid=12577, signal="SIGABRT")] and said == []
+    assert killed[0].line == "hookdet: error: rank 1 (pid 12577) was killed by SIGABRT"
     outcome.write_text(json.dumps({"launcher_error": "RendezvousTimeoutError: no peers came"}))
     hookdet_launcher.tell_outcome(outcome, said, killed)
     assert said == ["hookdet: error: torchrun failed: RendezvousTimeoutError: no peers came"]
