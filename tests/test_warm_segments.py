@@ -6,6 +6,7 @@ a new interpreter would. Real ``hookdet run`` drivers, real trial processes, a r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import time
@@ -226,3 +227,68 @@ def test_a_sigkill_of_the_driver_stops_its_warm_segment_with_a_checkpoint(tmp_pa
         time.sleep(0.1)
     assert not running(pid), "the segment trains on after its driver's SIGKILL"
     assert "hookdet: preempted after " in (tmp_path / "search" / "trial-001.log").read_text()
+
+
+#: A trial whose module imports ``probe_lib`` (a package on ``PYTHONPATH``, as an editable
+#: install is: the warm process preloads it) and draws from NumPy's global generator as it is
+#: imported; each trial logs both, and the second waits for the test's word (a file) to go on.
+PROBE_TRIAL = '''import json, os, time
+import numpy
+import probe_lib
+from search_trial import LineTrial
+
+DRAWN = int(numpy.random.randint(2**31))
+
+
+class ProbeTrial(LineTrial):
+    def __init__(self, context):
+        log = os.environ["SEARCH_TEST_LOG"]
+        with open(log, "a") as handle:
+            handle.write(json.dumps({"event": "probe", "version": probe_lib.VERSION, "drawn": DRAWN}) + "\\n")
+        with open(log) as handle:
+            probes = sum('"event": "probe"' in line for line in handle)
+        while probes == 2 and not os.path.exists(os.environ["PROBE_GO"]):
+            time.sleep(0.01)
+        super().__init__(context)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_segment_runs_the_code_as_it_is_now_and_draws_as_a_new_interpreter(tmp_path: Path) -> None:
+    """A grid of three trials on one worker, their module importing a package from ``PYTHONPATH``
+    that the warm process preloaded. The package is edited while the second trial trains: the
+    third runs the edited code (its segment starts as a new interpreter, and its log says why),
+    as a cold search would. Two warm trials' draws from NumPy's global generator at import are
+    not the warm process's one draw."""
+    model, library = tmp_path / "model", tmp_path / "lib"
+    shutil.copytree(FIXTURES, model, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
+    (model / "probe_trial.py").write_text(PROBE_TRIAL)
+    library.mkdir()
+    (library / "probe_lib.py").write_text("VERSION = 1\n")
+    config = tmp_path / "probe.yaml"
+    config.write_text(
+        "name: probe\nentrypoint: probe_trial:ProbeTrial\nmax_restarts: 0\n"
+        "hyperparameters:\n  global_batch_size: 8\n  optimizer:\n    lr: {type: categorical, vals: [0.01, 0.02, 0.03]}\n"
+        "searcher: {name: grid, metric: validation_loss, max_concurrent_trials: 1, max_length: {batches: 2}}\n"
+        "min_validation_period: {batches: 2}\n")
+    environment = dict(env(tmp_path), PYTHONPATH=f"{library}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                       PROBE_GO=str(tmp_path / "go"))
+    driver = hookdet_process.start("run", config, "--run-dir", "search", "--workers", "1", "--model-dir", model,
+                                   cwd=tmp_path, env=environment)
+
+    def probes() -> List[Dict[str, Any]]:
+        lines = (tmp_path / "trials.log").read_text().splitlines() if (tmp_path / "trials.log").exists() else []
+        return [record for record in map(json.loads, lines) if record["event"] == "probe"]
+
+    wait_on_search(lambda: len(probes()) == 2, driver, "the second trial")
+    (library / "probe_lib.py").write_text("VERSION = 2  # edited while the search runs\n")
+    (tmp_path / "go").touch()
+    _, stderr = driver.communicate(timeout=300)
+    assert driver.returncode == 0, stderr[-3000:]
+    seen = probes()
+    assert [probe["version"] for probe in seen] == [1, 1, 2]
+    assert seen[0]["drawn"] != seen[1]["drawn"]
+    logs = [(tmp_path / "search" / f"trial-00{n}.log").read_text() for n in (1, 2, 3)]
+    changed = f"hookdet: warning: {library / 'probe_lib.py'} changed since the warm process imported it"
+    assert [changed in log for log in logs] == [False, False, True]

@@ -22,6 +22,11 @@ interpreter whose only work from now on is to be forked, once per segment.
   its parent's exit and ends it; the segment then gets its parent-death signal (SIGTERM:
   checkpoint and stop).
 
+- what the warm process imported from outside the interpreter's own library and its
+  site-packages (an editable install, a ``PYTHONPATH`` entry: code a user edits) is noted with
+  each file's modification time and size; a segment forked after one of them changed runs as a
+  new interpreter instead (:func:`changed_source`), so it runs the code as it is now.
+
 Nothing here is for another process: the warm process alone imports this module.
 """
 from __future__ import annotations
@@ -30,10 +35,13 @@ import gc
 import os
 import select
 import signal
+import site
 import sys
+import sysconfig
 import threading
 import time
 import weakref
+from typing import Dict, Optional, Tuple
 
 import stevedore
 
@@ -53,6 +61,37 @@ def skip_inherited_torch_finalizers() -> int:
             finalizer.atexit = False
             skipped += 1
     return skipped
+
+
+def watched_sources() -> Dict[str, Tuple[int, int]]:
+    """(modification time, size) of the file of every module imported so far that lies outside
+    the interpreter's standard library and site-packages, by path."""
+    paths = sysconfig.get_paths()
+    installed = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")} | set(site.getsitepackages())
+    roots = tuple(os.path.join(os.path.realpath(root), "") for root in installed)
+    found: Dict[str, Tuple[int, int]] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and not os.path.realpath(path).startswith(roots):
+            try:
+                status = os.stat(path)
+            except OSError:
+                continue
+            found[path] = (status.st_mtime_ns, status.st_size)
+    return found
+
+
+def changed_source() -> Optional[str]:
+    """A file :data:`WATCHED` notes that has changed (or gone) since the warm process imported
+    it, or None."""
+    for path, seen in WATCHED.items():
+        try:
+            status = os.stat(path)
+        except OSError:
+            return path
+        if (status.st_mtime_ns, status.st_size) != seen:
+            return path
+    return None
 
 
 def end_with_parent() -> None:
@@ -80,5 +119,7 @@ version_string()
 stevedore.NamedExtensionManager(ENTRY_POINT_GROUP, names=[])  # reads the group, loads nothing
 storage_class("default")
 skip_inherited_torch_finalizers()
+#: What :func:`changed_source` compares with: :func:`watched_sources` as the warm process got ready.
+WATCHED = watched_sources()
 end_with_parent()
 gc.freeze()

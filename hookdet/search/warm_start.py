@@ -22,7 +22,13 @@ What a segment keeps from the cold way:
   worker, :mod:`hookdet.search.warm_ready`, and the segment is told by its parent-death signal);
 - the interpreter's exit functions run at its end, as at a cold interpreter's exit (all but
   torch's operator-library finalizers inherited from the warm process: see
-  :mod:`hookdet.search.warm_ready`).
+  :mod:`hookdet.search.warm_ready`);
+- the code as it is now: when a file the warm process imported from outside the interpreter's
+  library and site-packages (an editable install, a ``PYTHONPATH`` entry) has changed since,
+  the segment's process becomes a new interpreter (``exec``: the same process, log, affinity
+  and parent-death signal) and says so in its log;
+- its own random draws: NumPy's global generator is seeded afresh, as a new interpreter's is
+  (Python's own ``random`` reseeds itself in a forked child).
 
 Forking the warm process takes about 12 ms (on the 2-core development machine), so a worker does
 it ahead: as a segment starts, the next segment's process is forked in a thread and waits,
@@ -437,6 +443,13 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
     set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
+    changed = ready.changed_source() if ready is not None else None
+    if changed is not None:  # the code as it is now, in a new interpreter (same process, log, signals)
+        print(f"hookdet: warning: {changed} changed since the warm process imported it: this segment "
+              "starts as a new interpreter", file=sys.stderr, flush=True)
+        os.execve(sys.executable, [sys.executable, "-m", "hookdet", *argv], env)
+    if "numpy.random" in sys.modules:  # a new interpreter's draws, not the warm process's state
+        sys.modules["numpy.random"].seed()
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         set_thread_count(int(threads))
