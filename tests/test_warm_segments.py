@@ -205,28 +205,46 @@ def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(t
     assert seen[0]["path0"] == str(model)
 
 
+#: The grace period of the SIGKILL test: past it, Optuna's stale-heartbeat cleanup fails a segment.
+GRACE_SECONDS = 4
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_sigkill_of_the_driver_stops_its_warm_segment_with_a_checkpoint(tmp_path: Path) -> None:
     """``kill -9`` of a search's driver (its one worker runs in it): the warm process ends with
     it, so the segment it was training gets its parent-death signal, SIGTERM, checkpoints and
-    stops, as the docs say, instead of training on, orphaned, into the search's directory."""
+    stops, as the docs say, instead of training on, orphaned, into the search's directory. Resumed
+    after the grace period (Optuna's cleanup fails the segment as the driver starts), the search
+    continues the trial from that checkpoint to its end, charging it no restart: the search was
+    killed, not the trial."""
     from hookdet.search.store import attrs_of
     from tests.test_search_run import segments
 
-    environment = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.5")
-    driver = hookdet_process.start("run", FIXTURES / "asha.yaml", "--run-dir", "search", "--workers", "1",
-                                   "--config", "searcher.max_trials=1", cwd=tmp_path, env=environment)
+    environment = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.5",
+                       HOOKDET_SEARCH_GRACE_SECONDS=str(GRACE_SECONDS))
+    options = ("--workers", "1", "--config", "searcher.max_trials=1")
+    driver = hookdet_process.start("run", FIXTURES / "asha.yaml", "--run-dir", "search", *options, cwd=tmp_path,
+                                   env=environment)
     reports_file = tmp_path / "search" / "trial-001" / "metrics.jsonl"
     wait_on_search(reports_file.exists, driver, "the trial's first report")
     (pid,) = [attrs_of(s)["child_pid"] for s in segments(tmp_path / "search") if s.state.name == "RUNNING"]
     driver.send_signal(signal.SIGKILL)  # the driver alone, as kill -9 PID does
+    killed = time.monotonic()
     driver.wait()
     deadline = time.monotonic() + 120
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(pid), "the segment trains on after its driver's SIGKILL"
     assert "hookdet: preempted after " in (tmp_path / "search" / "trial-001.log").read_text()
+    while time.monotonic() < killed + GRACE_SECONDS + 1:  # the last beat came before the kill
+        time.sleep(0.1)
+    resumed = hookdet_process.run("run", FIXTURES / "asha.yaml", "--resume", "search", *options, cwd=tmp_path,
+                                  env=dict(environment, SEARCH_TEST_SECONDS_PER_BATCH="0"), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (row,) = summary(tmp_path / "search", drop=())
+    assert (row["state"], row["restarts"]) == ("completed", "0")
+    assert "resumed from checkpoint" in (tmp_path / "search" / "trial-001.log").read_text()
 
 
 #: A trial whose module imports ``probe_lib`` (a package on ``PYTHONPATH``, as an editable

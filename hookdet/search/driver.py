@@ -321,9 +321,12 @@ class Driver:
 
     def _search_was_killed(self, attrs: Dict[str, Any]) -> bool:
         """Whether a segment ended because the driver that ran it in a local worker was killed:
-        the search stopped (as when Determined's master goes down), no trial failed. A separate
-        worker process that dies still counts against ``max_restarts``."""
-        return attrs.get("exit_code") is None and attrs.get("dead_worker") in self.state.get("drivers", [])
+        the search stopped (as when Determined's master goes down), no trial failed; found dead
+        as the search resumed, or failed by Optuna's stale-heartbeat cleanup when it resumed
+        past the grace period (no outcome then, only its worker). A separate worker process that
+        dies still counts against ``max_restarts``."""
+        worker = attrs.get("dead_worker") or attrs.get("worker")
+        return attrs.get("exit_code") is None and worker in self.state.get("drivers", [])
 
     def _alive_here(self, segment: Any) -> Optional[bool]:
         """Whether the segment's worker (or its process) is alive: None for another machine's."""
@@ -346,17 +349,19 @@ class Driver:
             return not alive
         return not self.queue.keeps_heartbeats and time.time() - float(attrs.get("heartbeat", started)) > grace_seconds()
 
-    def reap_stale(self, running: List[Any]) -> None:
+    def reap_stale(self, running: List[Any]) -> bool:
         """Beat for this machine's live workers, then let Optuna fail every segment whose beats
-        stopped past the grace period (another machine's worker lost); once a beat's interval
-        at most, not at every poll (between two segments, the store is the critical path)."""
+        stopped past the grace period (another machine's worker lost; this search's own, when it
+        was killed and resumed later than that); once a beat's interval at most, not at every
+        poll (between two segments, the store is the critical path). Whether it looked."""
         if not self.queue.keeps_heartbeats or time.monotonic() - self._reaped_at < BEAT_SECONDS:
-            return
+            return False
         self._reaped_at = time.monotonic()
         for segment in running:
             if self._alive_here(segment):
                 self.queue.beat(self.queue.trial_id(segment.number))
         self.queue.fail_stale()
+        return True
 
     def poll(self) -> bool:
         """Handle every finished segment and reap dead ones; True when the search is over."""
@@ -374,7 +379,8 @@ class Driver:
             handled = True
         if self.view is not None:
             self.view.update_marked(busy=handled or any(s.state.name == "WAITING" for s in segments))
-        self.reap_stale([segment for segment in segments if segment.state.name == "RUNNING"])
+        if self.reap_stale([segment for segment in segments if segment.state.name == "RUNNING"]):
+            segments = self.segments_seen = self.queue.segments()  # what the cleanup failed is finished
         for segment in segments:
             if segment.state.name == "RUNNING" and self._dead(segment):
                 self.queue.finish(self.queue.trial_id(segment.number),
