@@ -593,6 +593,52 @@ def a_worker_in_a_terminal_finishes(tmp_path: Path, url: str, driver: hookdet_pr
     return worker.pid, screen_lines(screens[0])
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                    reason="a worker on a second host name needs unshare -u (root)")
+def test_a_machine_that_freezes_past_the_grace_period_and_wakes_loses_no_trial(tmp_path: Path) -> None:
+    """One trial, trained by a worker on "another machine" (its own host name), whose machine
+    freezes (SIGSTOP to its processes) mid-segment for longer than the grace period. The driver
+    gives the segment up as lost and a worker here takes the retry: it waits for the trial's run
+    directory, which the frozen segment still holds, instead of being refused by its lock (which
+    the driver took for a usage error: the trial errored). The machine wakes (SIGCONT), its
+    segment finishes, and the retry continues from its checkpoint: the trial completes."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    environment = {**env(tmp_path), "HOOKDET_SEARCH_GRACE_SECONDS": str(GRACE_SECONDS)}
+    config = tmp_path / "one.yaml"
+    config.write_text((FIXTURES / "grid.yaml").read_text().replace("vals: [false, true]", "vals: [false]")
+                      .replace("count: 2", "count: 1"))
+    driver = hookdet_process.start("run", config, "--run-dir", "search", "--workers", "0", "--storage", url,
+                                   "--model-dir", FIXTURES, cwd=tmp_path, env=environment)
+    assert driver.first_line().startswith("hookdet: grid search in")
+    worker = " ".join([*HOOKDET, "search", "worker", "--storage", f"'{url}'", "--index", "0", "--of", "2"])
+    other = subprocess.Popen(["unshare", "-u", "sh", "-c", f"hostname {OTHER_HOST} && exec {worker}"],
+                             cwd=tmp_path, env={**environment, "SEARCH_TEST_SECONDS_PER_BATCH": "0.5"},
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    here_log = tmp_path / "here.log"
+    try:
+        wait_on_search((tmp_path / "search" / "trial-001" / "metrics.jsonl").exists, driver, "its first report")
+        os.killpg(other.pid, signal.SIGSTOP)  # the machine freezes, its segment holding the run directory
+        with open(here_log, "w") as log:
+            here = subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--index", "1", "--of", "2"],
+                                    cwd=tmp_path, env=environment, stdout=log, stderr=subprocess.STDOUT)
+        wait_on_search(lambda: "waits for its run directory" in here_log.read_text(), driver,
+                       "the retry to wait for the frozen segment's run directory")
+        os.killpg(other.pid, signal.SIGCONT)
+        _, err = driver.communicate(timeout=300)
+        assert driver.returncode == 0, err[-3000:]
+        assert here.wait(timeout=120) == 0
+    finally:
+        os.killpg(other.pid, signal.SIGCONT)
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
+    (row,) = summary(tmp_path / "search", drop=())
+    assert row["state"] == "completed", (row, err[-3000:])
+    assert f"held by pid " in here_log.read_text() and f"on host {OTHER_HOST}" in here_log.read_text()
+    assert "usage error" not in err
+
+
 def wait_on_search(condition: Any, driver: hookdet_process.Hookdet, what: str, timeout: float = 300) -> Any:
     """Poll ``condition`` until it gives something (which it returns); the driver must not end."""
     deadline = time.monotonic() + timeout

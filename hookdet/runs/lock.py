@@ -63,6 +63,21 @@ class RunDirLock:
         partial.write_text(f"pid {os.getpid()} on host {socket.gethostname()}\n", encoding="utf-8")
         os.replace(partial, self.path)
 
+    def held_elsewhere(self) -> Optional[str]:
+        """Who holds the lock when another process does (:meth:`holder`), else None; takes
+        nothing and writes nothing."""
+        try:
+            descriptor = os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            return None  # no directory yet: nobody holds it
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return self.holder()
+        finally:
+            os.close(descriptor)  # the lock, if taken, goes with it
+        return None
+
     def holder(self) -> str:
         """Who holds the lock, as its holder wrote it (``unknown`` when the note is gone)."""
         try:

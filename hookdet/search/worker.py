@@ -32,6 +32,7 @@ from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMP
 from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
 from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
+from hookdet.runs.lock import RunDirLock
 from hookdet.runs.record import forget_attempt
 from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of
 from hookdet.search.warm_start import SegmentProcess, gpu_count, start_segment, stop_warm_process, warm_up
@@ -39,6 +40,8 @@ from hookdet.search.warm_start import SegmentProcess, gpu_count, start_segment, 
 logger = logging.getLogger("hookdet")
 #: Seconds between a separate worker's progress lines while a segment trains.
 PROGRESS_EVERY_S = 30.0
+#: Seconds between two looks at a run directory another process holds (:meth:`SegmentRunner._wait_for_run_dir`).
+WAIT_FOR_RUN_DIR_S = 0.5
 #: ``hookdet run``'s exit statuses a worker tells apart.
 PREEMPTED, INVALID_HP, BAD_INPUT = PREEMPTED_EXIT_CODE, INVALID_HP_EXIT_CODE, BAD_INPUT_EXIT_CODE
 
@@ -202,6 +205,7 @@ class SegmentRunner:
         """Start the segment's process (resuming the trial's newest checkpoint, if any); its run
         directory, the batch it resumes at, and when it started."""
         run_dir, config, model_dir = self.place(attrs)
+        self._wait_for_run_dir(run_dir, attrs)
         steps = newest_checkpoint_steps(run_dir)
         if steps is None:
             forget_attempt(run_dir)
@@ -248,6 +252,22 @@ class SegmentRunner:
                    "batches": found[-1][0] if found else None,
                    "identity": read_identity(run_dir)}  # where any worker finds its checkpoints
         self.queue.finish(trial_id, outcome, ok=status == 0)
+
+    def _wait_for_run_dir(self, run_dir: Path, attrs: Dict[str, Any]) -> None:
+        """Wait while another process holds the trial's run directory: the process of a segment
+        given up as lost whose machine froze past the grace period and is still there (it may
+        wake and finish). The retry then continues from what it leaves, instead of being
+        refused by the lock; its beats go on meanwhile. A stop ends the wait (the segment then
+        starts, and stops at once with its checkpoint)."""
+        lock, told = RunDirLock(run_dir), False
+        while not self.stopping:
+            holder = lock.held_elsewhere()
+            if holder is None:
+                return
+            if not told:
+                self._tell(f"worker: trial {attrs['trial']} waits for its run directory, held by {holder}")
+                told = True
+            time.sleep(WAIT_FOR_RUN_DIR_S)
 
     def _tell(self, line: str) -> None:
         if self.say is not None:
