@@ -197,12 +197,14 @@ def test_a_scripts_segments_fork_the_script_and_train_bit_for_bit_as_cold_ones(t
     # (and its first segment warm, stopped by SIGTERM, started again)
     assert {probe["torch_imported"] for probe in probes["warm"]} == {True}
     assert {probe["torch_imported"] for probe in probes["cold"]} == {False}
-    seen = [{key: value for key, value in probe.items() if key not in ("torch_imported", "pid", "ppid")}
+    # Each search runs its snapshot of the model directory (SEARCH_DIR/model), the same paths in it.
+    seen = [{key: value.replace(str(tmp_path / way / "search" / "model"), "SNAPSHOT") if isinstance(value, str) else value
+             for key, value in probe.items() if key not in ("torch_imported", "pid", "ppid")}
             for way in ("warm", "cold") for probe in probes[way]]
     assert all(probe == seen[0] for probe in seen), seen
     assert seen[0]["leads_its_session"] and seen[0]["name"] == "__main__" and seen[0]["process_name"] == "MainProcess"
-    assert seen[0]["argv"][0] == "train.py" and seen[0]["file"] == str(model / "train.py")
-    assert seen[0]["path0"] == str(model)
+    assert seen[0]["argv"][0] == "train.py" and seen[0]["file"] == "SNAPSHOT/train.py"
+    assert seen[0]["path0"] == "SNAPSHOT"
 
 
 #: The grace period of the SIGKILL test: past it, Optuna's stale-heartbeat cleanup fails a segment.
@@ -256,13 +258,15 @@ import probe_lib
 from search_trial import LineTrial
 
 DRAWN = int(numpy.random.randint(2**31))
+MARK = "as the search started"
 
 
 class ProbeTrial(LineTrial):
     def __init__(self, context):
         log = os.environ["SEARCH_TEST_LOG"]
         with open(log, "a") as handle:
-            handle.write(json.dumps({"event": "probe", "version": probe_lib.VERSION, "drawn": DRAWN}) + "\\n")
+            handle.write(json.dumps({"event": "probe", "version": probe_lib.VERSION, "drawn": DRAWN, "mark": MARK,
+                                     "cwd": os.getcwd()}) + "\\n")
         with open(log) as handle:
             probes = sum('"event": "probe"' in line for line in handle)
         while probes == 2 and not os.path.exists(os.environ["PROBE_GO"]):
@@ -277,8 +281,10 @@ def test_a_segment_runs_the_code_as_it_is_now_and_draws_as_a_new_interpreter(tmp
     """A grid of three trials on one worker, their module importing a package from ``PYTHONPATH``
     that the warm process preloaded. The package is edited while the second trial trains: the
     third runs the edited code (its segment starts as a new interpreter, and its log says why),
-    as a cold search would. Two warm trials' draws from NumPy's global generator at import are
-    not the warm process's one draw."""
+    as a cold search would. The trial's own module, edited in the model directory at the same
+    moment, is not: every trial runs the search's snapshot of the model directory, taken as it
+    started. Two warm trials' draws from NumPy's global generator at import are not the warm
+    process's one draw."""
     model, library = tmp_path / "model", tmp_path / "lib"
     shutil.copytree(FIXTURES, model, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
     (model / "probe_trial.py").write_text(PROBE_TRIAL)
@@ -301,11 +307,15 @@ def test_a_segment_runs_the_code_as_it_is_now_and_draws_as_a_new_interpreter(tmp
 
     wait_on_search(lambda: len(probes()) == 2, driver, "the second trial")
     (library / "probe_lib.py").write_text("VERSION = 2  # edited while the search runs\n")
+    trial_module = model / "probe_trial.py"
+    trial_module.write_text(trial_module.read_text().replace('MARK = "as the search started"', 'MARK = "edited"'))
     (tmp_path / "go").touch()
     _, stderr = driver.communicate(timeout=300)
     assert driver.returncode == 0, stderr[-3000:]
     seen = probes()
     assert [probe["version"] for probe in seen] == [1, 1, 2]
+    snapshot = str(tmp_path / "search" / "model")
+    assert {(probe["mark"], probe["cwd"]) for probe in seen} == {("as the search started", snapshot)}
     assert seen[0]["drawn"] != seen[1]["drawn"]
     logs = [(tmp_path / "search" / f"trial-00{n}.log").read_text() for n in (1, 2, 3)]
     changed = f"hookdet: warning: {library / 'probe_lib.py'} changed since the warm process imported it"

@@ -145,6 +145,7 @@ def run_search(args: argparse.Namespace) -> int:
         from hookdet.search.warm_start import warm_up  # this one opens the store and decides
 
         warm_up(model_dir, raw.get("entrypoint"))
+    # up: hookdet run's own handler of a late SIGTERM, the same for a search as for a run
     from hookdet.cli.run_edges import LateStop
     from hookdet.search.driver import Driver
 
@@ -152,6 +153,9 @@ def run_search(args: argparse.Namespace) -> int:
         check_warm_start_source(config, config_path, model_dir)
     search_dir, meta, moved_from = search_directory(args, config, config_path, as_stored(raw))
     lock_search_directory(search_dir)
+    from hookdet.search.model_snapshot import snapshot, snapshot_of
+
+    model_dir = snapshot_of(search_dir) or (model_dir if args.resume else snapshot(model_dir, search_dir))
     storage = args.storage or meta["storage"]
     study = meta.get("study", LEGACY_STUDY_NAME)
     meta.update(storage=storage, study=study, searcher=settings.name, metric=settings.metric,

@@ -122,8 +122,8 @@ class Driver:
             self._moved(moved_from)
 
     def _moved(self, moved_from: str) -> None:
-        """Trial directories (and the queued segments' files) inside ``moved_from`` as the same
-        names inside this search directory."""
+        """Trial directories (and the queued segments' files and model directory snapshot)
+        inside ``moved_from`` as the same names inside this search directory."""
         def here(path: str) -> str:
             inside = Path(path).relative_to(moved_from) if Path(path).is_relative_to(moved_from) else None
             return str(self.search_dir / inside) if inside is not None else path
@@ -131,7 +131,8 @@ class Driver:
         for trial in self.state["trials"].values():
             trial["dir"] = here(trial["dir"])
         for segment in self.state["pending"]:
-            segment.update(run_dir=here(segment["run_dir"]), config=here(segment["config"]))
+            segment.update(run_dir=here(segment["run_dir"]), config=here(segment["config"]),
+                           model_dir=here(segment["model_dir"]))
 
     def start(self) -> None:
         """A fresh search: Determined's initial trials."""

@@ -143,6 +143,8 @@ class SegmentRunner:
             run_dir, config = Path(attrs["run_dir"]), attrs["config"]
             search_dir = self.queue.info().get("search_dir")
             if search_dir and run_dir.parent != Path(search_dir):  # queued before the search moved
+                if Path(model_dir).is_relative_to(run_dir.parent):  # its snapshot moved with it
+                    model_dir = str(Path(search_dir) / Path(model_dir).relative_to(run_dir.parent))
                 run_dir = Path(search_dir) / run_dir.name
                 config = str(run_dir / Path(config).name)
             return run_dir, config, model_dir
