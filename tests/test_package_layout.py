@@ -1,6 +1,6 @@
-"""The package reads in one sitting per piece: modules import each other in layers, never in a
-circle (the trial API and context, then the loop, then plugins, then the command line); no
-function is over 60 lines but the loop's per-batch path; no module over 500 without its reason.
+"""The package reads in one sitting per piece: modules import each other in layers
+(:data:`LAYERS`: an import up a layer says why), never in a circle; no function is over 60 lines
+but the loop's per-batch path; no module over 500 without its reason.
 
 The import walk reads every module's source, imports inside functions included (a lazy import is
 still a dependency); only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, Iterator, List, Set, Tuple
 
 HOOKDET = Path(__file__).resolve().parents[1] / "hookdet"
 
@@ -21,8 +21,16 @@ def module_name(path: Path) -> str:
 
 def import_graph() -> Dict[str, Set[str]]:
     """Module -> the hookdet modules it imports."""
+    graph: Dict[str, Set[str]] = {name: set() for name in map(module_name, HOOKDET.rglob("*.py"))}
+    for name, target, _ in import_statements():
+        graph[name].add(target)
+    return graph
+
+
+def import_statements() -> Iterator[Tuple[str, str, int]]:
+    """(module, hookdet module it imports, line of the import statement), for every import of one
+    hookdet module by another (inside functions too; not under ``if TYPE_CHECKING:``)."""
     modules = {module_name(path): path for path in HOOKDET.rglob("*.py")}
-    graph: Dict[str, Set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -44,8 +52,9 @@ def import_graph() -> Dict[str, Set[str]]:
                 targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
             else:
                 continue
-            graph[name] |= {target for target in targets if target in modules and target != name}
-    return graph
+            for target in dict.fromkeys(targets):
+                if target in modules and target != name:
+                    yield name, target, node.lineno
 
 
 def circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
@@ -89,6 +98,61 @@ def test_the_walk_sees_lazy_imports_and_skips_type_only_ones() -> None:
 
 def test_no_module_of_hookdet_imports_itself_through_others() -> None:
     assert circles(import_graph()) == []
+
+
+#: hookdet's layers, lowest first: a module imports from its own layer and those below. A module
+#: is in the layer of the longest name here that it is, or is inside. An import that runs up a
+#: layer says why in a comment ``# up: ...`` on its line (or the line above it).
+LAYERS = (
+    ("hookdet", "hookdet.markers", "hookdet.exit_codes", "hookdet.errors"),
+    # parts that need nothing of hookdet's but the errors: Determined's distributed context, the
+    # searchers' spaces and their Go arithmetic, batches, metrics
+    ("hookdet.distributed.context", "hookdet.distributed.stop_agreement", "hookdet.search.space",
+     "hookdet.search.go_math", "hookdet.data", "hookdet.metrics"),
+    ("hookdet.config",),
+    ("hookdet.checkpoints",),
+    ("hookdet.runs",),
+    ("hookdet.plugins",),
+    ("hookdet.trial_api",),
+    ("hookdet.loop", "hookdet.tensorboard"),
+    # the faces: Determined's (pytorch, its checkpoint API) and the plugins' own
+    ("hookdet.pytorch", "hookdet.checkpoints.api", "hookdet.plugin"),
+    ("hookdet.plugins.builtin",),
+    ("hookdet.distributed",),
+    ("hookdet.search", "hookdet.core"),
+    ("hookdet.ui",),
+    # the programs: the command line, and the one each rank starts as
+    ("hookdet.cli", "hookdet.__main__", "hookdet.distributed.rank_entry"),
+)
+#: What marks an import that runs up a layer, followed by why.
+UP = "# up:"
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module``'s layer."""
+    found = [(len(name), index) for index, names in enumerate(LAYERS) for name in names
+             if module == name or module.startswith(name + ".")]
+    assert found, f"{module} is in no layer of LAYERS"
+    return max(found)[1]
+
+
+def test_modules_import_down_their_layers_and_each_import_up_says_why() -> None:
+    unexplained = []
+    for module, target, line in import_statements():
+        if layer_of(target) <= layer_of(module) or module.startswith(target + "."):
+            continue  # down, or the docstring-only package a module is in
+        path = HOOKDET.parent / (module.replace(".", "/") + ("/__init__.py" if (HOOKDET.parent / module.replace(".", "/")).is_dir() else ".py"))
+        source = path.read_text(encoding="utf-8").splitlines()
+        said = [text for text in source[max(line - 2, 0):line] if UP in text and text.split(UP, 1)[1].strip()]
+        if not said:
+            unexplained.append(f"{path.relative_to(HOOKDET.parent)}:{line}: {module} -> {target}")
+    assert unexplained == [], "imports up a layer without a '# up: why' comment:\n" + "\n".join(unexplained)
+
+
+def test_the_layer_check_sees_an_import_up() -> None:
+    assert layer_of("hookdet.cli.commands") > layer_of("hookdet.loop.trainer") > layer_of("hookdet.errors")
+    assert layer_of("hookdet.distributed.rank_entry") > layer_of("hookdet.distributed.launcher")
+    assert ("hookdet.distributed.rank_entry", "hookdet.cli.commands") in {(m, t) for m, t, _ in import_statements()}
 
 
 #: Functions allowed past :data:`MAX_FUNCTION_LINES`, each with its reason.

@@ -233,6 +233,7 @@ def _plugin_option_problems(config: ExperimentConfig, reporter: Reporter) -> Lis
     (:mod:`hookdet.plugins.options`); only the plugins with a block are imported."""
     if not config.plugin_config:
         return []
+    # up: plugin_config is checked against each installed plugin's own options model
     from hookdet.plugins.options import installed_plugin_class, option_problems
 
     return [

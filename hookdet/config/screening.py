@@ -112,6 +112,7 @@ def _section_model_of(
         if get_origin(member.model_fields["type"].annotation) is Literal
     }
     tag = value.get("type")
+    # up: a storage type is screened against the types installed, found by the registry
     from hookdet.checkpoints.registry import installed_types
 
     installed = installed_types()

@@ -385,6 +385,7 @@ class InstalledStorageConfig(_StorageConfig):
 
     @model_validator(mode="after")
     def _type_is_installed(self) -> "InstalledStorageConfig":
+        # up: checkpoint_storage.type may name the storage types installed, found by the registry
         from hookdet.checkpoints.registry import installed_types
 
         installed = installed_types()

@@ -46,6 +46,7 @@ from typing import Dict, Optional, Tuple
 import stevedore
 
 from hookdet.checkpoints.registry import storage_class
+# up: hookdet's version, read once here for every segment's command line
 from hookdet.cli.commands import version_string
 from hookdet.plugins.selection import ENTRY_POINT_GROUP
 

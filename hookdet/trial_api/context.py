@@ -21,6 +21,7 @@ from hookdet.errors import ArgumentTypeError
 from hookdet.trial_api.lr_scheduler import LRScheduler
 from hookdet.trial_api.precision import Precision, precision_for_call, precision_of
 from hookdet.metrics.reducers import MetricReducer, ReducerRegistry
+# up: the run's stash key for set_enable_tensorboard_logging, which the loop reads
 from hookdet.loop.run import TENSORBOARD_METRICS
 
 if TYPE_CHECKING:  # pragma: no cover
