@@ -47,12 +47,13 @@ def test_import_hookdet_pytorch_loads_nothing_heavy_beyond_torch():
 
 
 def test_import_hookdet_alone_loads_no_torch():
-    """Plugin modules and the command line import ``hookdet`` for its markers: that must not
-    cost a torch import; ``det.pytorch`` and the other public names load on first use."""
+    """``import hookdet`` (a Trainer-API script's first line, the command line's) must not cost a
+    torch import; ``det.pytorch`` and the other public names load on first use."""
     loaded = modules_loaded("import hookdet")
     assert "torch" not in loaded["third_party"]
     assert loaded["third_party"] <= {"hookdet", "pluggy"}, loaded["third_party"]
-    on_use = modules_loaded("import hookdet as det; det.pytorch.PyTorchTrial; det.Run; det.PluginError")
+    on_use = modules_loaded("import hookdet as det; import hookdet.plugin as face; det.pytorch.PyTorchTrial; face.Run; "
+                            "face.PluginError")
     assert "torch" in on_use["third_party"]
 
 

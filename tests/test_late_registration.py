@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-import hookdet
+import hookdet.plugin
 from hookdet import pytorch
 from tests.support.trials import OneWeightTrial
 
@@ -25,12 +25,12 @@ class BatchWatcher:
         self.steps: List[int] = []
         self.context: Any = None
 
-    @hookdet.hookimpl
+    @hookdet.plugin.hookimpl
     def hookdet_train_batch_end(self, context: Any, batch_idx: int, metrics: Dict[str, Any]) -> None:
         self.context = context
         self.batch_ends.append(batch_idx)
 
-    @hookdet.hookimpl
+    @hookdet.plugin.hookimpl
     def on_before_optimizer_step(self, parameters: Any) -> None:
         self.steps.append(len(self.batch_ends))
 
@@ -42,9 +42,9 @@ class RegistersLate:
         self.watcher = BatchWatcher()
         self.run: Any = None
         self.when = when
-        setattr(self, hook_name, hookdet.hookimpl(self._registrar(hook_name)))
+        setattr(self, hook_name, hookdet.plugin.hookimpl(self._registrar(hook_name)))
 
-    @hookdet.hookimpl
+    @hookdet.plugin.hookimpl
     def hookdet_configure(self, run: Any) -> None:
         self.run = run
 

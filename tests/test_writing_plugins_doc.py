@@ -35,5 +35,5 @@ def test_every_public_export_and_run_field_is_named() -> None:
         if not name.startswith("_") and name not in ("pytorch", *hookdet.plugin.__all__)
     ]
     assert [name for name in determined_face if f"hookdet.{name}" not in PAGE] == []
-    fields = [field.name for field in dataclasses.fields(hookdet.Run)] + ["hook", "is_chief", "options"]
+    fields = [field.name for field in dataclasses.fields(hookdet.plugin.Run)] + ["hook", "is_chief", "options"]
     assert [name for name in fields if f"run.{name}" not in PAGE] == []

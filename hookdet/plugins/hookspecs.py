@@ -521,7 +521,7 @@ class ConflictingPlugin(Protocol):
 
 class ConfigurablePlugin(Protocol):
     """A plugin class whose ``__init__`` takes ``options``: it receives ``plugin_config.<name>``
-    (an empty dict when absent) and raises :class:`hookdet.PluginError` for a bad one."""
+    (an empty dict when absent) and raises :class:`hookdet.plugin.PluginError` for a bad one."""
 
     def __init__(self, options: Dict[str, Any]) -> None: ...
 

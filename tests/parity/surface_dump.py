@@ -188,8 +188,21 @@ def instances(root: str) -> dict:
     return found
 
 
+def root_names(root: str) -> dict:
+    """The public names of the package ``root`` itself (its ``__all__``, else its public
+    attributes) and the names of its submodules (``determined.pytorch`` is one: Determined's
+    package imports it only when asked)."""
+    import importlib
+    import pkgutil
+
+    package = importlib.import_module(root)
+    listed = getattr(package, "__all__", None) or [name for name in dir(package) if not name.startswith("_")]
+    return {"names": sorted(listed), "submodules": sorted(info.name for info in pkgutil.iter_modules(package.__path__))}
+
+
 def dump(root: str) -> dict:
     return {
+        "root": root_names(root),
         "instances": instances(root),
         "modules": {m: _public_names(_module(root, m), root) for m in MODULES},
         "classes": {

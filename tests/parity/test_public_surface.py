@@ -112,6 +112,20 @@ def test_every_public_name_and_signature_matches_determined(surfaces: Dict[str, 
 
 
 @pytest.mark.slow
+def test_hookdet_hands_on_determineds_own_names_only(surfaces: Dict[str, Any]) -> None:
+    """``import hookdet as det`` gives what ``import determined as det`` gives: every public name
+    of hookdet's package is one of Determined's (or a subpackage of it), ``__version__`` aside;
+    the plugin author's names are in ``hookdet.plugin``, and asked of ``hookdet`` they say so."""
+    import hookdet
+
+    ours = set(surfaces["hookdet"]["root"]["names"]) - {"__version__"}
+    theirs = set(surfaces["determined"]["root"]["names"]) | set(surfaces["determined"]["root"]["submodules"])
+    assert {"pytorch", "core", "get_cluster_info", "InvalidHP"} <= ours
+    assert sorted(ours - theirs) == []
+    with pytest.raises(AttributeError, match=r"hookdet.plugin \(from hookdet.plugin import hookimpl\)"):
+        hookdet.hookimpl  # noqa: B018
+
+
 def test_the_comparison_covers_what_issue_14_names(surfaces: Dict[str, Any]) -> None:
     """The dump really holds the classes and methods the issue lists (a vacuous dump passes
     nothing), and the rule really catches a changed parameter."""
