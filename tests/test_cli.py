@@ -165,6 +165,19 @@ def test_unknown_field_suggests_the_right_one(tmp_path: Path, capsys: pytest.Cap
     expect_error(capsys, args, "exp.yaml:6", "max_lenght", "did you mean 'max_length'")
 
 
+def test_a_refusal_is_recorded_where_the_starter_asked(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOOKDET_OUTCOME_FILE``: how the command ended, as a record (its status and the line it
+    said), which a search's worker reads instead of the log."""
+    from hookdet.launch import outcome
+
+    args = run_cli(tmp_path, edit=lambda text: text.replace("max_length:", "max_lenght:"))
+    monkeypatch.setenv(outcome.OUTCOME_FILE_ENV, str(tmp_path / "outcome.json"))
+    line = expect_error(capsys, args, "max_lenght")
+    recorded = outcome.read(tmp_path / "outcome.json")
+    assert recorded == outcome.Outcome(exit_code=2, rank=None, error=line[len("hookdet: error: "):])
+
+
 def test_unknown_plugin_lists_installed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     args = run_cli(tmp_path, edit=lambda text: text.replace("metrics_log]", "metricslog]"))
     expect_error(capsys, args, "unknown plugin 'metricslog' (did you mean 'metrics_log'?)",

@@ -106,9 +106,9 @@ def test_no_module_of_hookdet_imports_itself_through_others() -> None:
 LAYERS = (
     ("hookdet", "hookdet.markers", "hookdet.exit_codes", "hookdet.errors"),
     # parts that need nothing of hookdet's but the errors: Determined's distributed context, the
-    # searchers' spaces and their Go arithmetic, batches, metrics
+    # searchers' spaces and their Go arithmetic, batches, metrics, a process's outcome record
     ("hookdet.distributed.context", "hookdet.distributed.stop_agreement", "hookdet.search.space",
-     "hookdet.search.go_math", "hookdet.data", "hookdet.metrics"),
+     "hookdet.search.go_math", "hookdet.data", "hookdet.metrics", "hookdet.launch"),
     ("hookdet.config",),
     ("hookdet.checkpoints",),
     ("hookdet.runs",),

@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hookdet.errors import HookdetError
 from hookdet.trial_api.importing import SpecImportError, import_object
@@ -131,8 +131,9 @@ def _train_trial_class(args: argparse.Namespace, config: Any, config_path: Path,
         if run.is_chief:
             print_summary(run)
         status = PREEMPTED_EXIT_CODE if run.exit_reason == ExitReason.PREEMPTED else 0
-        # Told before the teardown (process group, plugins): a rank that aborts there has finished.
-        report_status_to_launcher(status)
+        # Told before the teardown (process group, plugins): a rank that aborts there has finished
+        # (one that raises there records its failure over it).
+        report_outcome(status)
     return status
 
 
@@ -264,21 +265,22 @@ def launcher_view(status_dir: Path, run_dir: Path, config: Any, env: Dict[str, s
         view.close()
 
 
-def report_status_to_launcher(status: int) -> int:
-    """Under ``hookdet run``'s launcher, record this rank's exit ``status`` for it; return the
-    status to exit with: 0 for a preempted rank (torchrun would count 75 as a failure and kill
-    the other ranks while they exit), ``status`` otherwise. A rank refusing bad input waits (a
-    bounded while) for the other ranks of its machine to record theirs. Elsewhere returns
-    ``status``."""
+def report_outcome(status: int, error: Optional[str] = None) -> int:
+    """Record how this process ends (:mod:`hookdet.launch.outcome`): its exit ``status`` and the
+    one line it said of an ``error``, for the launcher when it is a rank, and in the file its
+    starter named (``HOOKDET_OUTCOME_FILE``) when it is not; return the status to exit with: 0
+    for a preempted rank (torchrun would count 75 as a failure and kill the other ranks while
+    they exit), ``status`` otherwise. A rank refusing bad input waits (a bounded while) for the
+    other ranks of its machine to record theirs."""
     from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, PREEMPTED_EXIT_CODE
+    from hookdet.launch import outcome
 
     status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
     if not status_dir or rank is None:
+        if os.environ.get(outcome.OUTCOME_FILE_ENV):
+            outcome.write(Path(os.environ[outcome.OUTCOME_FILE_ENV]), outcome.Outcome(status, None, error))
         return status
-    path = Path(status_dir) / f"rank-{rank}"
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(str(status))
-    partial.replace(path)
+    outcome.write(outcome.rank_path(Path(status_dir), rank), outcome.Outcome(status, rank, error))
     if status == BAD_INPUT_EXIT_CODE:
         # The other ranks read the same input and are refusing it too: give them the moment to
         # say so before this rank's exit makes torchrun stop them.
@@ -395,21 +397,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from hookdet.errors import InvalidHP
     from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE
 
+    error_line: Optional[str] = None
     try:
         status = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
     except InvalidHP as error:
         print(f"hookdet: the trial raised InvalidHP: {error}", file=sys.stderr)
-        status = INVALID_HP_EXIT_CODE
+        status, error_line = INVALID_HP_EXIT_CODE, f"the trial raised InvalidHP: {error}"
     except HookdetError as error:
-        status = _say_error(str(error), BAD_INPUT_EXIT_CODE)
+        status, error_line = _say_error(str(error), BAD_INPUT_EXIT_CODE)
     except BrokenPipeError:  # the reader went away (``hookdet plugins | head``): stop quietly
         return _stop_writing_to_a_closed_pipe()
     except KeyboardInterrupt:  # Ctrl-C where no plugin turns it into a checkpoint and a stop
-        status = _say_error("interrupted (Ctrl-C); nothing since the last checkpoint was saved", 128 + signal.SIGINT)
+        status, error_line = _say_error("interrupted (Ctrl-C); nothing since the last checkpoint was saved",
+                                        128 + signal.SIGINT)
     except Exception as error:
-        status = _report_failure(error)
-    return report_status_to_launcher(status)
+        status, error_line = _report_failure(error)
+    return report_outcome(status, error_line)
 
 
 def _stop_writing_to_a_closed_pipe() -> int:
@@ -420,9 +424,10 @@ def _stop_writing_to_a_closed_pipe() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _report_failure(error: Exception) -> int:
-    """Report an error that is not hookdet's one-line kind and return the exit status (see
-    :mod:`hookdet.cli.failure_report`); a hookdet bug is raised again, whole."""
+def _report_failure(error: Exception) -> Tuple[int, str]:
+    """Report an error that is not hookdet's one-line kind; the exit status and the line said
+    (see :mod:`hookdet.cli.failure_report`). A hookdet bug is raised again, whole, once its
+    outcome is recorded."""
     from hookdet.cli import failure_report
     from hookdet.checkpoints.os_errors import environment_fault
 
@@ -434,20 +439,16 @@ def _report_failure(error: Exception) -> int:
         return _say_error(f"lost contact with the other ranks ({type(error).__name__}: {lost})", 1)
     trimmed = failure_report.user_traceback(error)
     if trimmed is None:
-        _say_error(f"hookdet failed: {failure_report.one_line(error)} (a bug: please report the traceback below)", 1)
+        report_outcome(*_say_error(f"hookdet failed: {failure_report.one_line(error)} (a bug: please report the "
+                                   "traceback below)", 1))
         raise error
     sys.stderr.write(trimmed)
     return _say_error(f"the trial raised {failure_report.one_line(error)} (traceback above)", 1)
 
 
-def _say_error(message: str, status: int) -> int:
-    """Print ``hookdet: error: message`` (under the launcher, leave it for the launcher to print
-    once for all ranks) and return ``status``."""
-    status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
-    if status_dir and rank is not None:
-        from hookdet.distributed.launcher import record_rank_message
-
-        record_rank_message(status_dir, rank, message)
-    else:
+def _say_error(message: str, status: int) -> Tuple[int, str]:
+    """Print ``hookdet: error: message`` (but a rank under the launcher, whose outcome record
+    carries it to the launcher, which prints it once for all ranks); ``(status, message)``."""
+    if not (os.environ.get(RANK_STATUS_DIR_ENV) and launched_rank() is not None):
         print(f"hookdet: error: {message}", file=sys.stderr)
-    return status
+    return status, message

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
+from hookdet.launch.outcome import OUTCOME_FILE_ENV
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import (
     CRASH_SIGNALS, RANK_ENTRY, KilledRank, is_python, killed_ranks, launcher_death_line, resume_target, run_passing_signals,
@@ -152,6 +153,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     )
     with tempfile.TemporaryDirectory(prefix="hookdet-cluster-info-") as info_dir:
         env = dict(os.environ, **extra_env)
+        env.pop(OUTCOME_FILE_ENV, None)  # this process's record, not the command's
         env[cluster_info.CLUSTER_INFO_ENV] = str(cluster_info.write_cluster_info(info, Path(info_dir) / "cluster.json"))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         where = f"node {node[0]} of {node[1]}; run directory {run_dir} if rank 0 is on this machine" if node[1] > 1 \

@@ -33,6 +33,7 @@ from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, 
 
 from hookdet.distributed.orphans import child_setup_for
 from hookdet.errors import UsageError
+from hookdet.launch.outcome import read_ranks
 
 logger = logging.getLogger("hookdet")
 
@@ -167,18 +168,9 @@ def wait_for_local_ranks(status_dir: Path, timeout: float = SIBLING_REPORT_SECON
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("HOROVOD_LOCAL_SIZE") or 1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        reported = [path for path in status_dir.glob("rank-*") if path.name[len("rank-"):].isdigit()]
-        if len(reported) >= local_ranks:
+        if len(read_ranks(status_dir)) >= local_ranks:
             return
         time.sleep(0.05)
-
-
-def record_rank_message(status_dir: str, rank: int, message: str) -> None:
-    """A rank under the launcher leaves its one-line error for the launcher to print."""
-    path = Path(status_dir) / f"rank-{rank}.message"
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(message, encoding="utf-8")
-    partial.replace(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,10 +201,9 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
     known, so the silent ones are counted rather than named."""
     killed = killed or {}
     by_message: Dict[str, List[int]] = {}
-    for path in sorted(Path(status_dir).glob("rank-*.message")):
-        rank = path.name[len("rank-"):-len(".message")]
-        if rank.isdigit():
-            by_message.setdefault(path.read_text(encoding="utf-8").strip(), []).append(int(rank))
+    for rank, ended in sorted(read_ranks(Path(status_dir)).items()):
+        if ended.error:
+            by_message.setdefault(ended.error.strip(), []).append(rank)
     lines = []
     for message, ranks in by_message.items():
         who = "rank" if len(ranks) == 1 else "ranks"
@@ -434,12 +425,8 @@ def wait_watching(process: subprocess.Popen, watch: Optional[Callable[[], None]]
 
 
 def read_rank_statuses(status_dir: Path) -> Dict[int, int]:
-    """The exit status each rank recorded in ``status_dir``, by rank."""
-    statuses = {}
-    for path in status_dir.glob("rank-*"):
-        if path.name[len("rank-"):].isdigit():
-            statuses[int(path.name[len("rank-"):])] = int(path.read_text())
-    return statuses
+    """The exit status each rank recorded in ``status_dir`` (its outcome), by rank."""
+    return {rank: ended.exit_code for rank, ended in read_ranks(Path(status_dir)).items()}
 
 
 def ending_away_from_rank_0(node: Tuple[int, int], statuses: Dict[int, int], status: int) -> Optional[str]:

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Set
 
+from hookdet.launch.outcome import rank_path
+
 #: Seconds between two beats of a rank.
 BEAT_SECONDS = 1.0
 #: Default seconds of silence (or of no batch finished anywhere) before it is said.
@@ -102,7 +104,7 @@ def read_beats(status_dir: Path, finished_too: bool = False) -> Dict[int, Dict[s
     found = {}
     for path in Path(status_dir).glob("rank-*.beat"):
         rank = path.name[len("rank-"):-len(".beat")]
-        if rank.isdigit() and (finished_too or not (Path(status_dir) / f"rank-{rank}").exists()):
+        if rank.isdigit() and (finished_too or not rank_path(Path(status_dir), int(rank)).exists()):
             try:
                 found[int(rank)] = json.loads(path.read_text())
             except (OSError, ValueError):  # being replaced right now: the next look reads it

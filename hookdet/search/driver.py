@@ -280,7 +280,7 @@ class Driver:
             self._close(trial, "errored")
         elif code == BAD_INPUT:  # hookdet run refused the segment: the same input fails again
             logger.error("trial %d: %s (a usage error: not retried; its log: %s.log)", trial["number"],
-                         refusal_of(Path(f"{trial['dir']}.log")), trial["dir"])
+                         attrs.get("error") or "hookdet run refused it", trial["dir"])
             self.apply(self.method.trial_exited_early(self.ctx, rid, methods.ERRORED))
             self._close(trial, "errored")
         elif code == INVALID_HP:
@@ -482,17 +482,3 @@ class Driver:
         self.stopping = True
         for runner in self.runners:
             runner.terminate()
-
-
-def refusal_of(log: Path) -> str:
-    """The last ``hookdet: error:`` line of a segment's log (what it refused; the line
-    ``hookdet run`` itself writes), or "hookdet run refused it" when there is none (the caller
-    names the log)."""
-    try:
-        with open(log, "rb") as handle:
-            handle.seek(max(handle.seek(0, os.SEEK_END) - 64 * 1024, 0))
-            lines = handle.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        lines = []
-    said = [line for line in lines if line.startswith("hookdet: error: ")]
-    return said[-1][len("hookdet: error: "):] if said else "hookdet run refused it"

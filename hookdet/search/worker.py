@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
 from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
+from hookdet.launch.outcome import OUTCOME_FILE_ENV
+from hookdet.launch.outcome import read as read_outcome
 from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.lock import RunDirLock
@@ -70,6 +72,12 @@ def latest_batch(run_dir: Path) -> Optional[int]:
         except (ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def outcome_file(run_dir: Path) -> Path:
+    """Where a segment's ``hookdet run`` writes how it ended (:mod:`hookdet.launch.outcome`),
+    beside its log; read, and removed, once it exited."""
+    return run_dir.parent / f".{run_dir.name}.outcome.json"
 
 
 class Slot:
@@ -225,6 +233,8 @@ class SegmentRunner:
         if attrs.get("target"):  # else the trial trains to its own length
             env[SEGMENT_END_ENV] = f"{attrs['target']} {attrs.get('unit') or 'batches'}"
         run_dir.mkdir(parents=True, exist_ok=True)
+        outcome_file(run_dir).unlink(missing_ok=True)  # a record of this segment's own, or none
+        env[OUTCOME_FILE_ENV] = str(outcome_file(run_dir))
         started = time.time()
         with self._lock:
             self.process = start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
@@ -248,7 +258,10 @@ class SegmentRunner:
         for batches, value in found:
             if steps is None or batches > steps:
                 self.queue.report(trial_id, int(batches), value)
-        outcome = {"exit_code": status, "started": started, "ended": time.time(),
+        said = read_outcome(outcome_file(run_dir))  # None: it died without a word
+        outcome_file(run_dir).unlink(missing_ok=True)
+        outcome = {"exit_code": status, "error": said.error if said is not None else None,
+                   "started": started, "ended": time.time(),
                    "resumed_at": steps, "slot": self.slot.describe(),
                    "metric": found[-1][1] if found else None,
                    "batches": found[-1][0] if found else None,

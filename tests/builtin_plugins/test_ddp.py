@@ -414,10 +414,14 @@ def test_launcher_exit_status_reflects_the_ranks() -> None:
     assert hookdet_launcher.combined_exit_status(0, {}, 2) == 1
 
 
-def test_a_rank_that_left_its_message_but_no_status_is_not_called_dead(tmp_path: Path) -> None:
-    """When rank 1 is killed, rank 0 writes why it stops and may be stopped by torchrun before it
-    records its status: the line for the dead rank still names rank 1, and only rank 1."""
-    hookdet_launcher.record_rank_message(str(tmp_path), 0, "lost contact with the other ranks")
+def test_a_rank_that_recorded_its_outcome_is_not_called_dead(tmp_path: Path) -> None:
+    """When rank 1 is killed, rank 0 records why it stops (its outcome: status and error in one
+    record, :mod:`hookdet.launch.outcome`): the line for the dead rank names rank 1, and only
+    rank 1."""
+    from hookdet.launch import outcome
+
+    outcome.write(outcome.rank_path(tmp_path, 0), outcome.Outcome(1, 0, "lost contact with the other ranks"))
+    assert hookdet_launcher.read_rank_statuses(tmp_path) == {0: 1}
     lines = hookdet_launcher.failure_lines(tmp_path, hookdet_launcher.read_rank_statuses(tmp_path), 2)
     assert lines == [
         "hookdet: error: rank 0: lost contact with the other ranks",
