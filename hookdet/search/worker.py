@@ -205,17 +205,21 @@ class SegmentRunner:
             self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
             return
         with Beats(self.queue, trial_id, on_lost_store=self.terminate) as beats:
-            run_dir, steps, started = self._start(trial_id, attrs)
-            status = self._wait(run_dir, attrs)
+            free = self._wait_for_run_dir(self.place(attrs)[0], attrs)
+            if free:
+                run_dir, steps, started = self._start(trial_id, attrs)
+                status = self._wait(run_dir, attrs)
         if beats.failure is not None:  # the store is gone: the segment checkpointed and stopped
             raise beats.failure
+        if not free:  # stopped while another process held the trial's directory: handed back untouched
+            self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
+            return
         self._finish(trial_id, attrs, (run_dir, steps, started, status))
 
     def _start(self, trial_id: int, attrs: Dict[str, Any]) -> Tuple[Path, Optional[int], float]:
         """Start the segment's process (resuming the trial's newest checkpoint, if any); its run
         directory, the batch it resumes at, and when it started."""
         run_dir, config, model_dir = self.place(attrs)
-        self._wait_for_run_dir(run_dir, attrs)
         steps = newest_checkpoint_steps(run_dir)
         if steps is None:
             forget_attempt(run_dir)
@@ -268,21 +272,22 @@ class SegmentRunner:
                    "identity": read_identity(run_dir)}  # where any worker finds its checkpoints
         self.queue.finish(trial_id, outcome, ok=status == 0)
 
-    def _wait_for_run_dir(self, run_dir: Path, attrs: Dict[str, Any]) -> None:
+    def _wait_for_run_dir(self, run_dir: Path, attrs: Dict[str, Any]) -> bool:
         """Wait while another process holds the trial's run directory: the process of a segment
         given up as lost whose machine froze past the grace period and is still there (it may
         wake and finish). The retry then continues from what it leaves, instead of being
-        refused by the lock; its beats go on meanwhile. A stop ends the wait (the segment then
-        starts, and stops at once with its checkpoint)."""
+        refused by the lock; its beats go on meanwhile. True once the directory is free; False
+        when the search is stopped first."""
         lock, told = RunDirLock(run_dir), False
         while not self.stopping:
             holder = lock.held_elsewhere()
             if holder is None:
-                return
+                return True
             if not told:
                 self._tell(f"worker: trial {attrs['trial']} waits for its run directory, held by {holder}")
                 told = True
             time.sleep(WAIT_FOR_RUN_DIR_S)
+        return False
 
     def _tell(self, line: str) -> None:
         if self.say is not None:

@@ -126,6 +126,7 @@ def test_hookdet_hands_on_determineds_own_names_only(surfaces: Dict[str, Any]) -
         hookdet.hookimpl  # noqa: B018
 
 
+@pytest.mark.slow
 def test_the_comparison_covers_what_issue_14_names(surfaces: Dict[str, Any]) -> None:
     """The dump really holds the classes and methods the issue lists (a vacuous dump passes
     nothing), and the rule really catches a changed parameter."""
