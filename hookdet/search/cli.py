@@ -141,10 +141,11 @@ def run_search(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else _default_workers(slots)
     if settings.max_concurrent_trials > 0:
         workers = min(workers, settings.max_concurrent_trials)
-    if workers > 0 and has_trials(settings.name, space):  # the warm process imports torch while
-        from hookdet.search.warm_start import warm_up  # this one opens the store and decides
+    from hookdet.search.warm_pool import WarmPool
 
-        warm_up(model_dir, raw.get("entrypoint"))
+    pool = WarmPool()  # this process's warm process, for its local workers
+    if workers > 0 and has_trials(settings.name, space):  # it imports torch while this process
+        pool.warm_up(model_dir, raw.get("entrypoint"))  # opens the store and decides
     # up: hookdet run's own handler of a late SIGTERM, the same for a search as for a run
     from hookdet.cli.run_edges import LateStop
     from hookdet.search.driver import Driver
@@ -164,7 +165,7 @@ def run_search(args: argparse.Namespace) -> int:
     # Written once the study exists: whoever finds search.json (a worker, a --resume) finds it.
     (search_dir / META_FILE).write_text(json.dumps(meta, indent=1))
     driver = Driver(search_dir, settings, space, raw, model_dir, queue,
-                    config.reproducibility.experiment_seed)
+                    config.reproducibility.experiment_seed, pool)
     if args.resume and driver.state_path.exists():
         driver.load(moved_from)
         queue.set_info({"search_dir": str(search_dir)})
@@ -176,9 +177,7 @@ def run_search(args: argparse.Namespace) -> int:
     LateStop.install(has_finished=lambda: driver.ended)  # the summary is written whatever comes
     status = driver.run(max(workers, 0), slots, announce=f"hookdet: {settings.name} search in {search_dir} "
                         f"({max(workers, 0)} local workers; store {storage})")
-    from hookdet.search.warm_start import stop_warm_process
-
-    stop_warm_process()  # no segment runs any more: the warm process would only tear down slowly
+    pool.close()  # no segment runs any more: the warm process would only tear down slowly
     finish(search_dir, driver.state, settings.metric, settings.smaller_is_better)
     trials = driver.state["trials"].values()
     if status == 0 and trials and all(t["state"] == "errored" for t in trials):

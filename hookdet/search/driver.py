@@ -37,6 +37,7 @@ from hookdet.search.settings import SearchSettings
 from hookdet.search.live_view import SearchView, best_words, decision_line
 from hookdet.search.space import MasterRandom
 from hookdet.search.trial_view import TrialView
+from hookdet.search.warm_pool import WarmPool
 from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of, grace_seconds, sequence_number, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
@@ -68,9 +69,10 @@ def open_view(queue: Queue, space: Dict[str, Any], metric: str) -> Optional[Tria
 class Driver:
     def __init__(self, search_dir: Path, settings: SearchSettings, space: Dict[str, Any],
                  raw_config: Dict[str, Any], model_dir: Path, queue: Queue,
-                 experiment_seed: int) -> None:
+                 experiment_seed: int, pool: WarmPool) -> None:
         self.search_dir, self.settings, self.space = Path(search_dir), settings, space
         self.raw_config, self.model_dir, self.queue = raw_config, Path(model_dir), queue
+        self.pool = pool  # the warm process this process's local workers start their segments from
         self.view = open_view(queue, space, settings.metric)
         self.live: Optional[SearchView] = None  # the terminal's view, while run() runs in one
         self.segments_seen: List[Any] = []  # what the last poll read of the store
@@ -416,7 +418,7 @@ class Driver:
                 drivers.append(worker_id())
                 self.save()
         for index in range(workers):
-            runner = SegmentRunner(self.queue, Slot(index, workers, slots_per_trial))
+            runner = SegmentRunner(self.queue, Slot(index, workers, slots_per_trial, self.pool), self.pool)
             self.runners.append(runner)
             if self.stopping:  # told to stop before this runner was listed for _on_signal
                 runner.terminate()

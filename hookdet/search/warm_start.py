@@ -30,14 +30,10 @@ What a segment keeps from the cold way:
 - its own random draws: NumPy's global generator is seeded afresh, as a new interpreter's is
   (Python's own ``random`` reseeds itself in a forked child).
 
-Forking the warm process takes about 12 ms (on the 2-core development machine), so a worker does
-it ahead: as a segment starts, the next segment's process is forked in a thread and waits,
-having run nothing, until its worker hands it the segment it will become (:func:`start_segment`),
-or ends when no segment comes.
-
-The warm process lives as long as its worker needs it: the worker ends it (:func:`stop_warm_process`)
-once no segment will start. It also answers how many GPUs torch sees (:func:`gpu_count`), so the
-search's driver never imports torch.
+Starting the warm process, forking segments from it (and the next one ahead), asking it how
+many GPUs torch sees and ending it are the parent's side: a :class:`~hookdet.search.warm_pool.WarmPool`,
+owned by the process that runs the search's workers. This module is what the warm process is and
+how a child forked from it becomes a segment.
 
 A trial with several ranks (``slots_per_trial > 1``) starts its launcher warm; torchrun then
 starts each rank as a new interpreter (its own process start, not a fork of ours). A script
@@ -50,7 +46,6 @@ the benchmark that compares the two, and as an escape hatch).
 from __future__ import annotations
 
 import ast
-import atexit
 import importlib.util
 import logging
 import multiprocessing
@@ -59,10 +54,9 @@ import runpy
 import signal
 import subprocess
 import sys
-import threading
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from hookdet.distributed.orphans import set_parent_death_signal
 
@@ -163,28 +157,6 @@ def top_level_imports(source: Path) -> List[str]:
     return names
 
 
-_context: Optional[multiprocessing.context.BaseContext] = None
-#: Set when the warm process could not start: the worker's later segments start cold.
-_warm_failed = False
-#: Processes forked ahead (with the end of the pipe their segment comes through), and the threads
-#: forking them.
-_standby: List[Tuple[multiprocessing.process.BaseProcess, Any]] = []
-_standby_makers: List[threading.Thread] = []
-_standby_lock = threading.Lock()
-_standby_ended_at_exit = False
-
-
-def forkserver(model_dir: Path, entrypoint: Optional[str]) -> multiprocessing.context.BaseContext:
-    """The ``forkserver`` context whose server imports :func:`preload_modules` with the
-    libraries of the first trial it serves (one server serves one worker's search)."""
-    global _context
-    if _context is None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(preload_modules(libraries_of(model_dir, entrypoint)))
-        _context = context
-    return _context
-
-
 class SegmentProcess:
     """A started segment, warm (a forked :mod:`multiprocessing` process) or cold (a ``Popen``),
     behind one face: its ``pid``, a signal to it, waiting for its exit status (negative for the
@@ -214,73 +186,8 @@ class SegmentProcess:
         return self.process.exitcode
 
 
-def warm_up(model_dir: Path, entrypoint: Optional[str]) -> None:
-    """Start the warm process now (it imports while the caller goes on), for trials of
-    ``entrypoint`` in ``model_dir``; nothing when segments start cold."""
-    if cold() or _warm_failed:
-        return
-    forkserver(model_dir, entrypoint)
-    from multiprocessing import forkserver as server
-
-    server.ensure_running()
-
-
-def stop_warm_process() -> None:
-    """End the warm process now that no segment will start (a search or a worker ends). Left to
-    itself it would notice its caller's exit and tear down an interpreter full of torch, about a
-    second of a core with the command's output held open (a pipe reading it waits). A process
-    forked from it ends it with SIGKILL: it keeps nothing (it never runs a trial's code)."""
-    global _context
-    if _context is None or cold() or _warm_failed:
-        return
-    _end_standby()
-    try:
-        ender = _context.Process(target=_end_parent, name="hookdet-warm-end")
-        ender.start()
-        ender.join()  # its status comes from the warm process, which is gone: EOF, exit code 255
-    except (OSError, EOFError):
-        pass
-    _context = None
-
-
-def _end_standby() -> None:
-    """End the processes forked ahead: each sees its pipe close and exits, having run nothing."""
-    with _standby_lock:
-        makers = list(_standby_makers)
-        _standby_makers.clear()
-    for maker in makers:
-        maker.join()
-    with _standby_lock:
-        waiting = list(_standby)
-        _standby.clear()
-    for process, sending in waiting:
-        sending.close()
-        process.join(5)
-
-
-def _end_parent() -> None:
-    os.kill(os.getppid(), signal.SIGKILL)
-
-
-def gpu_count() -> int:
-    """How many GPUs torch sees, asked of a process forked from the warm process once it runs
-    (so that a search's driver never imports torch: it starts, and ends, a second sooner); here
-    when segments start cold."""
-    if _context is not None and not cold() and not _warm_failed:
-        try:
-            receiving, sending = _context.Pipe(duplex=False)
-            asker = _context.Process(target=_send_gpu_count, args=(sending,), name="hookdet-gpus")
-            asker.start()
-            sending.close()
-            count = receiving.recv()
-            asker.join()
-            return count
-        except (OSError, EOFError):  # the warm process failed: start_segment says so
-            pass
-    return _torch_gpu_count()
-
-
-def _torch_gpu_count() -> int:
+def torch_gpu_count() -> int:
+    """How many GPUs torch sees here (0 when torch cannot tell)."""
     try:
         import torch
 
@@ -289,89 +196,9 @@ def _torch_gpu_count() -> int:
         return 0
 
 
-def _send_gpu_count(sending: multiprocessing.connection.Connection) -> None:
-    sending.send(_torch_gpu_count())
-    sending.close()
-
-
-def start_segment(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,
-                  cpus: Sequence[int], entrypoint: Optional[str] = None) -> SegmentProcess:
-    """Start ``hookdet <argv>`` in ``cwd`` (the model directory) with exactly ``env``, its output
-    appended to ``log_path``, pinned to ``cpus`` (all when empty): forked from the warm process
-    (which imports the libraries of ``entrypoint``'s module when it starts), or as a new
-    interpreter when :func:`cold` or when the warm process cannot start."""
-    global _warm_failed
-    if not cold() and not _warm_failed:
-        try:
-            job = (list(argv), dict(env), cwd, log_path, list(cpus))
-            process = _hand_to_standby(job)
-            if process is None:
-                process = forkserver(Path(cwd), entrypoint).Process(target=run_segment, args=job,
-                                                                    name="hookdet-segment")
-                process.start()
-            _fork_standby(forkserver(Path(cwd), entrypoint))
-            return SegmentProcess(process)
-        except (OSError, EOFError) as error:  # e.g. a library that crashed the server as it loaded
-            _warm_failed = True
-            logger.warning("hookdet: warning: the warm process for trials failed to start (%s: %s);"
-                           " starting each trial as a new process", type(error).__name__, error)
-    return start_cold(argv, env, cwd, log_path, cpus)
-
-
-def _hand_to_standby(job: Tuple[Any, ...]) -> Optional[multiprocessing.process.BaseProcess]:
-    """A process forked ahead, now running ``job``; None when none waits."""
-    while True:
-        with _standby_lock:
-            if not _standby:
-                return None
-            process, sending = _standby.pop()
-        try:
-            sending.send(job)
-            return process
-        except OSError:  # it died waiting (killed from outside): the next, or a fork now
-            continue
-        finally:
-            sending.close()
-
-
-def _fork_standby(context: multiprocessing.context.BaseContext) -> None:
-    """Fork the next segment's process now, in a thread (the segment just started goes on)."""
-    global _standby_ended_at_exit
-
-    def fork() -> None:
-        try:
-            receiving, sending = context.Pipe(duplex=False)
-            process = context.Process(target=_wait_for_segment, args=(receiving,), name="hookdet-segment")
-            process.start()
-            receiving.close()
-        except (OSError, EOFError):  # the warm process is gone: the next start says so
-            return
-        with _standby_lock:
-            _standby.append((process, sending))
-
-    maker = threading.Thread(target=fork, name="hookdet-standby", daemon=True)
-    with _standby_lock:
-        if not _standby_ended_at_exit:  # at any exit of this process, before multiprocessing
-            atexit.register(_end_standby)  # joins its children (a standby would wait for ever)
-            _standby_ended_at_exit = True
-        _standby_makers[:] = [each for each in _standby_makers if each.is_alive()] + [maker]
-    maker.start()
-
-
-def _wait_for_segment(receiving: Any) -> None:
-    """In a process forked ahead: wait for the segment to become, and become it."""
-    set_parent_death_signal(signal.SIGTERM)  # the warm process (or its worker) died: no segment comes
-    try:
-        job = receiving.recv()
-    except (EOFError, OSError):  # the worker ended it, or is gone
-        return
-    receiving.close()
-    run_segment(*job)
-
-
 def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,
                cpus: Sequence[int]) -> SegmentProcess:
-    """:func:`start_segment` as a new interpreter: ``python -m hookdet <argv>``."""
+    """A segment as a new interpreter (:meth:`~hookdet.search.warm_pool.WarmPool.start_segment` cold): ``python -m hookdet <argv>``."""
     def child_setup() -> None:
         set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
         if cpus and hasattr(os, "sched_setaffinity"):

@@ -37,7 +37,8 @@ from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.lock import RunDirLock
 from hookdet.runs.record import forget_attempt
 from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of
-from hookdet.search.warm_start import SegmentProcess, gpu_count, start_segment, stop_warm_process, warm_up
+from hookdet.search.warm_pool import WarmPool
+from hookdet.search.warm_start import SegmentProcess, torch_gpu_count
 
 logger = logging.getLogger("hookdet")
 #: Seconds between a separate worker's progress lines while a segment trains.
@@ -86,7 +87,8 @@ class Slot:
     ``OMP_NUM_THREADS=1`` trains each trial on one thread, as ``hookdet run`` would), else the
     slot's cores shared among the trial's ranks."""
 
-    def __init__(self, index: int, count: int, slots_per_trial: int = 1) -> None:
+    def __init__(self, index: int, count: int, slots_per_trial: int = 1, pool: Optional[WarmPool] = None) -> None:
+        self.pool = pool  # which asks the warm process how many GPUs torch sees
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         share = max(len(cores) // max(count, 1), 1)
         self.cpus = cores[index * share:(index + 1) * share] if len(cores) >= count else cores
@@ -96,7 +98,7 @@ class Slot:
     @functools.cached_property
     def gpus(self) -> Optional[List[int]]:
         """This slot's GPUs (None for none), found when its first segment starts."""
-        visible = visible_gpus()
+        visible = visible_gpus(self.pool)
         first = self.index * self.slots_per_trial
         return visible[first:first + self.slots_per_trial] or None
 
@@ -117,22 +119,23 @@ def users_thread_count() -> Optional[int]:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-def visible_gpus() -> List[int]:
-    """``CUDA_VISIBLE_DEVICES`` when set, else every GPU torch sees (asked without importing
-    torch here: see :func:`~hookdet.search.warm_start.gpu_count`)."""
+def visible_gpus(pool: Optional[WarmPool] = None) -> List[int]:
+    """``CUDA_VISIBLE_DEVICES`` when set, else every GPU torch sees (asked of ``pool``'s warm
+    process, without importing torch here: :meth:`WarmPool.gpu_count`; here without one)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [int(x) for x in listed.split(",") if x.strip().isdigit()]
-    return list(range(gpu_count()))
+    return list(range(pool.gpu_count() if pool is not None else torch_gpu_count()))
 
 
 class SegmentRunner:
-    """Runs segments for one worker; :meth:`terminate` preempts the running one. ``work_dir``
-    (and ``model_dir``): a worker of its own directory (see the module's docstring)."""
+    """Runs segments for one worker, started from ``pool`` (its process's warm process);
+    :meth:`terminate` preempts the running one. ``work_dir`` (and ``model_dir``): a worker of
+    its own directory (see the module's docstring)."""
 
-    def __init__(self, queue: Queue, slot: Slot, work_dir: Optional[Path] = None,
+    def __init__(self, queue: Queue, slot: Slot, pool: WarmPool, work_dir: Optional[Path] = None,
                  model_dir: Optional[Path] = None) -> None:
-        self.queue, self.slot = queue, slot
+        self.queue, self.slot, self.pool = queue, slot, pool
         self.work_dir, self.model_dir = work_dir, model_dir
         self.process: Optional[SegmentProcess] = None
         self._lock = threading.Lock()
@@ -229,7 +232,7 @@ class SegmentRunner:
         if steps is not None:
             argv += ["--resume", str(run_dir)]
         entrypoint = (attrs.get("experiment") or {}).get("entrypoint")
-        warm_up(Path(model_dir), entrypoint)  # before the slot's GPUs are asked of the warm process
+        self.pool.warm_up(Path(model_dir), entrypoint)  # before the slot's GPUs are asked of the warm process
         env = dict(os.environ, **self.slot.env())
         env.update({TRIAL_SEED_ENV: str(attrs["seed"]), TRIAL_ID_ENV: str(attrs["trial"])})
         env.pop("HOOKDET_RUN_DIR", None)
@@ -241,8 +244,8 @@ class SegmentRunner:
         env[OUTCOME_FILE_ENV] = str(outcome_file(run_dir))
         started = time.time()
         with self._lock:
-            self.process = start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
-                                         self.slot.cpus, entrypoint)
+            self.process = self.pool.start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
+                                                   self.slot.cpus, entrypoint)
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         target = f"to batch {attrs['target']}" if attrs.get("target") else "to its end"
@@ -368,8 +371,9 @@ def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optiona
                 work_dir: Optional[Path] = None, model_dir: Optional[Path] = None) -> int:
     """``hookdet search worker``: join a search's store and work until the search ends."""
     queue = Queue(storage_url, study)
-    slot = Slot(index, count, int(queue.info().get("slots_per_trial", 1)))
-    runner = SegmentRunner(queue, slot, work_dir and work_dir.resolve(), model_dir and model_dir.resolve())
+    pool = WarmPool()
+    slot = Slot(index, count, int(queue.info().get("slots_per_trial", 1)), pool)
+    runner = SegmentRunner(queue, slot, pool, work_dir and work_dir.resolve(), model_dir and model_dir.resolve())
     runner.say = lambda line: print(line, flush=True)
     done = threading.Event()
 
@@ -382,5 +386,5 @@ def main_worker(storage_url: str, index: int = 0, count: int = 1, study: Optiona
     try:
         work(queue, runner, done)
     finally:
-        stop_warm_process()
+        pool.close()
     return PREEMPTED if runner.stopping else 0

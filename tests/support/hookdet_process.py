@@ -27,7 +27,10 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import IO, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import IO, TYPE_CHECKING, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    from hookdet.search.warm_pool import WarmPool
 
 REPO = Path(__file__).resolve().parents[2]
 #: The installed console script, beside this interpreter.
@@ -59,12 +62,19 @@ def child_env(env: Optional[Mapping[str, str]] = None, **extra: str) -> Dict[str
     return {name: value for name, value in result.items() if value is not None}
 
 
-def warm_server() -> multiprocessing.context.BaseContext:
-    """This test worker's fork server: the search's own (:func:`hookdet.search.warm_start.forkserver`),
-    started on first use with what a segment preloads."""
-    from hookdet.search.warm_start import forkserver
+#: This test worker's warm process: a search's own kind (:class:`hookdet.search.warm_pool.WarmPool`).
+_pool: Optional["WarmPool"] = None
 
-    return forkserver(REPO, None)
+
+def warm_server() -> multiprocessing.context.BaseContext:
+    """This test worker's fork server: a search's own, started on first use with what a
+    segment preloads."""
+    global _pool
+    from hookdet.search.warm_pool import WarmPool
+
+    if _pool is None:
+        _pool = WarmPool()
+    return _pool.server(REPO, None)
 
 
 class Hookdet:
