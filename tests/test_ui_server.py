@@ -1,5 +1,6 @@
 """``hookdet ui`` as a user starts it, over HTTP: it prints its URL, stops on Ctrl-C, serves only
-what lies inside its roots, changes nothing on disk, and off 127.0.0.1 wants its token.
+what lies inside its roots, changes nothing on disk, off 127.0.0.1 wants its token, answers no
+other site, and shows secrets hidden.
 
 Every test starts the real command (``tests/support/browser.ui_server``: uvicorn in a process of
 its own) and speaks HTTP to it with the standard library.
@@ -41,9 +42,12 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def get(url: str, method: str = "GET", cookie: Optional[str] = None) -> Tuple[int, Dict[str, str], bytes]:
-    """(status, headers, body) of one request, redirects not followed."""
-    request = urllib.request.Request(url, method=method, headers={"Cookie": cookie} if cookie else {})
+def get(url: str, method: str = "GET", cookie: Optional[str] = None,
+        host: Optional[str] = None) -> Tuple[int, Dict[str, str], bytes]:
+    """(status, headers, body) of one request (its ``Host`` header ``host`` when given),
+    redirects not followed."""
+    headers = {**({"Cookie": cookie} if cookie else {}), **({"Host": host} if host else {})}
+    request = urllib.request.Request(url, method=method, headers=headers)
     opener = urllib.request.build_opener(_NoRedirect)
     try:
         with opener.open(request, timeout=30) as response:
@@ -128,6 +132,38 @@ def test_off_this_machine_every_request_needs_the_printed_token(tmp_path: Path) 
         assert get(base + "/", cookie=cookie)[0] == 200
         assert get(base + "/api/list", cookie=cookie)[0] == 200
         assert get(base + "/", cookie=cookie.split("=")[0] + "=wrong")[0] == 403
+
+
+def test_other_sites_cannot_read_it_and_secrets_are_shown_hidden(tmp_path: Path) -> None:
+    """A request naming another host (a page the user visits, reaching 127.0.0.1 through DNS
+    rebinding) is refused with nothing of the runs in it; every answer carries the headers that
+    keep other pages out (CSP, no frames, no type sniffing); an S3 secret key and a password in
+    an experiment are hidden on the run and compare pages, a hyperparameter named like a token is not."""
+    run = make_run(tmp_path / "runs" / "first")
+    config = json.loads((run / "config.json").read_text())
+    config["checkpoint_storage"] = {"type": "s3", "bucket": "b", "secret_key": "s3-SECRET-value"}
+    config["hyperparameters"].update(max_tokens=77, tokenizer="wordpiece")
+    config["data"] = {"url": "https://example.com", "password": "db-SECRET-value"}
+    (run / "config.json").write_text(json.dumps(config))
+    key = root_key(tmp_path / "runs")
+    with ui_server(str(tmp_path / "runs")) as (url, _, _):
+        base = url.rstrip("/")
+        port = base.rsplit(":", 1)[1]
+        for host in ("evil.example.com", f"evil.example.com:{port}", f"127.0.0.1.evil.example.com:{port}"):
+            status, _, body = get(base + "/api/list", host=host)
+            assert status == 403 and b"first" not in body, (host, status, body[:200])
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            assert get(base + "/api/list", host=host)[0] == 200, host
+        for path in ("/", "/api/list", "/static/ui.js", f"/run/{key}/first"):
+            status, headers, _ = get(base + path)
+            assert status == 200, path
+            assert "frame-ancestors 'none'" in headers["content-security-policy"] and "script-src 'self'" in \
+                headers["content-security-policy"], path
+            assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff", path
+        for path in (f"/run/{key}/first", f"/compare?run={key}/first&run={key}/first"):
+            status, _, body = get(base + path)
+            assert status == 200 and b"SECRET" not in body and b"********" in body, path
+            assert b"wordpiece" in body and b"77" in body, path
 
 
 def test_without_the_ui_extra_one_line_names_it(tmp_path: Path) -> None:

@@ -8,7 +8,11 @@ script (``static/ui.js``) asks for again every second, saying what it already ha
 is new travels. Charts are Plotly's (its JavaScript is served from the ``plotly`` package: no
 CDN). Every route answers GET only; nothing changes on disk.
 
-Off 127.0.0.1 every request needs the server's token (``?token=`` once, then a cookie).
+Off 127.0.0.1 every request needs the server's token (``?token=`` once, then a cookie); on
+127.0.0.1 a request must name this machine in its ``Host`` header (no other site reaches the view
+through the user's browser). Every answer carries headers that keep other pages out
+(:data:`SAFETY_HEADERS`), and secrets in an experiment are shown hidden
+(:func:`hookdet.ui.records.redacted`).
 """
 from __future__ import annotations
 
@@ -123,8 +127,8 @@ def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
         Route("/api/compare", served(views.compare_api)),
         Route("/static/{name}", served(views.static_file)),
     ]
-    app = Starlette(routes=routes)
-    return _guarded(app, token) if token else app
+    app = _with_safety_headers(Starlette(routes=routes))
+    return _guarded(app, token) if token else _local_hosts_only(app)
 
 
 def _key_and_path(given: str) -> List[str]:
@@ -139,6 +143,59 @@ def _have(request: Any) -> Dict[str, List[int]]:
     except ValueError:
         return {}
     return have if isinstance(have, dict) else {}
+
+
+#: What every answer says to the browser: run nothing but the view's own scripts, take no part
+#: in another site's frames, never guess a type (``Content-Security-Policy``, its frame rule,
+#: ``X-Frame-Options``, ``nosniff``). Plotly styles its charts inline and draws images from data URLs.
+SAFETY_HEADERS = (
+    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                 b"img-src 'self' data: blob:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
+#: The names a request's ``Host`` may give when the view listens on this machine only.
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _with_safety_headers(app: Any) -> Any:
+    """``app`` with :data:`SAFETY_HEADERS` on every answer."""
+    async def with_headers(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        async def send_with_headers(message: Dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=list(message.get("headers", [])) + list(SAFETY_HEADERS))
+            await send(message)
+
+        await app(scope, receive, send_with_headers if scope["type"] == "http" else send)
+
+    return with_headers
+
+
+def host_name(host_header: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8080`` -> ``[::1]``)."""
+    if host_header.startswith("["):
+        return host_header.split("]", 1)[0] + "]"
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+def _local_hosts_only(app: Any) -> Any:
+    """``app`` answering only requests that name this machine in their ``Host`` header. Another
+    name is another site reaching the view through the browser (DNS rebinding): refused, as
+    Jupyter, TensorBoard and MLflow refuse it, so no web page the user visits can read the runs."""
+    from starlette.responses import PlainTextResponse
+
+    async def local_only(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+            if host_name(host) not in LOCAL_HOSTS:
+                refusal = PlainTextResponse(f"hookdet ui answers requests for {', '.join(LOCAL_HOSTS)} only, not "
+                                            f"for {host or 'no Host'}", status_code=403)
+                await refusal(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return local_only
 
 
 def _guarded(app: Any, token: str) -> Any:

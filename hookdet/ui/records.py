@@ -16,6 +16,7 @@ import collections
 import datetime
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
@@ -43,6 +44,26 @@ def seconds_between(start: Optional[str], end: Optional[str]) -> Optional[float]
     except (TypeError, ValueError):
         return None
     return max(0.0, (last - first).total_seconds())
+
+
+#: Field names whose values are secrets (an S3 ``secret_key``, an Azure ``connection_string``, a
+#: ``password`` or an ``auth_token`` anywhere in an experiment; not ``max_tokens`` or a
+#: ``tokenizer``): shown as :data:`HIDDEN`, as Determined printed storage configurations with
+#: their keys hidden.
+SECRET_FIELD = re.compile(r"(^|[_-])(secret(_key|_access_key)?|password|passwd|token|access_key(_id)?|account_key|"
+                          r"connection_string|credentials?|api_key|private_key)$", re.IGNORECASE)
+HIDDEN = "********"
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (a run's experiment, a search's record) with every secret's value hidden, at
+    any depth; the rest as it is."""
+    if isinstance(value, dict):
+        return {key: HIDDEN if isinstance(key, str) and SECRET_FIELD.search(key) and item is not None
+                else redacted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redacted(item) for item in value]
+    return value
 
 
 class RunRecords:
@@ -110,7 +131,8 @@ class RunRecords:
         return (read_record(self.path) or {}) if self.owns(self.path / RUN_RECORD_FILE) else {}
 
     def config(self) -> Dict[str, Any]:
-        return self._read_when_changed(CONFIG_FILE, lambda: run_index.read_config(self.path), {})
+        """The run's experiment, its secrets hidden (:func:`redacted`)."""
+        return self._read_when_changed(CONFIG_FILE, lambda: redacted(run_index.read_config(self.path)), {})
 
     def history(self) -> List[Dict[str, Any]]:
         return self._read_when_changed(HISTORY_FILE, lambda: read_history(self.path), [])
@@ -227,7 +249,8 @@ class SearchRecords:
         except OSError:
             stamp = None
         if stamp != self._state_stamp or not self.meta:
-            self.meta, self.state = report.read_search(self.path)
+            meta, self.state = report.read_search(self.path)
+            self.meta = redacted(meta)
             self._state_stamp = stamp
         for request_id in self.state["order"]:
             if request_id not in self.trials:
