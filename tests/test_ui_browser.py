@@ -274,3 +274,26 @@ def test_in_the_browser_paths_out_of_a_root_are_refused_and_off_this_machine_the
         driver.get(bare + "run/" + key + "/" + site["first"].name)  # the cookie carries it on
         wait_ready(driver)
         assert console_errors(driver) == []
+
+
+def test_a_categorical_hyperparameter_holding_html_is_a_label_not_markup(site: Dict[str, Any]) -> None:
+    """A search whose trials differ in a categorical hyperparameter that holds HTML (a copy of
+    the trained search, its state edited: nothing trains): the scatter's tick labels show the
+    text, with no link and no bold drawn from it."""
+    copy = site["live"] / "html-search"
+    if not copy.exists():
+        shutil.copytree(site["search"], copy)
+        state_file = copy / "search-state.json"
+        state = json.loads(state_file.read_text())
+        for number, trial in enumerate(state["trials"].values()):
+            trial["hparams"]["note"] = f"<a href='https://example.com/{number}'>link {number}</a><b>bold</b>"
+        state_file.write_text(json.dumps(state))
+    driver = open_page(site, "/search/" + _root_key(site["live"]) + "/html-search")
+    wait_for(lambda: driver.execute_script("return document.getElementById('scatter-note') !== null"
+                                           " && document.getElementById('scatter-note').data !== undefined"))
+    ticks = driver.execute_script(
+        "return [...document.querySelectorAll('#scatter-note .xtick text')].map(t => t.textContent)")
+    assert any("<a href='https://example.com/" in tick and "<b>bold</b>" in tick for tick in ticks), ticks
+    assert driver.execute_script("return document.querySelectorAll('#scatter-note a[href*=\"example.com\"]').length") == 0
+    assert driver.execute_script("return document.querySelectorAll('#scatter-note .xtick b, #scatter-note .xtick tspan[style*=\"bold\"]').length") == 0
+    assert console_errors(driver) == []

@@ -299,7 +299,8 @@ function searchPage() {
     Plotly.react(document.getElementById("parallel"), parallel, {title: {text: "parallel coordinates", font: {size: 14}}, margin: {l: 60, r: 40, t: 60, b: 30}});
     const scatters = document.getElementById("scatters");
     for (const name of answer.hparams) {
-      const trace = {x: rows.map((r) => r.hparams[name]), y: rows.map((r) => r.best), mode: "markers", type: "scatter",
+      const values = rows.map((r) => r.hparams[name]);  // a categorical value is a tick label: escaped
+      const trace = {x: values.map((v) => typeof v === "string" ? plotText(v) : v), y: rows.map((r) => r.best), mode: "markers", type: "scatter",
                      text: rows.map((r) => `trial ${r.number}`), name: plotText(name)};
       Plotly.react(chartDiv(scatters, "scatter-" + name), [trace], layout(`${metric} by ${name}`, false, name));
     }
@@ -318,7 +319,7 @@ function searchPage() {
     const keys = Object.keys(store.series), mode = keys.length > 20 ? "lines" : "lines+markers";
     const traces = keys.map((key) => {
       const [x, y] = store.points(key);
-      return {x, y, name: key, mode};
+      return {x, y, name: plotText(key), mode};
     });
     Plotly.react(document.getElementById("curves"), traces, layout(answer.metric, logScale.checked));
   }
