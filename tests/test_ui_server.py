@@ -81,6 +81,7 @@ def test_it_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
 def test_paths_from_urls_are_resolved_inside_the_roots(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     make_run(root / "mine")
+    make_run(root / "odd #1? 50% done")
     outside = make_run(tmp_path / "outside")
     (root / "link-out").symlink_to(outside)  # a run directory that is a symlink out of the root
     key = root_key(root)
@@ -89,6 +90,9 @@ def test_paths_from_urls_are_resolved_inside_the_roots(tmp_path: Path) -> None:
         status, _, listing = get(f"{base}/")
         assert status == 200 and b"link-out" not in listing and b"/mine" in listing  # not listed either
         assert get(f"{base}/run/{key}/mine")[0] == 200
+        (odd,) = [row["url"] for row in json.loads(get(f"{base}/api/list")[2])["rows"] if "odd" in row["url"]]
+        status, _, page = get(base + odd)  # a name with #, ? and % opens from its link
+        assert status == 200 and b"odd #1? 50% done" in page, (odd, status)
         assert get(f"{base}/api/run/{key}/mine")[0] == 200
         refused = [f"/run/{key}/../outside", f"/run/{key}/%2e%2e/outside", f"/run/{key}/..%2foutside",
                    f"/api/run/{key}/%2E%2E%2Foutside", f"/run/{key}/link-out", f"/api/run/{key}/link-out",
@@ -121,6 +125,7 @@ def test_off_this_machine_every_request_needs_the_printed_token(tmp_path: Path) 
     make_run(tmp_path / "runs" / "first")
     with ui_server(str(tmp_path / "runs"), "--host", "0.0.0.0") as (url, _, lines):
         (token,) = re.findall(r"token=([\w-]+)", url)
+        assert "0.0.0.0" not in url  # a wildcard is printed as an address another machine can open
         assert any("every request needs this token" in line and token in line for line in lines)
         base = url.split("?")[0].replace("0.0.0.0", "127.0.0.1").rstrip("/")
         for path in ("/", "/api/list", "/static/ui.js"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -88,12 +89,13 @@ class Catalog:
     # ------------------------------------------------------------------ URLs and paths
 
     def url_of(self, path: Path) -> str:
-        """The page of a run or search directory under a root."""
+        """The page of a run or search directory under a root; its path percent-encoded, so a
+        directory named with ``#``, ``?``, ``%`` or a space opens as any other."""
         path = Path(path).resolve()
         for key, root in self.roots.items():
             if path.is_relative_to(root):
                 kind = "search" if report.is_search_dir(path) else "run"
-                relative = path.relative_to(root).as_posix()
+                relative = urllib.parse.quote(path.relative_to(root).as_posix(), safe="/")
                 return f"/{kind}/{key}/{relative}" if relative != "." else f"/{kind}/{key}/."
         raise NotServed(f"{path} is under no root of this server")
 

@@ -70,6 +70,24 @@ def command_ui(args: argparse.Namespace) -> int:
     return 0
 
 
+def name_for_others(host: str) -> str:
+    """The name the printed URL gives for the bound ``host``: the host itself, but for a wildcard
+    (``0.0.0.0``, ``::``), which no other machine can open, this machine's address on its network
+    (the one its outgoing traffic would leave from; nothing is sent), else its host name."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    family = socket.AF_INET6 if host == "::" else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("2001:db8::1" if family == socket.AF_INET6 else "192.0.2.1", 9))  # documentation addresses
+        address = probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+    finally:
+        probe.close()
+    return address if not ipaddress.ip_address(address).is_unspecified else socket.gethostname()
+
+
 def serve(catalog: Any, host: str, port: int, token: Any) -> None:
     """Run uvicorn on an already bound socket, so the printed URL is the real one (port 0 too)."""
     import uvicorn
@@ -85,7 +103,8 @@ def serve(catalog: Any, host: str, port: int, token: Any) -> None:
         raise UsageError(f"ui: cannot listen on {host}:{port}: {error.strerror}") from None
     listener.listen(128)  # connections wait in the backlog until uvicorn takes them
     bound = listener.getsockname()[1]
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    shown = name_for_others(host)
+    shown = f"[{shown}]" if ":" in shown else shown
     url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
     roots = ", ".join(str(root) for root in catalog.roots.values()) or "nothing"
     print(f"hookdet ui: serving {roots}", flush=True)
