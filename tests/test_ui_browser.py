@@ -297,3 +297,20 @@ def test_a_categorical_hyperparameter_holding_html_is_a_label_not_markup(site: D
     assert driver.execute_script("return document.querySelectorAll('#scatter-note a[href*=\"example.com\"]').length") == 0
     assert driver.execute_script("return document.querySelectorAll('#scatter-note .xtick b, #scatter-note .xtick tspan[style*=\"bold\"]').length") == 0
     assert console_errors(driver) == []
+
+
+def test_a_damaged_run_is_a_row_that_says_so_and_the_list_stays_up(site: Dict[str, Any]) -> None:
+    """A run whose ``run.json`` holds a field of the wrong type, beside the trained runs: the
+    list in the browser shows it ``damaged`` with why, every other row as before, no error."""
+    from tests.test_ui_server import make_run
+
+    damaged = site["live"] / "damaged-record"
+    if not damaged.exists():
+        (make_run(damaged) / "run.json").write_text(json.dumps({"state": "completed", "batches_trained": "x"}))
+    driver = open_page(site, "/")
+    rows = "return [...document.querySelectorAll('#runs tbody tr')].map(r => [r.cells[1].textContent, r.cells[3].textContent, r.cells[4].textContent])"
+    wait_for(lambda: any(row[0] == "damaged-record" for row in driver.execute_script(rows)))
+    shown = {row[0]: row for row in driver.execute_script(rows)}
+    assert shown["damaged-record"][1] == "damaged" and "invalid literal for int()" in shown["damaged-record"][2]
+    assert site["first"].name in shown and shown[site["first"].name][1] == "completed"
+    assert console_errors(driver) == []

@@ -171,6 +171,41 @@ def test_other_sites_cannot_read_it_and_secrets_are_shown_hidden(tmp_path: Path)
             assert b"wordpiece" in body and b"77" in body, path
 
 
+def damage(root: Path) -> None:
+    """Under ``root``: a good run, a run whose ``run.json`` has a field of the wrong type, a
+    search whose ``search.json`` is not JSON, a run whose ``config.json`` is torn."""
+    make_run(root / "good")
+    (make_run(root / "odd-record") / "run.json").write_text(json.dumps({"state": "completed", "batches_trained": "x"}))
+    (root / "torn-search").mkdir()
+    (root / "torn-search" / "search.json").write_text("{not json")
+    (make_run(root / "torn-config") / "config.json").write_text('{"name": ')
+
+
+def test_one_damaged_file_marks_its_run_and_everything_else_is_served(tmp_path: Path) -> None:
+    """A record file of the wrong type or not JSON marks that run or search ``damaged`` on the
+    list, with why; the rest is listed and opens; the damaged run's page is one line (422); a
+    path with a NUL byte is a 404 and a bad query a 400, never a 500."""
+    root = tmp_path / "runs"
+    damage(root)
+    key = root_key(root)
+    with ui_server(str(root)) as (url, _, _):
+        base = url.rstrip("/")
+        assert get(base + "/")[0] == 200
+        status, _, body = get(base + "/api/list")
+        assert status == 200, body[:300]
+        rows = {row["name"]: row for row in json.loads(body)["rows"]}
+        assert set(rows) == {"good", "odd-record", "torn-search", "torn-config"}
+        assert rows["good"]["state"] == "completed" and "damaged" not in rows["good"]
+        assert rows["odd-record"]["state"] == "damaged" and "invalid literal for int()" in rows["odd-record"]["damaged"]
+        assert rows["torn-search"]["state"] == "damaged" and "search.json: unreadable" in rows["torn-search"]["damaged"]
+        assert get(base + rows["good"]["url"])[0] == 200 and get(base + rows["torn-config"]["url"])[0] == 200
+        status, _, body = get(base + rows["odd-record"]["url"])
+        assert status == 422 and body.startswith(b"damaged: ") and b"\n" not in body.strip(), body[:300]
+        assert get(f"{base}/run/{key}/good%00")[0] == 404
+        status, _, body = get(f"{base}/api/run/{key}/good?log=abc")
+        assert status == 400 and b"log='abc'" in body
+
+
 def test_without_the_ui_extra_one_line_names_it(tmp_path: Path) -> None:
     code = "import sys; sys.modules['plotly'] = None; from hookdet.cli.commands import main; sys.exit(main(['ui']))"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)

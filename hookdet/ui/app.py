@@ -25,6 +25,10 @@ from hookdet.ui import pages
 from hookdet.ui.catalog import Catalog, NotServed
 
 HERE = Path(__file__).parent
+
+
+class BadRequest(Exception):
+    """A query the view cannot take (``?log=abc``): a 400 with a line."""
 TOKEN_COOKIE = "hookdet_ui_token"
 
 
@@ -53,7 +57,10 @@ class Views:
         return HTMLResponse(self.templates.get_template(name).render(**values))
 
     def located(self, request: Any, kind: str) -> Path:
-        return self.catalog.locate(request.path_params["key"], request.path_params["path"], kind)
+        try:
+            return self.catalog.locate(request.path_params["key"], request.path_params["path"], kind)
+        except ValueError as error:  # a path no file can have (a NUL byte in it)
+            raise NotServed(f"no such {kind}: {error}") from None
 
     def compared(self, request: Any) -> List[Path]:
         return [self.catalog.locate(*_key_and_path(given), "run") for given in request.query_params.getlist("run")]
@@ -78,7 +85,10 @@ class Views:
     def run_api(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        log_count = int(request.query_params.get("log", "0") or 0)
+        log_count = request.query_params.get("log", "0") or "0"
+        if not log_count.isdigit():
+            raise BadRequest(f"log={log_count!r}: the number of log lines the page holds, a whole number")
+        log_count = int(log_count)
         return JSONResponse(pages.run_updates(self.catalog, self.located(request, "run"), _have(request), log_count))
 
     def search_api(self, request: Any) -> Any:
@@ -114,6 +124,11 @@ def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
                 return handler(request)
             except NotServed as refusal:
                 return PlainTextResponse(f"not found: {refusal}", status_code=404)
+            except BadRequest as refusal:
+                return PlainTextResponse(f"bad request: {refusal}", status_code=400)
+            except pages.DAMAGED as error:  # this run's or search's files; the others are served
+                return PlainTextResponse(f"damaged: the files of {request.url.path} cannot be read "
+                                         f"({pages.damage_of(error)})", status_code=422)
         return endpoint
 
     routes = [

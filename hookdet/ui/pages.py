@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hookdet.runs.index import flatten
+from hookdet.search.report import SearchReadError
 from hookdet.ui.catalog import Catalog
 from hookdet.ui.records import RunRecords
 from hookdet.ui.series import BoundedSeries
@@ -32,20 +33,50 @@ def series_update(series: BoundedSeries, have: Optional[List[int]]) -> Dict[str,
 # ------------------------------------------------------------------------------ the list
 
 
+#: What a page's reading of a damaged record file raises (a file torn, not JSON, of the wrong
+#: type, unreadable): that run or search is shown as damaged, with the reason, and no other.
+DAMAGED = (ValueError, TypeError, KeyError, AttributeError, OSError, SearchReadError)
+
+
 def list_rows(catalog: Catalog) -> List[Dict[str, Any]]:
-    """Every run and search under the roots, newest first; a search with its trials."""
+    """Every run and search under the roots, newest first; a search with its trials. One whose
+    files are damaged is a row saying so (:func:`damaged_row`); the others are listed as ever."""
     searches, runs = catalog.scan()
     rows = []
     for path in runs:
-        rows.append(dict(catalog.run(path).summary(), url=catalog.url_of(path)))
+        try:
+            rows.append(dict(catalog.run(path).summary(), url=catalog.url_of(path)))
+        except DAMAGED as error:
+            rows.append(damaged_row(catalog, path, "run", error))
     for path in searches:
-        search = catalog.search(path)
-        row = dict(search.summary(), url=catalog.url_of(path))
-        row["trials"] = [dict(search.trial_summary(request_id, STATE_WORDS), url=catalog.url_of(trial.path))
-                         for request_id, trial in search.trials.items() if trial.path.resolve().is_relative_to(path)]
-        rows.append(row)
+        try:
+            rows.append(search_row(catalog, path))
+        except DAMAGED as error:
+            rows.append(damaged_row(catalog, path, "search", error))
     rows.sort(key=lambda row: str(row.get("started") or ""), reverse=True)
     return rows
+
+
+def search_row(catalog: Catalog, path: Path) -> Dict[str, Any]:
+    """A search's row in the list, with a row for each trial."""
+    search = catalog.search(path)
+    row = dict(search.summary(), url=catalog.url_of(path))
+    row["trials"] = [dict(search.trial_summary(request_id, STATE_WORDS), url=catalog.url_of(trial.path))
+                     for request_id, trial in search.trials.items() if trial.path.resolve().is_relative_to(path)]
+    return row
+
+
+def damaged_row(catalog: Catalog, path: Path, kind: str, error: BaseException) -> Dict[str, Any]:
+    """The list's row of a run or search whose files could not be read: its name, ``damaged``
+    and why."""
+    return {"name": path.name, "kind": kind, "state": "damaged", "damaged": damage_of(error),
+            "batches": 0, "max_batches": None, "metric": None, "best": None, "started": "", "seconds": None,
+            "url": catalog.url_of(path)}
+
+
+def damage_of(error: BaseException) -> str:
+    """What was wrong with a record file, in one line."""
+    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
 
 
 # ------------------------------------------------------------------------------ a run

@@ -122,7 +122,9 @@ function listPage() {
     tr.appendChild(el("td", row.kind));
     tr.appendChild(el("td", row.state, "state state-" + String(row.state).split(" ")[0]));
     const progress = el("td");
-    if (row.max_batches) {
+    if (row.damaged) {
+      progress.textContent = row.damaged;
+    } else if (row.max_batches) {
       const bar = el("span", null, "progress"), fill = el("span");
       fill.style.width = `${Math.min(100, 100 * row.batches / row.max_batches)}%`;
       bar.appendChild(fill); progress.appendChild(bar);
