@@ -314,3 +314,21 @@ def test_a_damaged_run_is_a_row_that_says_so_and_the_list_stays_up(site: Dict[st
     assert shown["damaged-record"][1] == "damaged" and "invalid literal for int()" in shown["damaged-record"][2]
     assert site["first"].name in shown and shown[site["first"].name][1] == "completed"
     assert console_errors(driver) == []
+
+
+def test_a_search_copied_from_another_machine_shows_its_trials(site: Dict[str, Any]) -> None:
+    """A copy of the trained search whose state names its trials by absolute paths of another
+    machine (gone here): its page finds them in the copy, by name, and draws their curves."""
+    copy = site["live"] / "from-elsewhere"
+    if not copy.exists():
+        shutil.copytree(site["search"], copy)
+        state_file = copy / "search-state.json"
+        state = json.loads(state_file.read_text())
+        for trial in state["trials"].values():
+            trial["dir"] = str(Path("/nowhere/on/this/machine") / Path(trial["dir"]).name)
+        state_file.write_text(json.dumps(state))
+    driver = open_page(site, "/search/" + _root_key(site["live"]) + "/from-elsewhere")
+    trials = len(json.loads((copy / "search-state.json").read_text())["order"])
+    wait_for(lambda: len(driver.execute_script("return [...document.querySelectorAll('#trials tbody tr')]")) == trials)
+    wait_for(lambda: traces(driver).get("curves", 0) > 0)
+    assert console_errors(driver) == []
