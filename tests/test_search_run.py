@@ -616,26 +616,25 @@ def test_a_machine_that_freezes_past_the_grace_period_and_wakes_loses_no_trial(t
     other = subprocess.Popen(["unshare", "-u", "sh", "-c", f"hostname {OTHER_HOST} && exec {worker}"],
                              cwd=tmp_path, env={**environment, "SEARCH_TEST_SECONDS_PER_BATCH": "0.5"},
                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    here_log = tmp_path / "here.log"
     try:
         wait_on_search((tmp_path / "search" / "trial-001" / "metrics.jsonl").exists, driver, "its first report")
         os.killpg(other.pid, signal.SIGSTOP)  # the machine freezes, its segment holding the run directory
-        with open(here_log, "w") as log:
-            here = subprocess.Popen([*HOOKDET, "search", "worker", "--storage", url, "--index", "1", "--of", "2"],
-                                    cwd=tmp_path, env=environment, stdout=log, stderr=subprocess.STDOUT)
-        wait_on_search(lambda: "waits for its run directory" in here_log.read_text(), driver,
+        here = hookdet_process.start("search", "worker", "--storage", url, "--index", "1", "--of", "2",
+                                     cwd=tmp_path, env=environment)
+        wait_on_search(lambda: "waits for its run directory" in here.output()[0], driver,
                        "the retry to wait for the frozen segment's run directory")
         os.killpg(other.pid, signal.SIGCONT)
         _, err = driver.communicate(timeout=300)
         assert driver.returncode == 0, err[-3000:]
-        assert here.wait(timeout=120) == 0
+        said, _ = here.communicate(timeout=120)
+        assert here.returncode == 0
     finally:
         os.killpg(other.pid, signal.SIGCONT)
         os.killpg(other.pid, signal.SIGKILL)
         other.wait()
     (row,) = summary(tmp_path / "search", drop=())
     assert row["state"] == "completed", (row, err[-3000:])
-    assert f"held by pid " in here_log.read_text() and f"on host {OTHER_HOST}" in here_log.read_text()
+    assert "held by pid " in said and f"on host {OTHER_HOST}" in said
     assert "usage error" not in err
 
 

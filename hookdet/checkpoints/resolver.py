@@ -157,11 +157,11 @@ def refuse_mixed_store(folder: Path) -> None:
     )
 
 
-def storage_holding(storage_id: str, current: Optional[CheckpointStorage]) -> CheckpointStorage:
-    """The storage checkpoint ``storage_id`` is in: the one the user's checkpoint index names (a
-    checkpoint of any earlier local run, as in Determined's per-user store), else ``current``
-    (the running run's own; the caller has made sure there is one)."""
-    entry = user_index.lookup(storage_id)
+def storage_holding(storage_id: str, entry: Optional[Dict[str, Any]],
+                    current: Optional[CheckpointStorage]) -> CheckpointStorage:
+    """The storage checkpoint ``storage_id`` is in: the one its entry in the user's checkpoint
+    index names (a checkpoint of any earlier local run, as in Determined's per-user store), else
+    ``current`` (the running run's own; the caller has made sure there is one)."""
     if entry is None:
         assert current is not None, "no index entry and no storage of a run to look in"
         return current
@@ -186,7 +186,8 @@ def locate(name: str, current: Optional[CheckpointStorage],
         return (lookup.resolve_checkpoint_dir(found), None) if isinstance(found, Path) else found
     if "/" in name or "\\" in name or name.startswith("."):
         raise fmt.CheckpointError(f"cannot {doing}: {name} does not exist")
-    if current is None and user_index.lookup(name) is None:
+    entry = user_index.lookup(name)
+    if current is None and entry is None:
         deleted = user_index.deletion(name)
         if deleted is not None:
             raise fmt.CheckpointError(user_index.why_gone(name, deleted))
@@ -194,7 +195,7 @@ def locate(name: str, current: Optional[CheckpointStorage],
             f"cannot {doing} {name!r}: no such run directory or checkpoint directory in {Path.cwd()}, "
             f"and no checkpoint with that id in this user's checkpoint index ({user_index.index_dir()})"
         )
-    storage = storage_holding(name, current)
+    storage = storage_holding(name, entry, current)
     directory = storage.local_dir(name)
     return (directory, None) if directory is not None and directory.is_dir() else (storage, name)
 

@@ -37,9 +37,8 @@ def write_identity(run: Any, parent: Optional[Dict[str, Any]] = None) -> None:
         "run_id": run.run_id,
         "storage": run.storage.locator() if run.storage is not None else None,
         "parent": parent if parent is not None else previous.get("parent"),
-        "run_dir": str(Path(run.run_dir).absolute()),  # where the storage paths above were written
     }
-    adopt_identity(run.run_dir, identity)
+    adopt_identity(run.run_dir, identity)  # with the run directory, where the storage paths were written
 
 
 def adopt_identity(run_dir: Union[str, Path], identity: Dict[str, Any]) -> None:

@@ -107,7 +107,7 @@ def second_history(run: Any, resuming: bool) -> Optional[str]:
     held = identity_in(prior.get(IDENTITY_FILE))
     if held is None:
         return None
-    own = {str(held["run_id"]), str((held.get("parent") or {}).get("run_id"))}
+    own = {str(run_id) for run_id in (held["run_id"], (held.get("parent") or {}).get("run_id")) if run_id}
     if written_by is not None and written_by not in own:
         return (f"cannot resume {run.resume_from} in run directory {run.run_dir}: that checkpoint was written by "
                 f"run {written_by}, and the directory holds run {held['run_id']} (one run directory, one history); "
