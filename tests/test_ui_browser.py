@@ -297,6 +297,7 @@ def test_a_categorical_hyperparameter_holding_html_is_a_label_not_markup(site: D
     assert driver.execute_script("return document.querySelectorAll('#scatter-note a[href*=\"example.com\"]').length") == 0
     assert driver.execute_script("return document.querySelectorAll('#scatter-note .xtick b, #scatter-note .xtick tspan[style*=\"bold\"]').length") == 0
     assert console_errors(driver) == []
+    shot(driver, "search-html-categorical")
 
 
 def test_a_damaged_run_is_a_row_that_says_so_and_the_list_stays_up(site: Dict[str, Any]) -> None:
@@ -314,6 +315,7 @@ def test_a_damaged_run_is_a_row_that_says_so_and_the_list_stays_up(site: Dict[st
     assert shown["damaged-record"][1] == "damaged" and "invalid literal for int()" in shown["damaged-record"][2]
     assert site["first"].name in shown and shown[site["first"].name][1] == "completed"
     assert console_errors(driver) == []
+    shot(driver, "list-damaged")
 
 
 def test_a_search_copied_from_another_machine_shows_its_trials(site: Dict[str, Any]) -> None:
@@ -332,3 +334,4 @@ def test_a_search_copied_from_another_machine_shows_its_trials(site: Dict[str, A
     wait_for(lambda: len(driver.execute_script("return [...document.querySelectorAll('#trials tbody tr')]")) == trials)
     wait_for(lambda: traces(driver).get("curves", 0) > 0)
     assert console_errors(driver) == []
+    shot(driver, "search-from-elsewhere")
