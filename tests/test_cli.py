@@ -167,15 +167,46 @@ def test_unknown_field_suggests_the_right_one(tmp_path: Path, capsys: pytest.Cap
 
 def test_a_refusal_is_recorded_where_the_starter_asked(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """``HOOKDET_OUTCOME_FILE``: how the command ended, as a record (its status and the line it
-    said), which a search's worker reads instead of the log."""
+    """``HOOKDET_OUTCOME_FILE``: how the command ended, as a record (its state and status, the
+    line it said and whose error it was), which a search's worker reads instead of the log."""
+    import os
+
     from hookdet.launch import outcome
 
     args = run_cli(tmp_path, edit=lambda text: text.replace("max_length:", "max_lenght:"))
     monkeypatch.setenv(outcome.OUTCOME_FILE_ENV, str(tmp_path / "outcome.json"))
     line = expect_error(capsys, args, "max_lenght")
     recorded = outcome.read(tmp_path / "outcome.json")
-    assert recorded == outcome.Outcome(exit_code=2, rank=None, error=line[len("hookdet: error: "):])
+    assert recorded == outcome.Outcome(state="failed", exit_code=2, rank=None, pid=os.getpid(),
+                                       error=line[len("hookdet: error: "):], error_by="input")
+
+
+def test_a_run_records_its_state_and_the_checkpoint_it_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that trains records ``completed`` with the newest checkpoint it left and its
+    batches (the run's own ``run.json`` names the same checkpoint); a trial that raises records
+    ``failed``, the line said, and that the error was the user's."""
+    import json
+    import os
+
+    from hookdet.launch import outcome
+
+    record = tmp_path / "outcome.json"
+    monkeypatch.setenv(outcome.OUTCOME_FILE_ENV, str(record))
+    assert main(["run", *run_cli(tmp_path)]) == 0
+    ended = outcome.read(record)
+    run_json = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert ended is not None and run_json["latest_checkpoint"]
+    assert (ended.state, ended.exit_code, ended.error, ended.batches, ended.pid) == ("completed", 0, None, 4, os.getpid())
+    assert ended.checkpoint == run_json["latest_checkpoint"]
+
+    failing = TRIAL_TEMPLATE.replace("        x, y = batch\n        loss", "        raise ValueError('no batches today')\n        loss")
+    failed_dir = tmp_path / "failing"
+    failed_dir.mkdir()
+    assert main(["run", *run_cli(failed_dir, trial_source=failing)]) == 1
+    ended = outcome.read(record)
+    assert ended is not None and (ended.state, ended.exit_code, ended.error_by) == ("failed", 1, "user")
+    assert ended.error == "the trial raised ValueError: no batches today (traceback above)"
+    assert ended.checkpoint is None and ended.batches == 0
 
 
 def test_unknown_plugin_lists_installed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -240,6 +240,38 @@ def test_a_missing_script_is_one_line_before_anything_starts(tmp_path: Path, ent
                      f"model directory {directory}"], result.stderr[-3000:]
 
 
+RECORDED_FAILURE = '''\
+import os
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 has no data shard")
+
+main()
+'''
+
+
+@pytest.mark.slow
+def test_a_script_ranks_error_recorded_by_torchrun_is_one_line_naming_the_rank(tmp_path: Path) -> None:
+    """A script under ``determined.launch.torch_distributed`` whose ``main`` has torch's
+    ``@record``: the error its rank 1 raised reaches ``hookdet run`` through torchrun's error file
+    (``TORCHELASTIC_ERROR_FILE``, read from torchrun's record of the failed rank), told in one
+    line naming the rank and its pid."""
+    directory = model_dir(tmp_path)
+    (directory / "recorded.py").write_text(RECORDED_FAILURE)
+    config = re.sub(r"(?m)^entrypoint:.*$", "entrypoint: python3 -m determined.launch.torch_distributed -- python3 recorded.py",
+                    (FIXTURE / "distributed.yaml").read_text())
+    (directory / "recorded.yaml").write_text(config)
+    result = hookdet_process.run("run", "recorded.yaml", "--run-dir", tmp_path / "run", cwd=directory,
+                                 env=environment(tmp_path), timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    told = [line for line in result.stderr.splitlines() if line.startswith("hookdet: error: rank 1 ")]
+    assert len(told) == 1 and re.fullmatch(r"hookdet: error: rank 1 \(pid \d+\) failed: RuntimeError: rank 1 has no "
+                                           r"data shard \(torchrun's error file\)", told[0]), result.stderr[-3000:]
+
+
 def test_test_mode_reaches_a_scripts_trainer_fit(tmp_path: Path) -> None:
     """``hookdet run const.yaml --test-mode``: the script's own ``Trainer.fit`` (no test_mode
     argument) trains one batch, validates one and checkpoints, as a trial class would."""

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -23,7 +22,7 @@ from hookdet.errors import HookdetError
 from hookdet.trial_api.importing import SpecImportError, import_object
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
-from hookdet.distributed.orphans import LAUNCHER_PID_ENV
+from hookdet.launch.orphans import LAUNCHER_PID_ENV
 from hookdet.runs.files import CONFIG_FILE
 from hookdet.cli.run_edges import (LateStop, launched_rank, print_summary, refuse_checkpoints_one_machine_keeps,
                                    refuse_what_cannot_be_resumed, says_what_the_file_holds, take_ctrl_c)
@@ -196,9 +195,10 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
     non-zero. The result: the first failing rank's status when one failed, 75 when the ranks were
     preempted, 0 when all completed, the launcher's own status when a rank died without a word.
     """
-    from hookdet.distributed.launcher import (KilledRank, combined_exit_status, ending_away_from_rank_0, failure_lines,
-                                              killed_ranks, launcher_death_line, read_rank_statuses, run_passing_signals,
+    from hookdet.distributed.launcher import (combined_exit_status, ending_away_from_rank_0, failure_lines, killed_in,
+                                              killed_line, launcher_death_line, read_rank_statuses, run_passing_signals,
                                               this_node)
+    from hookdet.launch.outcome import records_directory
     from hookdet.plugins.selection import Launch, select_plugins
     from hookdet.loop.trainer import default_run_dir
     from hookdet.distributed.rank_watch import SilenceWatch, silent_after_of
@@ -217,27 +217,27 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
     env = dict(os.environ, **{LAUNCHER_PID_ENV: str(os.getpid())})
     if not args.run_dir and "HOOKDET_RUN_DIR" not in env:
         env["HOOKDET_RUN_DIR"] = str(default_run_dir(config))
-    with tempfile.TemporaryDirectory(prefix="hookdet-ranks-") as status_dir:
-        env[RANK_STATUS_DIR_ENV] = status_dir
+    with records_directory("hookdet-ranks-") as status_dir:
+        env[RANK_STATUS_DIR_ENV] = str(status_dir)
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_said: List[str] = []
-        killed_by_signal: List[KilledRank] = []
-        watch = SilenceWatch(Path(status_dir), silent_after_of(config), lambda line: print(line, file=sys.stderr, flush=True))
-        with launcher_view(Path(status_dir), Path(args.run_dir or env["HOOKDET_RUN_DIR"]), config, env) as view:
+        watch = SilenceWatch(status_dir, silent_after_of(config), lambda line: print(line, file=sys.stderr, flush=True))
+        with launcher_view(status_dir, Path(args.run_dir or env["HOOKDET_RUN_DIR"]), config, env) as view:
             def check() -> None:
                 watch.check()
                 if view is not None:
                     view.poll()
-            launcher_status = run_passing_signals(command, env, launcher_said, killed_by_signal, watch=check)
+            launcher_status = run_passing_signals(command, env, status_dir, launcher_said, watch=check)
         late_stop.finished = True  # the ranks have ended: what is left is telling how
-        statuses = read_rank_statuses(Path(status_dir))
-        killed = killed_ranks(killed_by_signal)
-        lines = failure_lines(Path(status_dir), statuses, local_ranks, killed, every_rank_here=local_ranks == slots)
+        statuses = read_rank_statuses(status_dir)
+        killed = killed_in(status_dir)
+        lines = failure_lines(status_dir, statuses, local_ranks, killed, every_rank_here=local_ranks == slots)
         if not lines and not statuses:  # no rank had a word: what torchrun saw is all there is
-            lines = [each.line for each in killed.values()]
+            lines = [killed_line(each) for each in killed.values()]
         died = launcher_death_line(launcher, launcher_status, len(statuses))
         for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)
+        note_chiefs_training(status_dir)
     status = combined_exit_status(launcher_status, statuses, local_ranks)
     away = ending_away_from_rank_0(this_node(args.torchrun), statuses, status)
     if away:
@@ -265,29 +265,62 @@ def launcher_view(status_dir: Path, run_dir: Path, config: Any, env: Dict[str, s
         view.close()
 
 
-def report_outcome(status: int, error: Optional[str] = None) -> int:
-    """Record how this process ends (:mod:`hookdet.launch.outcome`): its exit ``status`` and the
-    one line it said of an ``error``, for the launcher when it is a rank, and in the file its
-    starter named (``HOOKDET_OUTCOME_FILE``) when it is not; return the status to exit with: 0
-    for a preempted rank (torchrun would count 75 as a failure and kill the other ranks while
-    they exit), ``status`` otherwise. A rank refusing bad input waits (a bounded while) for the
-    other ranks of its machine to record theirs."""
+def report_outcome(status: int, error: Optional[str] = None, error_by: Optional[str] = None) -> int:
+    """Record how this process ends (:mod:`hookdet.launch.outcome`): its exit ``status``, its
+    state, the one line it said of an ``error`` and whose it was (``error_by``), what its
+    training left; for the launcher when it is a rank, and in the file its starter named
+    (``HOOKDET_OUTCOME_FILE``) when it is not. Return the status to exit with: 0 for a preempted
+    rank (torchrun would count 75 as a failure and kill the other ranks while they exit),
+    ``status`` otherwise. A rank refusing bad input waits (a bounded while) for the other ranks
+    of its machine to record theirs."""
     from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, PREEMPTED_EXIT_CODE
     from hookdet.launch import outcome
 
     status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
-    if not status_dir or rank is None:
-        if os.environ.get(outcome.OUTCOME_FILE_ENV):
-            outcome.write(Path(os.environ[outcome.OUTCOME_FILE_ENV]), outcome.Outcome(status, None, error))
+    if status_dir and rank is not None:
+        path: Optional[Path] = outcome.rank_path(Path(status_dir), rank)
+    else:
+        path, rank = (Path(os.environ[outcome.OUTCOME_FILE_ENV]) if os.environ.get(outcome.OUTCOME_FILE_ENV) else None), None
+    if path is not None:
+        outcome.write(path, process_outcome(status, rank, error, error_by))
+    if path is None or rank is None:
         return status
-    outcome.write(outcome.rank_path(Path(status_dir), rank), outcome.Outcome(status, rank, error))
     if status == BAD_INPUT_EXIT_CODE:
         # The other ranks read the same input and are refusing it too: give them the moment to
         # say so before this rank's exit makes torchrun stop them.
         from hookdet.distributed.launcher import wait_for_local_ranks
 
-        wait_for_local_ranks(Path(status_dir))
+        wait_for_local_ranks(Path(status_dir))  # type: ignore[arg-type]
     return 0 if status == PREEMPTED_EXIT_CODE else status
+
+
+def process_outcome(status: int, rank: Optional[int], error: Optional[str], error_by: Optional[str]):  # type: ignore[no-untyped-def]
+    """This process's :class:`~hookdet.launch.outcome.Outcome`, ending with ``status``."""
+    from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+    from hookdet.launch import outcome
+
+    trained = outcome.training()
+    if error is not None or status not in (0, PREEMPTED_EXIT_CODE):
+        state = "failed"
+    elif status == PREEMPTED_EXIT_CODE:
+        state = "preempted"
+    else:
+        state = trained.state if trained is not None and trained.state != "failed" else "completed"
+    return outcome.Outcome(
+        state=state, exit_code=status, rank=rank, pid=os.getpid(),
+        signal="SIGINT" if status == 128 + signal.SIGINT else None, error=error, error_by=error_by,
+        checkpoint=trained.checkpoint if trained is not None else None,
+        batches=trained.batches if trained is not None else None)
+
+
+def note_chiefs_training(status_dir: Path) -> None:
+    """What rank 0 recorded of its training, as this launcher's own (its outcome tells the
+    checkpoint the run left)."""
+    from hookdet.launch import outcome
+
+    chief = outcome.read_ranks(status_dir).get(0)
+    if chief is not None and chief.batches is not None:
+        outcome.note_training(chief.state, chief.checkpoint, chief.batches)
 
 
 def command_plugins(args: argparse.Namespace) -> int:
@@ -395,25 +428,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ] if args.command == "run" else []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
     from hookdet.errors import InvalidHP
+    from hookdet.launch.outcome import forget_training
     from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE
 
     error_line: Optional[str] = None
+    error_by: Optional[str] = None
+    forget_training()
     try:
         status = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
     except InvalidHP as error:
         print(f"hookdet: the trial raised InvalidHP: {error}", file=sys.stderr)
-        status, error_line = INVALID_HP_EXIT_CODE, f"the trial raised InvalidHP: {error}"
+        status, error_line, error_by = INVALID_HP_EXIT_CODE, f"the trial raised InvalidHP: {error}", "user"
     except HookdetError as error:
-        status, error_line = _say_error(str(error), BAD_INPUT_EXIT_CODE)
+        status, error_line, error_by = _say_error(str(error), BAD_INPUT_EXIT_CODE, "input")
     except BrokenPipeError:  # the reader went away (``hookdet plugins | head``): stop quietly
         return _stop_writing_to_a_closed_pipe()
     except KeyboardInterrupt:  # Ctrl-C where no plugin turns it into a checkpoint and a stop
-        status, error_line = _say_error("interrupted (Ctrl-C); nothing since the last checkpoint was saved",
-                                        128 + signal.SIGINT)
+        status, error_line, error_by = _say_error(
+            "interrupted (Ctrl-C); nothing since the last checkpoint was saved", 128 + signal.SIGINT, "user")
     except Exception as error:
-        status, error_line = _report_failure(error)
-    return report_outcome(status, error_line)
+        status, error_line, error_by = _report_failure(error)
+    return report_outcome(status, error_line, error_by)
 
 
 def _stop_writing_to_a_closed_pipe() -> int:
@@ -424,31 +460,31 @@ def _stop_writing_to_a_closed_pipe() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _report_failure(error: Exception) -> Tuple[int, str]:
-    """Report an error that is not hookdet's one-line kind; the exit status and the line said
-    (see :mod:`hookdet.cli.failure_report`). A hookdet bug is raised again, whole, once its
-    outcome is recorded."""
+def _report_failure(error: Exception) -> Tuple[int, str, str]:
+    """Report an error that is not hookdet's one-line kind; the exit status, the line said and
+    whose error it was (see :mod:`hookdet.cli.failure_report`). A hookdet bug is raised again,
+    whole, once its outcome is recorded."""
     from hookdet.cli import failure_report
     from hookdet.checkpoints.os_errors import environment_fault
 
     fault = environment_fault(error) if isinstance(error, OSError) else None
     if fault is not None:  # the machine's fault (disk full, no permission): one line
-        return _say_error(fault, 2)
+        return _say_error(fault, 2, "machine")
     lost = failure_report.peer_loss(error)
     if lost is not None:
-        return _say_error(f"lost contact with the other ranks ({type(error).__name__}: {lost})", 1)
+        return _say_error(f"lost contact with the other ranks ({type(error).__name__}: {lost})", 1, "machine")
     trimmed = failure_report.user_traceback(error)
     if trimmed is None:
         report_outcome(*_say_error(f"hookdet failed: {failure_report.one_line(error)} (a bug: please report the "
-                                   "traceback below)", 1))
+                                   "traceback below)", 1, "hookdet"))
         raise error
     sys.stderr.write(trimmed)
-    return _say_error(f"the trial raised {failure_report.one_line(error)} (traceback above)", 1)
+    return _say_error(f"the trial raised {failure_report.one_line(error)} (traceback above)", 1, "user")
 
 
-def _say_error(message: str, status: int) -> Tuple[int, str]:
+def _say_error(message: str, status: int, by: str) -> Tuple[int, str, str]:
     """Print ``hookdet: error: message`` (but a rank under the launcher, whose outcome record
-    carries it to the launcher, which prints it once for all ranks); ``(status, message)``."""
+    carries it to the launcher, which prints it once for all ranks); ``(status, message, by)``."""
     if not (os.environ.get(RANK_STATUS_DIR_ENV) and launched_rank() is not None):
         print(f"hookdet: error: {message}", file=sys.stderr)
-    return status, message
+    return status, message, by

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hookdet.distributed.orphans import LAUNCHER_PID_ENV
+from hookdet.launch.orphans import LAUNCHER_PID_ENV
 from hookdet.errors import UsageError
 
 logger = logging.getLogger("hookdet")

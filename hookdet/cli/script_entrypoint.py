@@ -18,7 +18,8 @@ hyperparameters, seed and checkpoint to continue from there. hookdet does the sa
 - SIGTERM/SIGINT (SIGHUP as SIGTERM) are passed on: to every process of a plain command's group,
   to the launcher (which passes them to the ranks) otherwise. A script whose training stopped for
   the signal with a checkpoint makes ``hookdet run`` exit 75, as a trial class does; the ranks'
-  ``Trainer.fit`` records how it ended (:func:`hookdet.trial_api.cluster_info.record_outcome`).
+  ``Trainer.fit`` records how it ended (:func:`hookdet.trial_api.cluster_info.record_outcome`),
+  torchrun how each rank it saw fail exited (:mod:`hookdet.launch.outcome`).
 """
 from __future__ import annotations
 
@@ -29,16 +30,16 @@ import re
 import shlex
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
-from hookdet.launch.outcome import OUTCOME_FILE_ENV
+from hookdet.launch import outcome
+from hookdet.launch.outcome import Outcome, read_launch
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import (
-    CRASH_SIGNALS, RANK_ENTRY, KilledRank, is_python, killed_ranks, launcher_death_line, resume_target, run_passing_signals,
+    CRASH_SIGNALS, RANK_ENTRY, is_python, killed_line, launcher_death_line, resume_target, run_passing_signals,
     signal_name, this_node, torchrun_command,
 )
 
@@ -151,29 +152,30 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
         config, slots=slots, latest_checkpoint=resume_target(args.resume), run_dir=run_dir,
         test_mode=args.test_mode, node=node,
     )
-    with tempfile.TemporaryDirectory(prefix="hookdet-cluster-info-") as info_dir:
+    with outcome.records_directory("hookdet-cluster-info-") as info_dir:
         env = dict(os.environ, **extra_env)
-        env.pop(OUTCOME_FILE_ENV, None)  # this process's record, not the command's
-        env[cluster_info.CLUSTER_INFO_ENV] = str(cluster_info.write_cluster_info(info, Path(info_dir) / "cluster.json"))
+        env.pop(outcome.OUTCOME_FILE_ENV, None)  # this process's record, not the command's
+        env[cluster_info.CLUSTER_INFO_ENV] = str(cluster_info.write_cluster_info(info, info_dir / "cluster.json"))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         where = f"node {node[0]} of {node[1]}; run directory {run_dir} if rank 0 is on this machine" if node[1] > 1 \
             else f"run directory {run_dir}"
         logger.info("running %s in %s (%s)", shlex.join(command), model_dir, where)
-        killed_by_signal: List[KilledRank] = []
         said: List[str] = []
         from hookdet.search.warm_script import warm_starter
 
-        start = None if is_launcher else warm_starter(command, env, str(model_dir))
-        status = run_passing_signals(command, env, said, killed_by_signal, cwd=model_dir, to_group=not is_launcher,
-                                     start=start)
+        fork = None if is_launcher else warm_starter(command, env, str(model_dir))
+        status = run_passing_signals(command, env, info_dir, said, cwd=model_dir, to_group=not is_launcher, fork=fork)
         late_stop.finished = True  # the command has ended: a SIGTERM from now on changes nothing
         died = launcher_death_line(_launcher_name(command), status) if is_launcher else None
         if died is not None and not said:
             print(died, file=sys.stderr, flush=True)
-        outcomes = cluster_info.read_outcomes(Path(info_dir))
+        trained = outcome.read_ranks(info_dir)
+        failed = read_launch(info_dir)
     ranks = slots // node[1] if is_launcher else 1
-    status = tell_killed_ranks(status, outcomes, ranks, killed_ranks(killed_by_signal))
-    final = exit_status(status, outcomes, ranks, is_launcher)
+    if 0 in trained and trained[0].batches is not None:  # this process's outcome tells what rank 0 left
+        outcome.note_training(trained[0].state, trained[0].checkpoint, trained[0].batches)
+    status = tell_failed_ranks(status, trained, ranks, failed.failed_ranks if failed is not None else {})
+    final = exit_status(status, trained, ranks, is_launcher)
     print(ending_of(run_dir, config.searcher.metric, status, final, node), flush=True)
     return final
 
@@ -238,40 +240,46 @@ def check_script_exists(entrypoint: str, model_dir: Path, source: str) -> None:
         )
 
 
-def tell_killed_ranks(status: int, outcomes: Dict[int, Optional[str]], ranks: int,
-                      killed: Dict[int, KilledRank]) -> int:
-    """Print the ranks torchrun saw die of a signal, and return the launch's status: 0 when they
-    only crashed after training (:func:`crashed_after_training`, a warning each), else ``status``
-    (an error each, but for the SIGTERM/SIGINT of the launcher stopping the others)."""
-    if crashed_after_training(outcomes, ranks, killed):
+def tell_failed_ranks(status: int, trained: Dict[int, Outcome], ranks: int, failed: Dict[int, Outcome]) -> int:
+    """Print the ranks torchrun saw fail (``failed``, as it recorded them), and return the
+    launch's status: 0 when they only crashed after training (:func:`crashed_after_training`, a
+    warning each), else ``status``: an error line each, for a rank killed by a signal (but the
+    SIGTERM/SIGINT of the launcher stopping the others) and for a rank whose own error line
+    torchrun's error file holds (a script that uses torch's ``@record``). ``trained``: the ranks'
+    records of how their training ended."""
+    killed = {rank: ended for rank, ended in failed.items() if ended.signal}
+    if crashed_after_training(trained, ranks, killed):
         for each in killed.values():
             if each.signal in CRASH_SIGNALS:
                 print(f"hookdet: warning: rank {each.rank} (pid {each.pid}) was killed by {each.signal} after its "
                       "training ended (a crash as it exited); the run's training and checkpoints are complete",
                       file=sys.stderr, flush=True)
         return 0
-    for each in killed.values():
-        if status != 0 and each.signal not in ("SIGTERM", "SIGINT"):
-            print(each.line, file=sys.stderr, flush=True)
+    for rank, each in sorted(failed.items()):
+        if status != 0 and each.signal is not None and each.signal not in ("SIGTERM", "SIGINT"):
+            print(killed_line(each), file=sys.stderr, flush=True)
+        elif each.signal is None and each.error:
+            print(f"hookdet: error: rank {rank} (pid {each.pid}) failed: {each.error} (torchrun's error file)",
+                  file=sys.stderr, flush=True)
     return status
 
 
-def crashed_after_training(outcomes: Dict[int, Optional[str]], ranks: int, killed: Dict[int, KilledRank]) -> bool:
+def crashed_after_training(trained: Dict[int, Outcome], ranks: int, killed: Dict[int, Outcome]) -> bool:
     """Whether every rank's training ended (each recorded its outcome) and the only failures are
     ranks that crashed by themselves afterwards (an abort in the process group's teardown as the
     interpreter exits): the run is then complete, as ``hookdet run``'s own ranks are once they
     recorded their status. The launcher may have stopped the other ranks as they exited too."""
     names = [each.signal for each in killed.values()]
-    return (len(outcomes) >= ranks and any(name in CRASH_SIGNALS for name in names)
+    return (len(trained) >= ranks and any(name in CRASH_SIGNALS for name in names)
             and all(name in CRASH_SIGNALS or name in ("SIGTERM", "SIGKILL") for name in names))
 
 
-def exit_status(status: int, outcomes: Dict[int, Optional[str]], ranks: int, is_launcher: bool) -> int:
+def exit_status(status: int, trained: Dict[int, Outcome], ranks: int, is_launcher: bool) -> int:
     """``hookdet run``'s status: 75 when training stopped for a signal with a checkpoint on every
     rank (torchrun itself reports a failure after passing a signal on, so a launcher's status
     does not count then), else the command's status (128 + N for a death by signal N)."""
 
-    preempted = len(outcomes) >= ranks and "preempted" in outcomes.values()
+    preempted = len(trained) >= ranks and "preempted" in [each.state for each in trained.values()]
     if preempted and (status == 0 or is_launcher):
         return PREEMPTED_EXIT_CODE
     return 128 - status if status < 0 else status

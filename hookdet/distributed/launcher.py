@@ -1,39 +1,35 @@
 """``hookdet run``'s multi-process launch: the launcher's command, what it and the ranks say,
 told once.
 
-- **No orphans** (:mod:`hookdet.distributed.orphans`): torchrun dies with ``hookdet run``, each
+- **No orphans** (:mod:`hookdet.launch.orphans`): torchrun dies with ``hookdet run``, each
   rank with torchrun; each rank runs :mod:`hookdet.distributed.rank_entry` (:data:`RANK_ENTRY`),
   whose first act, before torch is imported, is to ask for that.
-- **Outcomes from records, not prose.** torchrun runs through
-  :mod:`hookdet.distributed.torchrun_agent` (:data:`TORCHRUN_AGENT`), which writes how it ended as
-  data from torch's own records (each failed rank's exit code and pid, or the launcher's own
-  exception); each rank writes its exit status and its one-line error into a directory of the
-  launch's (``HOOKDET_RANK_STATUS_DIR``). Together they decide what happened and to which rank:
-  one line per distinct failure, a rank killed by a signal named with it, the launcher's own
-  failure one line (:func:`tell_outcome`, :func:`failure_lines`, :func:`launcher_death_line`).
+- **Outcomes from records, not prose** (:mod:`hookdet.launch.outcome`). Each rank writes its
+  outcome (exit status, its one-line error) into the launch's records directory
+  (``HOOKDET_RANK_STATUS_DIR``); torchrun runs through :mod:`hookdet.distributed.torchrun_agent`
+  (:data:`TORCHRUN_AGENT`), which writes its own beside them, with how each rank it saw fail
+  exited, from torch's records. Together they decide what happened and to which rank: one line
+  per distinct failure, a rank killed by a signal named with it, the launcher's own failure one
+  line (:func:`tell_launcher_failure`, :func:`failure_lines`, :func:`launcher_death_line`).
 - **One voice.** torchrun's log lines are dropped from its stderr (:func:`filter_launcher_stderr`),
   and a traceback of horovodrun's own becomes one line; a rank's traceback passes on whole.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from hookdet.distributed.orphans import child_setup_for
 from hookdet.errors import UsageError
-from hookdet.launch.outcome import read_ranks
+from hookdet.launch.outcome import LAUNCH_RECORDS_ENV, Outcome, read_launch, read_ranks
+from hookdet.launch.start import How, Job, Started, start
 
 logger = logging.getLogger("hookdet")
 
@@ -57,8 +53,6 @@ _CHAINED = (
 RANK_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_entry.py")
 #: The program that runs torchrun for ``hookdet run``, writing how it ended (torchrun_agent.py).
 TORCHRUN_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_agent.py")
-#: The file :data:`TORCHRUN_AGENT` writes its outcome to.
-LAUNCH_OUTCOME_ENV = "HOOKDET_LAUNCH_OUTCOME"
 
 def filter_launcher_stderr(lines: Iterable[str]) -> Iterator[str]:
     """The lines of a launcher's stderr (its ranks' included) without the launcher's own noise:
@@ -173,30 +167,22 @@ def wait_for_local_ranks(status_dir: Path, timeout: float = SIBLING_REPORT_SECON
         time.sleep(0.05)
 
 
-@dataclasses.dataclass(frozen=True)
-class KilledRank:
-    """A rank torchrun saw die of a signal, as it recorded it (:func:`tell_outcome`)."""
-
-    rank: int
-    pid: Optional[int]
-    signal: str  # the signal's name: SIGKILL, SIGABRT, ...
-
-    @property
-    def line(self) -> str:
-        """How it is told: ``hookdet: error: rank 1 (pid 7) was killed by SIGKILL``."""
-        return f"hookdet: error: rank {self.rank} (pid {self.pid}) was killed by {self.signal}"
+def killed_line(ended: Outcome) -> str:
+    """How a rank killed by a signal is told: ``hookdet: error: rank 1 (pid 7) was killed by SIGKILL``."""
+    return f"hookdet: error: rank {ended.rank} (pid {ended.pid}) was killed by {ended.signal}"
 
 
-def killed_ranks(killed: Iterable[KilledRank]) -> Dict[int, KilledRank]:
-    """The ranks killed by a signal, by rank."""
-    return {each.rank: each for each in killed}
+def killed_in(records_dir: Path) -> Dict[int, Outcome]:
+    """The ranks torchrun saw die of a signal (its record in ``records_dir``), by rank."""
+    launch = read_launch(records_dir)
+    return launch.killed() if launch is not None else {}
 
 
 def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
-                  killed: Optional[Dict[int, KilledRank]] = None, every_rank_here: bool = True) -> List[str]:
+                  killed: Optional[Dict[int, Outcome]] = None, every_rank_here: bool = True) -> List[str]:
     """One line per distinct failure: the ranks that said it, and what they said; a rank of
     this machine that ended without a word (no status, no message) is named as having died, by
-    the signal that killed it where ``killed`` (:func:`killed_ranks`) knows it. With
+    the signal that killed it where ``killed`` (:func:`killed_in`) knows it. With
     ``every_rank_here`` false (several machines) which global ranks are this machine's is not
     known, so the silent ones are counted rather than named."""
     killed = killed or {}
@@ -212,7 +198,7 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
     reported = set(statuses) | {rank for ranks in by_message.values() for rank in ranks}
     if not every_rank_here:
         named = [rank for rank in killed if rank not in reported]
-        lines.extend(killed[rank].line + "; the other ranks were stopped" for rank in named)
+        lines.extend(killed_line(killed[rank]) + "; the other ranks were stopped" for rank in named)
         unnamed = local_ranks - len(reported) - len(named)
         if unnamed > 0 and reported:
             lines.append(f"hookdet: error: {unnamed} of this machine's {local_ranks} ranks ended without "
@@ -220,7 +206,7 @@ def failure_lines(status_dir: Path, statuses: Dict[int, int], local_ranks: int,
         return lines
     silent = [rank for rank in range(local_ranks) if rank not in reported]
     if silent and reported:
-        lines.extend(killed[rank].line + "; the other ranks were stopped" for rank in silent if rank in killed)
+        lines.extend(killed_line(killed[rank]) + "; the other ranks were stopped" for rank in silent if rank in killed)
         unknown = [rank for rank in silent if rank not in killed]
         if unknown:
             who = "rank" if len(unknown) == 1 else "ranks"
@@ -334,74 +320,52 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_passing_signals(command: Sequence[str], env: Dict[str, str], said: List[str],
-                        killed: Optional[List[KilledRank]] = None, watch: Optional[Callable[[], None]] = None,
-                        cwd: Optional[Path] = None, to_group: bool = False,
-                        start: Optional[Callable[[List[str], Dict[str, str], str], Any]] = None) -> int:
-    """Run ``command`` in its own session, passing this process's stop signals on; its status.
-    ``watch`` is called every few seconds while it runs.
+def run_passing_signals(command: Sequence[str], env: Dict[str, str], records_dir: Path, said: List[str],
+                        watch: Optional[Callable[[], None]] = None, cwd: Optional[Path] = None, to_group: bool = False,
+                        fork: Optional[Callable[[Job], Any]] = None) -> int:
+    """Run ``command`` (:func:`hookdet.launch.start.start`), passing this process's stop signals
+    on; its status. ``watch`` is called every few seconds while it runs.
 
-    A launcher (torchrun, horovodrun; the default): signals go to it alone, it dies with this
-    process (even by SIGKILL), its stderr goes through :func:`filter_launcher_stderr`, and what
-    torchrun recorded of how it ended (:mod:`hookdet.distributed.torchrun_agent`) becomes lines:
-    its own failure, one line appended to ``said`` and printed; each rank it saw die of a signal,
-    a :class:`KilledRank` appended to ``killed`` for the caller to tell. ``to_group`` (a plain command, a
-    ``sh -c`` one): signals go to its whole process group, its stderr is this process's, and the
-    call returns only when every process of the group is gone, so a script still writing its
-    checkpoint is waited for even when the shell above it has died. ``start`` (a plain command
-    only) starts it instead of a new process, given the command, its environment and directory,
-    and returns what :class:`subprocess.Popen` would (a script forked from a warm search
-    segment: :mod:`hookdet.search.warm_script`).
+    A launcher (torchrun, horovodrun; the default, ``How.LAUNCHER``): signals go to it alone, it
+    dies with this process (even by SIGKILL), its stderr goes through
+    :func:`filter_launcher_stderr`, and torchrun's record of how it ended goes into
+    ``records_dir`` (:mod:`hookdet.distributed.torchrun_agent`): its own failure becomes one
+    line, printed and appended to ``said``; the ranks it saw die are the callers' to tell
+    (:func:`killed_in`). ``to_group`` (a plain command, a ``sh -c`` one: ``How.SCRIPT``): signals
+    go to its whole process group, its stderr is this process's, and the call returns only when
+    every process of the group is gone, so a script still writing its checkpoint is waited for
+    even when the shell above it has died; ``fork`` forks it from this process instead of
+    starting a new one (a script of a warm search segment: :mod:`hookdet.search.warm_script`).
     """
-    with tempfile.TemporaryDirectory(prefix="hookdet-launch-") as outcome_dir:
-        outcome = Path(outcome_dir) / "outcome.json"
-        env = dict(env, **{LAUNCH_OUTCOME_ENV: str(outcome)})
-        process = start(list(command), env, str(cwd or os.getcwd())) if start is not None and to_group else \
-            subprocess.Popen(list(command), env=env, cwd=cwd, start_new_session=True,
-                             stderr=None if to_group else subprocess.PIPE,
-                             preexec_fn=None if to_group else child_setup_for(os.getpid()))
-        pump = None if to_group else pump_filtered(process.stderr, sys.stderr, said)
-
-        def send(signum: int) -> None:
-            try:
-                if to_group:
-                    os.killpg(process.pid, signum)
-                elif process.poll() is None:
-                    process.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-        try:
-            with stop_signals_passed_on(send, "the entrypoint" if to_group else "the ranks"):
-                status = wait_watching(process, watch)
-                deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
-                while to_group and group_alive(process.pid) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-            if pump is not None:
-                pump.join(timeout=5)
-            tell_outcome(outcome, said, killed)
-            return status
-        finally:
-            if process.poll() is None:  # this process is dying of something else: take them along
-                os.killpg(process.pid, signal.SIGKILL) if to_group else process.kill()
-                process.wait()
-
-
-def tell_outcome(outcome: Path, said: List[str], killed: Optional[List[KilledRank]]) -> None:
-    """What torchrun recorded in ``outcome`` (:mod:`hookdet.distributed.torchrun_agent`): its
-    own failure, a line printed and added to ``said``; each rank killed by a signal, a
-    :class:`KilledRank` added to ``killed``."""
+    env = dict(env, **{LAUNCH_RECORDS_ENV: str(records_dir)})
+    job = Job(list(command), env, str(cwd or os.getcwd()), fork=fork if to_group else None)
+    process = start(job, How.SCRIPT if to_group else How.LAUNCHER)
+    pump = None if to_group else pump_filtered(process.stderr, sys.stderr, said)
+    send = process.signal_group if to_group else process.send_signal
     try:
-        recorded = json.loads(outcome.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # it ended well, or it is not torchrun (horovodrun), or it was killed itself
-    if recorded.get("launcher_error"):
-        line = f"hookdet: error: torchrun failed: {recorded['launcher_error']}"
+        with stop_signals_passed_on(send, "the entrypoint" if to_group else "the ranks"):
+            status = wait_watching(process, watch)
+            deadline = time.monotonic() + GROUP_EXIT_WAIT_SECONDS
+            while to_group and group_alive(process.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if pump is not None:
+            pump.join(timeout=5)
+        tell_launcher_failure(records_dir, said)
+        return status
+    finally:
+        if process.poll() is None:  # this process is dying of something else: take them along
+            (process.signal_group if to_group else process.send_signal)(signal.SIGKILL)
+            process.wait()
+
+
+def tell_launcher_failure(records_dir: Path, said: List[str]) -> None:
+    """torchrun's own failure, as it recorded it in ``records_dir``: a line printed and added to
+    ``said``; nothing when it recorded none (it ended well, or it is not torchrun)."""
+    launch = read_launch(records_dir)
+    if launch is not None and launch.launcher.error:
+        line = f"hookdet: error: torchrun failed: {launch.launcher.error}"
         said.append(line)
         print(line, file=sys.stderr, flush=True)
-    for rank, failure in sorted((recorded.get("failures") or {}).items(), key=lambda item: int(item[0])):
-        if killed is not None and failure.get("exitcode", 0) < 0:
-            killed.append(KilledRank(int(rank), failure.get("pid"), signal_name(-failure["exitcode"])))
 
 
 def group_alive(pgid: int) -> bool:
@@ -415,13 +379,13 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def wait_watching(process: subprocess.Popen, watch: Optional[Callable[[], None]], every: float = 2.0) -> int:
-    """``process.wait()``, calling ``watch`` every ``every`` seconds until it ends."""
+def wait_watching(process: Started, watch: Optional[Callable[[], None]], every: float = 2.0) -> int:
+    """The process's exit status once it ends, calling ``watch`` every ``every`` seconds until then."""
     while True:
-        try:
-            return process.wait(timeout=every if watch else None)
-        except subprocess.TimeoutExpired:
-            watch()  # type: ignore[misc]
+        status = process.wait(timeout=every if watch else None)
+        if status is not None:
+            return status
+        watch()  # type: ignore[misc]
 
 
 def read_rank_statuses(status_dir: Path) -> Dict[int, int]:

@@ -3,19 +3,23 @@
 torchrun tells how its ranks ended as text (a failure banner, log lines) whose wording changes
 between torch versions. hookdet's launcher runs this file instead of ``python -m
 torch.distributed.run``: the same launcher (``torch.distributed.run.run`` with torchrun's own
-argument parser), but its outcome is written as data to the file ``$HOOKDET_LAUNCH_OUTCOME``
-names, from torch's structured records: for a ``ChildFailedError``, each failed rank's exit code
-(negative: the signal that killed it), pid and local rank (torch's ``ProcessFailure``); for any
-other failure of the launcher itself (a rendezvous error, an option it refuses), the exception's
-type and message; for a stop signal torchrun received, that signal. Nothing is printed for them:
-hookdet's launcher says each in one line (:func:`hookdet.distributed.launcher.outcome_lines`).
+argument parser), but how it ended is written as an outcome record
+(:mod:`hookdet.launch.outcome`, ``launcher.json`` in the directory ``$HOOKDET_LAUNCH_RECORDS``
+names) from torch's structured records: its own state (a rendezvous error or an option it
+refuses, as the exception's type and message; a stop signal it passed on), and for a
+``ChildFailedError`` how each failed rank exited (torch's ``ProcessFailure``: its exit code,
+negative for the signal that killed it, its pid), with the line of the rank's error file
+(``TORCHELASTIC_ERROR_FILE``, written by torch's ``@record``) where the rank left one. Nothing is
+printed for them: hookdet's launcher says each in one line.
 
-Like :mod:`hookdet.distributed.rank_entry` it is run by its path and imports nothing of hookdet.
+Like :mod:`hookdet.distributed.rank_entry` it is run by its path and imports nothing of hookdet;
+the record's fields are those of :class:`hookdet.launch.outcome.Outcome`.
 """
 
 if __name__ == "__main__":
     import json
     import os
+    import signal
     import sys
 
     del sys.path[0]  # this folder: nothing here is meant to be imported by name
@@ -24,23 +28,45 @@ if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    def record(outcome: dict) -> None:
-        path = os.environ.get("HOOKDET_LAUNCH_OUTCOME")
-        if path:
+    def record(launcher: dict, ranks: dict) -> None:
+        folder = os.environ.get("HOOKDET_LAUNCH_RECORDS")
+        if folder:
+            path = os.path.join(folder, "launcher.json")
             with open(path + ".partial", "w", encoding="utf-8") as handle:
-                json.dump(outcome, handle)
+                json.dump({"launcher": dict(launcher, pid=os.getpid()), "ranks": ranks}, handle)
             os.replace(path + ".partial", path)
+
+    def error_file_line(failure) -> "str | None":
+        """The rank's own line from its error file (torch's ``@record``), None without one."""
+        if not os.path.isfile(failure.error_file):
+            return None
+        message = failure.message
+        return (message.get("message") if isinstance(message, dict) else message) or None
+
+    def signal_name(signum: int) -> str:
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return f"signal {signum}"
+
+    def exited(rank: int, failure) -> dict:
+        """How a failed rank exited, as an outcome record's fields (the exit code and pid as
+        torch recorded them; the signal named here, not in torch's words)."""
+        killed = failure.exitcode < 0
+        return {"state": "killed" if killed else "failed", "exit_code": failure.exitcode, "rank": rank,
+                "pid": failure.pid, "signal": signal_name(-failure.exitcode) if killed else None,
+                "error": error_file_line(failure), "error_by": None}
 
     try:
         run(parse_args(sys.argv[1:]))
     except ChildFailedError as error:
-        record({"failures": {str(rank): {"exitcode": failure.exitcode, "pid": failure.pid,
-                                         "local_rank": failure.local_rank}
-                             for rank, failure in error.failures.items()}})
+        record({"state": "failed", "exit_code": 1},
+               {str(rank): exited(rank, failure) for rank, failure in error.failures.items()})
         sys.exit(1)
     except SignalException as error:  # a stop passed on to the ranks, which tell how they ended
-        record({"signal": int(error.sigval)})
+        record({"state": "killed", "exit_code": 1, "signal": signal_name(int(error.sigval))}, {})
         sys.exit(1)
     except Exception as error:  # noqa: BLE001 - the launcher's own failure, told in one line
-        record({"launcher_error": f"{type(error).__name__}: {error}"})
+        record({"state": "failed", "exit_code": 1, "error": f"{type(error).__name__}: {error}",
+                "error_by": "input"}, {})
         sys.exit(1)

@@ -29,6 +29,7 @@ from hookdet.trial_api.rng import seed_everything
 from hookdet.loop.run import Run
 from hookdet.trial_api.trial import Batch, PyTorchTrial, TrainUnit
 from hookdet.errors import UsageError
+from hookdet.launch import outcome
 
 if TYPE_CHECKING:
     from hookdet.config import ExperimentConfig
@@ -258,16 +259,26 @@ class Trainer:
             self.run.warm_start_from = self.run.config.searcher.source_checkpoint_uuid
         ownership.refuse_second_history(self.run, resuming)
         self._refuse_options_of_plugins_that_never_ran()
-        TrainingLoop(self.run).fit(
-            max_length=max_length,
-            validation_period=validation_period,
-            checkpoint_period=checkpoint_period,
-            reporting_period=reporting_period,
-            checkpoint_policy=checkpoint_policy,
-            step_zero_validation=step_zero_validation,
-            test_mode=test_mode,
-        )
+        try:
+            TrainingLoop(self.run).fit(
+                max_length=max_length,
+                validation_period=validation_period,
+                checkpoint_period=checkpoint_period,
+                reporting_period=reporting_period,
+                checkpoint_policy=checkpoint_policy,
+                step_zero_validation=step_zero_validation,
+                test_mode=test_mode,
+            )
+        except BaseException:
+            self._note_how_training_ended("failed")
+            raise
+        self._note_how_training_ended(run_record.final_state(self.run))
         cluster_info.record_outcome(self.run)
+
+    def _note_how_training_ended(self, state: str) -> None:
+        """This process's outcome record tells how its training ended, and the checkpoint it left."""
+        state_now = self.run.state
+        outcome.note_training(state, state_now.latest_checkpoint, state_now.batches_trained)
 
     def _max_length_from_the_experiment(self) -> TrainUnit:
         max_length = fit_arguments(self.run.config, self.context)["max_length"]

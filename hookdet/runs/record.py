@@ -44,6 +44,12 @@ _STATE_FOR_EXIT_REASON = {
 }
 
 
+def final_state(run: Any) -> str:
+    """The state a run that ended without an error ends in: ``completed``, ``preempted``,
+    ``stopped`` or ``paused``, from its exit reason."""
+    return _STATE_FOR_EXIT_REASON.get(run.exit_reason or "", "completed")
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
 
@@ -119,7 +125,7 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
         record["state"] = "failed"
         record["error"] = f"{type(error).__name__}: {error}"
     else:
-        record["state"] = _STATE_FOR_EXIT_REASON.get(run.exit_reason or "", "completed")
+        record["state"] = final_state(run)
     record.update({
         "ended": _now(),
         "resumed_from": None if run.resume_from is None else str(run.resume_from),

@@ -19,17 +19,18 @@ segment will start (:meth:`WarmPool.close`), or at the latest as the process exi
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import multiprocessing
 import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Tuple
 
-from hookdet.distributed.orphans import set_parent_death_signal
-from hookdet.search.warm_start import (SegmentProcess, cold, libraries_of, preload_modules, run_segment,
-                                       start_cold, torch_gpu_count)
+from hookdet.launch.orphans import set_parent_death_signal
+from hookdet.launch.start import How, Job, Started, start
+from hookdet.search.warm_start import cold, libraries_of, preload_modules, run_segment, torch_gpu_count
 
 logger = logging.getLogger("hookdet")
 
@@ -72,27 +73,31 @@ class WarmPool:
 
         forkserver.ensure_running()
 
-    def start_segment(self, argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,
-                      cpus: Sequence[int], entrypoint: Optional[str] = None) -> SegmentProcess:
-        """Start ``hookdet <argv>`` in ``cwd`` (the model directory) with exactly ``env``, its
-        output appended to ``log_path``, pinned to ``cpus`` (all when empty): forked from the
-        warm process (which imports the libraries of ``entrypoint``'s module when it starts), or
-        as a new interpreter when segments start cold or the warm process cannot start."""
+    def start_segment(self, job: Job, entrypoint: Optional[str] = None) -> Started:
+        """Start the segment ``hookdet <job.command>`` (in the model directory ``job.cwd``, its
+        output appended to ``job.log``, pinned to ``job.cpus``): forked from the warm process
+        (which imports the libraries of ``entrypoint``'s module when it starts), or as a new
+        interpreter when segments start cold or the warm process cannot start."""
         if self.warm():
             try:
-                job = (list(argv), dict(env), cwd, log_path, list(cpus))
-                process = self._hand_to_standby(job)
-                if process is None:
-                    process = self.server(Path(cwd), entrypoint).Process(target=run_segment, args=job,
-                                                                         name="hookdet-segment")
-                    process.start()
-                self._fork_standby(self.server(Path(cwd), entrypoint))
-                return SegmentProcess(process)
+                return start(dataclasses.replace(job, fork=lambda job: self._fork_segment(job, entrypoint)), How.WARM)
             except (OSError, EOFError) as error:  # e.g. a library that crashed the server as it loaded
                 self.failed = True
                 logger.warning("hookdet: warning: the warm process for trials failed to start (%s: %s);"
                                " starting each trial as a new process", type(error).__name__, error)
-        return start_cold(argv, env, cwd, log_path, cpus)
+        return start(job, How.COLD)
+
+    def _fork_segment(self, job: Job, entrypoint: Optional[str]) -> multiprocessing.process.BaseProcess:
+        """The segment's process: the one forked ahead when one waits, else one forked now; the
+        next one is forked ahead as it starts."""
+        arguments = (list(job.command), dict(job.env), job.cwd, job.log, list(job.cpus))
+        process = self._hand_to_standby(arguments)
+        if process is None:
+            process = self.server(Path(job.cwd), entrypoint).Process(target=run_segment, args=arguments,
+                                                                     name="hookdet-segment")
+            process.start()
+        self._fork_standby(self.server(Path(job.cwd), entrypoint))
+        return process
 
     def gpu_count(self) -> int:
         """How many GPUs torch sees, asked of a process forked from the warm process once it runs

@@ -14,9 +14,15 @@ would give it:
   (the script's directory), default signal handlers, unconfigured logging (a script's own
   ``logging.basicConfig`` takes effect);
 - its exit: the status of its ``sys.exit``, 1 and the traceback for an uncaught exception, death
-  by SIGINT for an uncaught Ctrl-C, and its own exit functions run at its end. Those the
-  segment's ``hookdet run`` registered are not its own: the finalizers inherited (the temporary
-  directories the segment reads when the script has ended) are made not to run.
+  by SIGINT for an uncaught Ctrl-C, and its own exit functions run at its end. The segment's
+  ``hookdet run`` leaves none there to run: the directory it reads when the script has ended is
+  made without a finalizer (:func:`hookdet.launch.outcome.records_directory`).
+
+Why the script is forked from its segment, not from the pristine warm process as the segment
+is: the script must be the child of its ``hookdet run``, which waits for its process group,
+passes signals on to it, reads its exit status and takes it along when it dies; a process the
+warm process forked would be the warm process's child. So the little the segment set up is
+undone in the child (:func:`forget_the_segments_state`).
 
 Anything else (a shell command, ``python3 -m``, a launch layer, another interpreter, a segment
 started cold) starts as a new process, as outside a search.
@@ -33,13 +39,12 @@ import multiprocessing
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import types
-import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
 from hookdet.distributed.launcher import is_python
+from hookdet.launch.start import Job
 
 #: True in a segment forked from the warm process (set by :func:`mark_warm_segment`).
 _in_warm_segment = False
@@ -51,9 +56,9 @@ def mark_warm_segment() -> None:
     _in_warm_segment = True
 
 
-def warm_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optional[Callable[..., "ForkedScript"]]:
-    """What starts ``command`` forked from this process, or None when it must start cold (see
-    the module's docstring): a callable taking the command, its environment and directory."""
+def warm_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optional[Callable[[Job], multiprocessing.process.BaseProcess]]:
+    """What forks ``command`` from this process (:func:`fork_script`, the ``fork`` of a
+    :class:`~hookdet.launch.start.Job`), or None when it must start cold (see the module's docstring)."""
     if not _in_warm_segment or len(command) < 2 or not is_python(command[0]):
         return None
     found = shutil.which(command[0], path=env.get("PATH"))
@@ -62,50 +67,27 @@ def warm_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optio
     script = command[1]
     if script.startswith("-") or not os.path.isfile(os.path.join(cwd, script)):
         return None
-    return ForkedScript
+    return fork_script
 
 
-class ForkedScript:
-    """The script ``command[1:]`` run in a child forked from this process, behind the face of
-    :class:`subprocess.Popen` that the launcher uses: ``pid``, ``poll``, ``wait``,
-    ``send_signal``, ``returncode`` and no ``stderr`` pipe. The child leads a session of its own
-    before this constructor returns, as ``Popen(start_new_session=True)`` does."""
-
-    stderr = None
-
-    def __init__(self, command: Sequence[str], env: Dict[str, str], cwd: str) -> None:
-        self.args = list(command)
-        self.returncode: Optional[int] = None
-        ready_to_read, ready_to_write = os.pipe()
-        sys.stdout.flush()  # the child starts with empty buffers, not a copy of this process's
-        sys.stderr.flush()
-        self.process = multiprocessing.get_context("fork").Process(
-            target=run_script, args=(self.args[1:], dict(env), str(cwd), ready_to_read, ready_to_write),
-            name="hookdet-script")
-        try:
-            self.process.start()
-        finally:
-            os.close(ready_to_write)
-        try:
-            os.read(ready_to_read, 1)  # the end of the file: the child has its session (or died)
-        finally:
-            os.close(ready_to_read)
-        self.pid: int = self.process.pid
-
-    def poll(self) -> Optional[int]:
-        if self.returncode is None and not self.process.is_alive():
-            self.returncode = self.process.exitcode
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        self.process.join(timeout)
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode  # type: ignore[return-value]
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signum)
+def fork_script(job: Job) -> multiprocessing.process.BaseProcess:
+    """The script ``job.command[1:]`` run in a child forked from this process, which leads a
+    session of its own before this returns (as ``Popen(start_new_session=True)``'s does)."""
+    ready_to_read, ready_to_write = os.pipe()
+    sys.stdout.flush()  # the child starts with empty buffers, not a copy of this process's
+    sys.stderr.flush()
+    process = multiprocessing.get_context("fork").Process(
+        target=run_script, args=(job.command[1:], dict(job.env), str(job.cwd), ready_to_read, ready_to_write),
+        name="hookdet-script")
+    try:
+        process.start()
+    finally:
+        os.close(ready_to_write)
+    try:
+        os.read(ready_to_read, 1)  # the end of the file: the child has its session (or died)
+    finally:
+        os.close(ready_to_read)
+    return process
 
 
 def run_script(argv: List[str], env: Dict[str, str], cwd: str, ready_to_read: int, ready_to_write: int) -> None:
@@ -192,9 +174,7 @@ def from_the_script(frames: Optional[types.TracebackType], script: str) -> Optio
 
 def forget_the_segments_state() -> None:
     """Undo what the segment's ``hookdet run`` set up and a new interpreter would not have:
-    its signal handlers, its logging configuration, its finalizers (which would remove, at the
-    script's exit, the temporary directories the segment still reads), the process's name in
-    :mod:`multiprocessing`."""
+    its signal handlers, its logging configuration, the process's name in :mod:`multiprocessing`."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -202,7 +182,5 @@ def forget_the_segments_state() -> None:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
-    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
-        finalizer.atexit = False
     multiprocessing.current_process().name = "MainProcess"  # as the script's own processes see it
 

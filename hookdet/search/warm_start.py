@@ -48,17 +48,14 @@ from __future__ import annotations
 import ast
 import importlib.util
 import logging
-import multiprocessing
 import os
 import runpy
-import signal
-import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence
 
-from hookdet.distributed.orphans import set_parent_death_signal
+from hookdet.launch.start import become_segment
 
 logger = logging.getLogger("hookdet")
 
@@ -157,35 +154,6 @@ def top_level_imports(source: Path) -> List[str]:
     return names
 
 
-class SegmentProcess:
-    """A started segment, warm (a forked :mod:`multiprocessing` process) or cold (a ``Popen``),
-    behind one face: its ``pid``, a signal to it, waiting for its exit status (negative for the
-    signal that killed it)."""
-
-    def __init__(self, process: Union[multiprocessing.process.BaseProcess, subprocess.Popen]) -> None:
-        self.process = process
-        self.pid: int = process.pid
-
-    def running(self) -> bool:
-        if isinstance(self.process, subprocess.Popen):
-            return self.process.poll() is None
-        return self.process.is_alive()
-
-    def send_signal(self, signum: int) -> None:
-        if self.running():
-            os.kill(self.pid, signum)
-
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
-        """The exit status, or None when it still runs after ``timeout`` seconds."""
-        if isinstance(self.process, subprocess.Popen):
-            try:
-                return self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return None
-        self.process.join(timeout)
-        return self.process.exitcode
-
-
 def torch_gpu_count() -> int:
     """How many GPUs torch sees here (0 when torch cannot tell)."""
     try:
@@ -194,20 +162,6 @@ def torch_gpu_count() -> int:
         return torch.cuda.device_count()
     except Exception:
         return 0
-
-
-def start_cold(argv: Sequence[str], env: Dict[str, str], cwd: str, log_path: str,
-               cpus: Sequence[int]) -> SegmentProcess:
-    """A segment as a new interpreter (:meth:`~hookdet.search.warm_pool.WarmPool.start_segment` cold): ``python -m hookdet <argv>``."""
-    def child_setup() -> None:
-        set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
-        if cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cpus)
-
-    with open(log_path, "a") as log:
-        return SegmentProcess(subprocess.Popen(
-            [sys.executable, "-m", "hookdet", *argv], env=env, cwd=cwd, stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=child_setup))
 
 
 def holds_packages(entry: str) -> bool:
@@ -267,9 +221,7 @@ def run_segment(argv: List[str], env: Dict[str, str], cwd: str, log_path: str,
     ready = sys.modules.get(READY)
     if ready is None or any(holds_packages(entry) for entry in sys.path if entry not in ready.PATH_READ):
         forget_entry_points()
-    set_parent_death_signal(signal.SIGTERM)  # checkpoint and stop
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cpus)
+    become_segment(cpus)
     changed = ready.changed_source() if ready is not None else None
     if changed is not None:  # the code as it is now, in a new interpreter (same process, log, signals)
         print(f"hookdet: warning: {changed} changed since the warm process imported it: this segment "

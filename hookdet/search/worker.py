@@ -30,15 +30,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
 from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
-from hookdet.launch.outcome import OUTCOME_FILE_ENV
+from hookdet.launch.outcome import OUTCOME_FILE_ENV, Outcome
 from hookdet.launch.outcome import read as read_outcome
+from hookdet.launch.start import Job, Started
 from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.lock import RunDirLock
 from hookdet.runs.record import forget_attempt
 from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of
 from hookdet.search.warm_pool import WarmPool
-from hookdet.search.warm_start import SegmentProcess, torch_gpu_count
+from hookdet.search.warm_start import torch_gpu_count
 
 logger = logging.getLogger("hookdet")
 #: Seconds between a separate worker's progress lines while a segment trains.
@@ -137,7 +138,7 @@ class SegmentRunner:
                  model_dir: Optional[Path] = None) -> None:
         self.queue, self.slot, self.pool = queue, slot, pool
         self.work_dir, self.model_dir = work_dir, model_dir
-        self.process: Optional[SegmentProcess] = None
+        self.process: Optional[Started] = None
         self._lock = threading.Lock()
         self.stopping = False
         self._waiting = False  # in work(), between a claim that found nothing and the next
@@ -244,8 +245,8 @@ class SegmentRunner:
         env[OUTCOME_FILE_ENV] = str(outcome_file(run_dir))
         started = time.time()
         with self._lock:
-            self.process = self.pool.start_segment(argv, env, model_dir, str(run_dir.parent / f"{run_dir.name}.log"),
-                                                   self.slot.cpus, entrypoint)
+            job = Job(argv, env, model_dir, log=str(run_dir.parent / f"{run_dir.name}.log"), cpus=self.slot.cpus)
+            self.process = self.pool.start_segment(job, entrypoint)
             if self.stopping:
                 self.process.send_signal(signal.SIGTERM)
         target = f"to batch {attrs['target']}" if attrs.get("target") else "to its end"
@@ -265,10 +266,11 @@ class SegmentRunner:
         for batches, value in found:
             if steps is None or batches > steps:
                 self.queue.report(trial_id, int(batches), value)
-        said = read_outcome(outcome_file(run_dir))  # None: it died without a word
+        # none: it died without a word, and its exit status is all there is
+        said = read_outcome(outcome_file(run_dir)) or Outcome("killed" if status < 0 else "failed", status)
         outcome_file(run_dir).unlink(missing_ok=True)
-        outcome = {"exit_code": status, "error": said.error if said is not None else None,
-                   "started": started, "ended": time.time(),
+        outcome = {"exit_code": status, "state": said.state, "error": said.error, "error_by": said.error_by,
+                   "checkpoint": said.checkpoint, "started": started, "ended": time.time(),
                    "resumed_at": steps, "slot": self.slot.describe(),
                    "metric": found[-1][1] if found else None,
                    "batches": found[-1][0] if found else None,

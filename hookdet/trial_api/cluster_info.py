@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from hookdet.launch import outcome
+
 #: The environment variable naming the cluster-info JSON file of a script started by hookdet run.
 CLUSTER_INFO_ENV = "HOOKDET_CLUSTER_INFO"
 
@@ -280,29 +282,24 @@ def report_hookdet_errors_in_one_line() -> None:
 
 
 def outcome_path(info: ClusterInfo, rank: int) -> Optional[Path]:
-    """Where rank ``rank`` of a script run records how its training ended (None: not recorded)."""
+    """Where rank ``rank`` of a script run records how its training ended (None: not recorded):
+    ``rank-<N>.json`` beside the cluster info, in the launch's records directory."""
     path = os.environ.get(CLUSTER_INFO_ENV)
     if _active is info or not path:
         return None
-    return Path(path).with_name(f"outcome-rank-{rank}.json")
+    return outcome.rank_path(Path(path).parent, rank)
 
 
 def record_outcome(run: Any) -> None:
-    """Under ``hookdet run``, note how ``run``'s training ended (its ``exit_reason``), so the
-    launcher can exit 75 when the script stopped for a signal; nothing when run bare."""
+    """Under ``hookdet run``, the outcome record of a script's rank (:mod:`hookdet.launch.outcome`):
+    how its training ended and the checkpoint it left, so the launcher can exit 75 when the
+    script stopped for a signal; nothing when run bare. The script's exit status is not known
+    here (it goes on): its launcher has it."""
     info = get_cluster_info()
-    if info is None or run.distributed is None:
+    trained = outcome.training()
+    if info is None or run.distributed is None or trained is None:
         return
     path = outcome_path(info, run.distributed.rank)
     if path is not None:
-        path.write_text(json.dumps({"exit_reason": run.exit_reason}))
-
-
-def read_outcomes(directory: Path) -> Dict[int, Optional[str]]:
-    """The exit reasons the ranks recorded with :func:`record_outcome`, by rank."""
-    outcomes = {}
-    for path in directory.glob("outcome-rank-*.json"):
-        rank = path.stem[len("outcome-rank-"):]
-        if rank.isdigit():
-            outcomes[int(rank)] = json.loads(path.read_text()).get("exit_reason")
-    return outcomes
+        outcome.write(path, outcome.Outcome(state=trained.state, rank=run.distributed.rank, pid=os.getpid(),
+                                            checkpoint=trained.checkpoint, batches=trained.batches))

@@ -420,7 +420,7 @@ def test_a_rank_that_recorded_its_outcome_is_not_called_dead(tmp_path: Path) -> 
     rank 1."""
     from hookdet.launch import outcome
 
-    outcome.write(outcome.rank_path(tmp_path, 0), outcome.Outcome(1, 0, "lost contact with the other ranks"))
+    outcome.write(outcome.rank_path(tmp_path, 0), outcome.Outcome("failed", 1, 0, error="lost contact with the other ranks"))
     assert hookdet_launcher.read_rank_statuses(tmp_path) == {0: 1}
     lines = hookdet_launcher.failure_lines(tmp_path, hookdet_launcher.read_rank_statuses(tmp_path), 2)
     assert lines == [
@@ -429,26 +429,32 @@ def test_a_rank_that_recorded_its_outcome_is_not_called_dead(tmp_path: Path) -> 
     ]
     assert hookdet_launcher.failure_lines(tmp_path / "none", {}, 2) == []  # nobody said anything: no guess
     # A death torchrun recorded names the signal instead.
-    killed = hookdet_launcher.killed_ranks([hookdet_launcher.KilledRank(rank=1, pid=7, signal="SIGKILL")])
+    killed = {1: outcome.Outcome("killed", -9, rank=1, pid=7, signal="SIGKILL")}
     assert hookdet_launcher.failure_lines(tmp_path, {}, 2, killed) == [
         lines[0], "hookdet: error: rank 1 (pid 7) was killed by SIGKILL; the other ranks were stopped"]
 
 
 def test_a_rank_torchrun_saw_die_of_a_signal_is_one_line(tmp_path: Path) -> None:
     """How torchrun's ranks ended is read from what it recorded as data (its ``ProcessFailure``
-    records, written by hookdet's torchrun agent), not from its failure summary's text: a rank
-    killed by a signal becomes a record (rank, pid, signal), told in one line; a rank that
-    exited with a status none (its own status file tells it); torchrun's own failure one line."""
-    outcome = tmp_path / "outcome.json"
-    outcome.write_text(json.dumps({"failures": {"1": {"exitcode": -6, "pid": 12577, "local_rank": 1},
-                                                "0": {"exitcode": 1, "pid": 12576, "local_rank": 0}}}))
+    records, written by hookdet's torchrun agent as ``launcher.json``), not from its failure
+    summary's text: a rank killed by a signal is an outcome record (rank, pid, signal), told in
+    one line; a rank that exited with a status is no killed one (its own record tells it);
+    torchrun's own failure one line."""
+    from hookdet.launch import outcome
+
+    (tmp_path / outcome.LAUNCHER_RECORD).write_text(json.dumps({
+        "launcher": {"state": "failed", "exit_code": 1},
+        "ranks": {"1": {"state": "killed", "exit_code": -6, "rank": 1, "pid": 12577, "signal": "SIGABRT"},
+                  "0": {"state": "failed", "exit_code": 1, "rank": 0, "pid": 12576}}}))
     said: List[str] = []
-    killed: List[hookdet_launcher.KilledRank] = []
-    hookdet_launcher.tell_outcome(outcome, said, killed)
-    assert killed == [hookdet_launcher.KilledRank(rank=1, pid=12577, signal="SIGABRT")] and said == []
-    assert killed[0].line == "hookdet: error: rank 1 (pid 12577) was killed by SIGABRT"
-    outcome.write_text(json.dumps({"launcher_error": "RendezvousTimeoutError: no peers came"}))
-    hookdet_launcher.tell_outcome(outcome, said, killed)
+    killed = hookdet_launcher.killed_in(tmp_path)
+    assert list(killed) == [1] and (killed[1].pid, killed[1].signal) == (12577, "SIGABRT")
+    assert hookdet_launcher.killed_line(killed[1]) == "hookdet: error: rank 1 (pid 12577) was killed by SIGABRT"
+    hookdet_launcher.tell_launcher_failure(tmp_path, said)
+    assert said == []
+    (tmp_path / outcome.LAUNCHER_RECORD).write_text(json.dumps({
+        "launcher": {"state": "failed", "exit_code": 1, "error": "RendezvousTimeoutError: no peers came"}, "ranks": {}}))
+    hookdet_launcher.tell_launcher_failure(tmp_path, said)
     assert said == ["hookdet: error: torchrun failed: RendezvousTimeoutError: no peers came"]
 
 

@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-from hookdet.distributed.orphans import child_setup_for
+from hookdet.launch.orphans import child_setup_for
 from tests.support.packages import pip_install
 
 REPO = Path(__file__).resolve().parents[2]
