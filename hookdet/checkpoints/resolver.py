@@ -74,11 +74,22 @@ def storage_of(identity: Dict[str, Any], current: Optional[CheckpointStorage]) -
         raise fmt.CheckpointError(f"cannot find the run's checkpoints: {error}") from error
 
 
-def checkpoints_of_run(storage: CheckpointStorage, run_id: str) -> List[Tuple[str, Dict[str, Any]]]:
-    """(storage id, metadata) of the complete checkpoints ``run_id`` wrote into ``storage``,
-    oldest first (by batch, then creation time)."""
-    found = [(storage_id, metadata) for storage_id, metadata in storage.list() if metadata.get("run_id") == run_id]
+def checkpoints_of_run(storage: CheckpointStorage, identity: Dict[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
+    """(storage id, metadata) of the complete checkpoints the run of ``identity`` wrote into
+    ``storage`` (:func:`own_run_ids`), oldest first (by batch, then creation time)."""
+    run_ids = own_run_ids(identity)
+    found = [(storage_id, metadata) for storage_id, metadata in storage.list() if metadata.get("run_id") in run_ids]
     return sorted(found, key=lambda item: lookup.order_key(item[1]))
+
+
+def own_run_ids(identity: Dict[str, Any]) -> Tuple[str, ...]:
+    """The run ids whose checkpoints are the run's own: its id, and for a run directory copied
+    with its checkpoints (a run of its own, :func:`hookdet.runs.ownership.copied_with_its_checkpoints`)
+    the id of the run it was copied from, which wrote those it took along. (A fork's parent's are
+    not: a fork continues from the one checkpoint it was given.)"""
+    parent = identity.get("parent") or {}
+    copied = parent.get("run_id") if isinstance(parent, dict) and parent.get("copied") else None
+    return tuple(str(run_id) for run_id in (identity["run_id"], copied) if run_id)
 
 
 def newest_checkpoint_steps(run_dir: Path) -> Optional[int]:
@@ -87,7 +98,7 @@ def newest_checkpoint_steps(run_dir: Path) -> Optional[int]:
     identity = read_identity(run_dir)
     if identity is None:
         return None
-    checkpoints = checkpoints_of_run(storage_of(identity, None), str(identity["run_id"]))
+    checkpoints = checkpoints_of_run(storage_of(identity, None), identity)
     return lookup.order_key(checkpoints[-1][1])[0] if checkpoints else None
 
 
@@ -111,7 +122,7 @@ def locate_for_resume(
         return lookup.resolve_checkpoint_dir(target)
     storage = storage_of(identity, current)
     run_id = str(identity["run_id"])
-    checkpoints = checkpoints_of_run(storage, run_id)
+    checkpoints = checkpoints_of_run(storage, identity)
     for storage_id, _metadata in reversed(checkpoints):
         directory = storage.local_dir(storage_id)
         if directory is None and not isinstance(storage, ObjectStorage):

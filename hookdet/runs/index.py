@@ -255,7 +255,7 @@ def checkpoints_in(run_dir: Path) -> Tuple[str, List[Tuple[str, Dict[str, Any]]]
         return _relative(root, run_dir), found
     try:
         storage = storage_of(identity, None)
-        checkpoints = checkpoints_of_run(storage, str(identity["run_id"]))
+        checkpoints = checkpoints_of_run(storage, identity)
     except (fmt.CheckpointError, StorageError, OSError) as error:
         return f"not readable: {error}", []
     found, where = [], storage.describe()

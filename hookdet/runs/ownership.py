@@ -6,12 +6,14 @@ chief never joins), then :func:`record` once the storage exists, and :func:`give
 (which removes a directory it made for a run that failed before training a batch).
 :func:`refuse_second_history` keeps one history per run directory: training that does not resume
 may not start in a directory that already holds a run, nor continue there another run's
-checkpoint, nor continue a copy that shares its checkpoints with the run it was copied from.
+checkpoint, nor continue a copy that shares its checkpoints with the run it was copied from; a
+copy that took its checkpoints along is a run of its own (a new run id, the original its parent).
 """
 from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional, Set
 
@@ -27,6 +29,8 @@ from hookdet.runs.lock import RunDirLock, RunDirLockedError, sweep_stale_writes
 _held: Dict[int, RunDirLock] = {}
 #: ``id(run)`` of the runs whose run directory this process made.
 _made_here: Set[int] = set()
+#: The run each copied run directory was copied from (its parent), by ``id(run)``.
+_copies: Dict[int, Dict[str, Any]] = {}
 
 
 def take(run: Any) -> Dict[str, str]:
@@ -44,7 +48,12 @@ def take(run: Any) -> Dict[str, str]:
     except OSError as error:
         return {"error": f"cannot use run directory {run.run_dir}: {describe_os_error(error)}"}
     _held[id(run)] = lock
-    return {"run_id": run_id_for(run.run_dir)}
+    held = identity_in(_read_or_none(Path(run.run_dir) / IDENTITY_FILE))  # as written, where it was written
+    original = copied_with_its_checkpoints(run.run_dir, held) if held is not None else None
+    if original is None:
+        return {"run_id": run_id_for(run.run_dir)}
+    _copies[id(run)] = {"run_dir": original, "run_id": held["run_id"], "copied": True}  # type: ignore[index]
+    return {"run_id": uuid.uuid4().hex}
 
 
 def accept(claim: Optional[Dict[str, str]]) -> Optional[str]:
@@ -62,7 +71,7 @@ def record(run: Any) -> Optional[str]:
     stale writes (chief, locked); the storage's problem in one line, or None."""
     problem = run.storage.check()
     if problem is None:
-        write_identity(run)
+        write_identity(run, parent=_copies.pop(id(run), None))
         sweep_stale_writes(run)
     return problem
 
@@ -129,19 +138,45 @@ def identity_in(content: Optional[bytes]) -> Optional[Dict[str, Any]]:
     return identity if isinstance(identity, dict) and identity.get("run_id") else None
 
 
+def _read_or_none(path: Path) -> Optional[bytes]:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 def copied_from(run_dir: Path, held: Dict[str, Any]) -> Optional[str]:
     """The run directory that ``run_dir`` (which recorded identity ``held``) was copied from,
     when that directory still holds the same run and the copy would use its checkpoint storage;
     None for a directory moved (the original is gone), reached through a symlink, or copied
     with its own checkpoints."""
+    original = original_of(run_dir, held)
+    return original if original is not None and shares_storage(run_dir, held, original) else None
+
+
+def copied_with_its_checkpoints(run_dir: Path, held: Dict[str, Any]) -> Optional[str]:
+    """The run directory that ``run_dir`` was copied from with its checkpoints (the default
+    storage, inside the run directory, travelled with the copy), while the original still holds
+    the same run: the copy is a run of its own, with a new run id and the original as its
+    parent (:func:`take`), never a second history under the original's id. None otherwise."""
+    original = original_of(run_dir, held)
+    return original if original is not None and not shares_storage(run_dir, held, original) else None
+
+
+def original_of(run_dir: Path, held: Dict[str, Any]) -> Optional[str]:
+    """The other run directory ``held`` (``run_dir``'s identity) was written in, when it still
+    holds the same run (``run_dir`` is a copy of it); None when ``run_dir`` is where it was written,
+    the same directory under another name (a symlink), or moved (the original is gone)."""
     written_in = held.get("run_dir")
     if not isinstance(written_in, str) or Path(written_in).resolve() == Path(run_dir).resolve():
         return None
     original = read_identity(written_in)
-    if original is None or original["run_id"] != held["run_id"]:
-        return None
-    here = moved_with_the_run(held, Path(run_dir))
-    return written_in if here.get("storage") == original.get("storage") else None
+    return written_in if original is not None and original["run_id"] == held["run_id"] else None
+
+
+def shares_storage(run_dir: Path, held: Dict[str, Any], original: str) -> bool:
+    """Whether the copy ``run_dir`` would use the checkpoint storage of ``original``."""
+    return moved_with_the_run(held, Path(run_dir)).get("storage") == (read_identity(original) or {}).get("storage")
 
 
 def give_up(run: Any, discard: bool = False) -> None:
@@ -152,6 +187,7 @@ def give_up(run: Any, discard: bool = False) -> None:
     lock = _held.pop(id(run), None)
     made_here = id(run) in _made_here
     _made_here.discard(id(run))
+    _copies.pop(id(run), None)
     if lock is not None:
         lock.release()
     if discard and made_here:

@@ -183,6 +183,16 @@ def test_sigterm_then_resume_is_one_run_with_one_history(tmp_path: Path) -> None
     assert reports(run_dir) == reports(tmp_path / "straight")
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["run", "straight"]
 
+    # A copy (cp -r) that took its checkpoints along is a run of its own: a new run id, the
+    # original its parent; the original keeps its id.
+    shutil.copytree(run_dir, tmp_path / "copy")
+    status, _, stderr = run(["run", str(config), "--resume", str(tmp_path / "copy")], "resume a copy", fault=False)
+    assert status == 0, stderr[-3000:]
+    copy, original = read_identity(tmp_path / "copy"), read_identity(run_dir)
+    assert copy["run_id"] != original["run_id"]
+    assert copy["parent"] == {"run_dir": str(run_dir), "run_id": original["run_id"], "copied": True}
+    shutil.rmtree(tmp_path / "copy")
+
     # --fork: a new directory that records its parent and leaves the parent's checkpoints alone.
     parent_checkpoints = sorted(m["uuid"] for m in checkpoint_metadata(run_dir / "checkpoints"))
     longer = write_config(tmp_path / "longer.yaml", {"sleep": 0.0}, searcher={
