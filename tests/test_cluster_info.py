@@ -165,11 +165,16 @@ def test_horovod_launch_layer_without_horovod_names_what_to_install() -> None:
 
 
 def test_exit_status_is_75_only_when_every_rank_stopped_with_a_checkpoint() -> None:
-    assert exit_status(0, {0: "preempted"}, 1, is_launcher=False) == 75
-    assert exit_status(0, {0: "completed"}, 1, is_launcher=False) == 0
-    assert exit_status(3, {0: "preempted"}, 1, is_launcher=False) == 3  # crashed after training
-    assert exit_status(1, {0: "preempted", 1: "preempted"}, 2, is_launcher=True) == 75
-    assert exit_status(1, {0: "preempted"}, 2, is_launcher=True) == 1  # rank 1 never finished
+    from hookdet.launch.outcome import Outcome
+
+    def ranks(*states: str) -> Dict[int, Outcome]:  # each rank's record of how its training ended
+        return {rank: Outcome(state, rank=rank) for rank, state in enumerate(states)}
+
+    assert exit_status(0, ranks("preempted"), 1, is_launcher=False) == 75
+    assert exit_status(0, ranks("completed"), 1, is_launcher=False) == 0
+    assert exit_status(3, ranks("preempted"), 1, is_launcher=False) == 3  # crashed after training
+    assert exit_status(1, ranks("preempted", "preempted"), 2, is_launcher=True) == 75
+    assert exit_status(1, ranks("preempted"), 2, is_launcher=True) == 1  # rank 1 never finished
     assert exit_status(-15, {}, 1, is_launcher=False) == 128 + 15
 
 
