@@ -265,6 +265,10 @@ def launcher_view(status_dir: Path, run_dir: Path, config: Any, env: Dict[str, s
         view.close()
 
 
+#: The outcome this process wrote, by file: it is written once (again only if the end changed it).
+_written: Dict[Path, Any] = {}
+
+
 def report_outcome(status: int, error: Optional[str] = None, error_by: Optional[str] = None) -> int:
     """Record how this process ends (:mod:`hookdet.launch.outcome`): its exit ``status``, its
     state, the one line it said of an ``error`` and whose it was (``error_by``), what its
@@ -281,8 +285,10 @@ def report_outcome(status: int, error: Optional[str] = None, error_by: Optional[
         path: Optional[Path] = outcome.rank_path(Path(status_dir), rank)
     else:
         path, rank = (Path(os.environ[outcome.OUTCOME_FILE_ENV]) if os.environ.get(outcome.OUTCOME_FILE_ENV) else None), None
-    if path is not None:
-        outcome.write(path, process_outcome(status, rank, error, error_by))
+    ended = process_outcome(status, rank, error, error_by)
+    if path is not None and _written.get(path) != ended:  # told before the teardown, the same after it
+        outcome.write(path, ended)
+        _written[path] = ended
     if path is None or rank is None:
         return status
     if status == BAD_INPUT_EXIT_CODE:
@@ -434,6 +440,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     error_line: Optional[str] = None
     error_by: Optional[str] = None
     forget_training()
+    _written.clear()
     try:
         status = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit

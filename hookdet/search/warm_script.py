@@ -124,7 +124,7 @@ def end_as_an_interpreter(run: Callable[[], None], script: Optional[str] = None)
         sys.excepthook(type(error), error, frames)  # as the interpreter reports it (the script may have set its own)
         status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     finally:
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # what Py_Finalize calls; no public function runs them in a fork
         flush_open_files()
         sys.stdout.flush()
         sys.stderr.flush()
