@@ -500,6 +500,22 @@ GRACE_SECONDS = 4
 OTHER_HOST = "other-machine"
 
 
+def test_a_segment_that_crashes_after_recording_its_end_is_taken_as_it_recorded(tmp_path: Path) -> None:
+    """Each segment's process aborts (SIGABRT) as it exits, after its outcome record says it
+    completed (a library's teardown crashing): the worker takes the record, says so once a
+    segment, and charges no restart; no segment is trained again."""
+    environment = {**env(tmp_path), "SEARCH_TEST_ABORT_AT_EXIT": "1"}
+    result = hookdet_process.run("run", FIXTURES / "grid.yaml", "--run-dir", "grid", "--config",
+                                 "hyperparameters.invalid=false", cwd=tmp_path, env=environment, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = summary(tmp_path / "grid", drop=())
+    assert [(row["state"], row["restarts"]) for row in rows] == [("completed", "0")] * 2, rows
+    told = [line for line in result.stderr.splitlines() if "after it recorded its end" in line]
+    assert len(told) == 2 and all("killed by SIGABRT" in line and "(completed, exit status 0)" in line
+                                  for line in told), result.stderr[-3000:]
+    assert len(segments(tmp_path / "grid")) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
 from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
+from hookdet.distributed.launcher import CRASH_SIGNALS, signal_name
 from hookdet.launch.outcome import OUTCOME_FILE_ENV, Outcome
 from hookdet.launch.outcome import read as read_outcome
 from hookdet.launch.start import Job, Started
@@ -269,6 +270,7 @@ class SegmentRunner:
         # none: it died without a word, and its exit status is all there is
         said = read_outcome(outcome_file(run_dir)) or Outcome("killed" if status < 0 else "failed", status)
         outcome_file(run_dir).unlink(missing_ok=True)
+        status = ended_as_recorded(status, said, attrs["trial"])
         outcome = {"exit_code": status, "state": said.state, "error": said.error, "error_by": said.error_by,
                    "checkpoint": said.checkpoint, "started": started, "ended": time.time(),
                    "resumed_at": steps, "slot": self.slot.describe(),
@@ -311,6 +313,21 @@ class SegmentRunner:
                 told = batches
                 of = f" of {attrs['target']}" if attrs.get("target") else ""
                 self._tell(f"worker: trial {attrs['trial']} at batch {batches}{of}")
+
+
+def ended_as_recorded(status: int, said: Outcome, trial: Any) -> int:
+    """The status a segment ended with: its own record's where the process crashed (SIGABRT,
+    SIGSEGV, ...) after it recorded its end (a library's teardown aborting as the interpreter
+    exits: its training and checkpoint are complete, and a retry would train nothing), else
+    ``status``."""
+    if status >= 0 or said.exit_code is None or said.signal is not None or said.state == "killed":
+        return status
+    crash = signal_name(-status)
+    if crash not in CRASH_SIGNALS:
+        return status
+    logger.warning("hookdet: warning: trial %s: its process was killed by %s after it recorded its end (%s, "
+                   "exit status %d): taken as it recorded", trial, crash, said.state, said.exit_code)
+    return said.exit_code
 
 
 class Beats:
