@@ -22,7 +22,9 @@ from hookdet.errors import HookdetError
 from hookdet.trial_api.importing import SpecImportError, import_object
 from hookdet.errors import UsageError
 from hookdet.distributed.launcher import TORCHRUN_OPTIONS, horovodrun_command, resume_target, torchrun_command
+from hookdet.launch import outcome
 from hookdet.launch.orphans import LAUNCHER_PID_ENV
+from hookdet.launch.outcome import Outcome
 from hookdet.runs.files import CONFIG_FILE
 from hookdet.cli.run_edges import (LateStop, launched_rank, print_summary, refuse_checkpoints_one_machine_keeps,
                                    refuse_what_cannot_be_resumed, says_what_the_file_holds, take_ctrl_c)
@@ -198,7 +200,6 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
     from hookdet.distributed.launcher import (combined_exit_status, ending_away_from_rank_0, failure_lines, killed_in,
                                               killed_line, launcher_death_line, read_rank_statuses, run_passing_signals,
                                               this_node)
-    from hookdet.launch.outcome import records_directory
     from hookdet.plugins.selection import Launch, select_plugins
     from hookdet.loop.trainer import default_run_dir
     from hookdet.distributed.rank_watch import SilenceWatch, silent_after_of
@@ -217,7 +218,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
     env = dict(os.environ, **{LAUNCHER_PID_ENV: str(os.getpid())})
     if not args.run_dir and "HOOKDET_RUN_DIR" not in env:
         env["HOOKDET_RUN_DIR"] = str(default_run_dir(config))
-    with records_directory("hookdet-ranks-") as status_dir:
+    with outcome.records_directory("hookdet-ranks-") as status_dir:
         env[RANK_STATUS_DIR_ENV] = str(status_dir)
         logger.info("launching %d processes: %s", local_ranks, " ".join(command))
         launcher_said: List[str] = []
@@ -266,7 +267,7 @@ def launcher_view(status_dir: Path, run_dir: Path, config: Any, env: Dict[str, s
 
 
 #: The outcome this process wrote, by file: it is written once (again only if the end changed it).
-_written: Dict[Path, Any] = {}
+_written: Dict[Path, Outcome] = {}
 
 
 def report_outcome(status: int, error: Optional[str] = None, error_by: Optional[str] = None) -> int:
@@ -278,32 +279,30 @@ def report_outcome(status: int, error: Optional[str] = None, error_by: Optional[
     ``status`` otherwise. A rank refusing bad input waits (a bounded while) for the other ranks
     of its machine to record theirs."""
     from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, PREEMPTED_EXIT_CODE
-    from hookdet.launch import outcome
 
     status_dir, rank = os.environ.get(RANK_STATUS_DIR_ENV), launched_rank()
-    if status_dir and rank is not None:
-        path: Optional[Path] = outcome.rank_path(Path(status_dir), rank)
-    else:
-        path, rank = (Path(os.environ[outcome.OUTCOME_FILE_ENV]) if os.environ.get(outcome.OUTCOME_FILE_ENV) else None), None
+    if not status_dir:
+        rank = None  # a rank's record goes to its launcher's directory alone
+    path = outcome.rank_path(Path(status_dir), rank) if status_dir and rank is not None else (
+        Path(os.environ[outcome.OUTCOME_FILE_ENV]) if os.environ.get(outcome.OUTCOME_FILE_ENV) else None)
     ended = process_outcome(status, rank, error, error_by)
     if path is not None and _written.get(path) != ended:  # told before the teardown, the same after it
         outcome.write(path, ended)
         _written[path] = ended
-    if path is None or rank is None:
+    if not status_dir or rank is None:
         return status
     if status == BAD_INPUT_EXIT_CODE:
         # The other ranks read the same input and are refusing it too: give them the moment to
         # say so before this rank's exit makes torchrun stop them.
         from hookdet.distributed.launcher import wait_for_local_ranks
 
-        wait_for_local_ranks(Path(status_dir))  # type: ignore[arg-type]
+        wait_for_local_ranks(Path(status_dir))
     return 0 if status == PREEMPTED_EXIT_CODE else status
 
 
-def process_outcome(status: int, rank: Optional[int], error: Optional[str], error_by: Optional[str]):  # type: ignore[no-untyped-def]
-    """This process's :class:`~hookdet.launch.outcome.Outcome`, ending with ``status``."""
+def process_outcome(status: int, rank: Optional[int], error: Optional[str], error_by: Optional[str]) -> Outcome:
+    """This process's outcome record, ending with ``status``."""
     from hookdet.exit_codes import PREEMPTED_EXIT_CODE
-    from hookdet.launch import outcome
 
     trained = outcome.training()
     if error is not None or status not in (0, PREEMPTED_EXIT_CODE):
@@ -312,7 +311,7 @@ def process_outcome(status: int, rank: Optional[int], error: Optional[str], erro
         state = "preempted"
     else:
         state = trained.state if trained is not None and trained.state != "failed" else "completed"
-    return outcome.Outcome(
+    return Outcome(
         state=state, exit_code=status, rank=rank, pid=os.getpid(),
         signal="SIGINT" if status == 128 + signal.SIGINT else None, error=error, error_by=error_by,
         checkpoint=trained.checkpoint if trained is not None else None,
@@ -322,8 +321,6 @@ def process_outcome(status: int, rank: Optional[int], error: Optional[str], erro
 def note_chiefs_training(status_dir: Path) -> None:
     """What rank 0 recorded of its training, as this launcher's own (its outcome tells the
     checkpoint the run left)."""
-    from hookdet.launch import outcome
-
     chief = outcome.read_ranks(status_dir).get(0)
     if chief is not None and chief.batches is not None:
         outcome.note_training(chief.state, chief.checkpoint, chief.batches)
@@ -434,12 +431,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ] if args.command == "run" else []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hookdet %(levelname)s %(message)s")
     from hookdet.errors import InvalidHP
-    from hookdet.launch.outcome import forget_training
     from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE
 
     error_line: Optional[str] = None
     error_by: Optional[str] = None
-    forget_training()
+    outcome.forget_training()
     _written.clear()
     try:
         status = args.handler(args)
