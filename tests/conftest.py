@@ -26,10 +26,35 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_collection_modifyitems(session, config, items):  # noqa: ARG001
-    """Slow tests first (otherwise in collection order), so that with ``--dist worksteal`` the
-    long ones start early and the short ones fill the gaps, instead of one long test finishing
-    alone at the end while the other worker idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first, and shared out: pytest-xdist's ``worksteal`` hands each of its N workers
+    one contiguous share of this order at the start (N equal parts), and an idle worker later
+    steals from the end of another's share. So each share here begins with its part of the slow
+    tests (every N-th, in collection order) and ends with fast ones: every worker starts on long
+    tests at once, and what is stolen at the end is short. Slow-first alone gave one worker every
+    slow test, and the last of them ran alone at the end while the others idled."""
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    fast = [item for item in items if item.get_closest_marker("slow") is None]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    items[:] = shared_out(slow, fast, workers)
+
+
+def shared_out(slow, fast, workers):  # type: ignore[no-untyped-def]
+    """``slow`` and ``fast`` in the order described above, for ``workers`` shares of the sizes
+    pytest-xdist's ``worksteal`` gives (the first ``len // workers``, the next a half of what
+    is left, and so on)."""
+    total, sizes = len(slow) + len(fast), []
+    left = total
+    for remaining in range(workers, 0, -1):
+        sizes.append(left // remaining)
+        left -= sizes[-1]
+    order, fast_left = [], list(fast)
+    for index, size in enumerate(sizes):
+        share = slow[index::workers][:size]
+        take = size - len(share)
+        order += share + fast_left[:take]
+        fast_left = fast_left[take:]
+    placed = {id(item) for item in order}
+    return order + [item for item in slow + fast if id(item) not in placed]
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001

@@ -238,7 +238,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
         died = launcher_death_line(launcher, launcher_status, len(statuses))
         for line in lines + ([died] if died and not lines and not launcher_said else []):
             print(line, file=sys.stderr, flush=True)
-        note_chiefs_training(status_dir)
+        outcome.note_chiefs_training(outcome.read_ranks(status_dir))
     status = combined_exit_status(launcher_status, statuses, local_ranks)
     away = ending_away_from_rank_0(this_node(args.torchrun), statuses, status)
     if away:
@@ -316,14 +316,6 @@ def process_outcome(status: int, rank: Optional[int], error: Optional[str], erro
         signal="SIGINT" if status == 128 + signal.SIGINT else None, error=error, error_by=error_by,
         checkpoint=trained.checkpoint if trained is not None else None,
         batches=trained.batches if trained is not None else None)
-
-
-def note_chiefs_training(status_dir: Path) -> None:
-    """What rank 0 recorded of its training, as this launcher's own (its outcome tells the
-    checkpoint the run left)."""
-    chief = outcome.read_ranks(status_dir).get(0)
-    if chief is not None and chief.batches is not None:
-        outcome.note_training(chief.state, chief.checkpoint, chief.batches)
 
 
 def command_plugins(args: argparse.Namespace) -> int:

@@ -172,8 +172,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
         trained = outcome.read_ranks(info_dir)
         failed = read_launch(info_dir)
     ranks = slots // node[1] if is_launcher else 1
-    if 0 in trained and trained[0].batches is not None:  # this process's outcome tells what rank 0 left
-        outcome.note_training(trained[0].state, trained[0].checkpoint, trained[0].batches)
+    outcome.note_chiefs_training(trained)
     status = tell_failed_ranks(status, trained, ranks, failed.failed_ranks if failed is not None else {})
     final = exit_status(status, trained, ranks, is_launcher)
     print(ending_of(run_dir, config.searcher.metric, status, final, node), flush=True)

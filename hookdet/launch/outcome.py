@@ -177,6 +177,14 @@ def note_training(state: str, checkpoint: Optional[str], batches: int) -> None:
     _training = Training(state, checkpoint, batches)
 
 
+def note_chiefs_training(ranks: Dict[int, Outcome]) -> None:
+    """For a process that launched ranks: what rank 0 recorded of its training (``ranks``, by
+    :func:`read_ranks`), as this process's own, so its outcome tells what the run left."""
+    chief = ranks.get(0)
+    if chief is not None and chief.batches is not None:
+        note_training(chief.state, chief.checkpoint, chief.batches)
+
+
 def forget_training() -> None:
     """As a command starts: it has trained nothing yet (a test may run many in one process)."""
     global _training

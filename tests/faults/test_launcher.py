@@ -310,10 +310,18 @@ def test_only_with_ddp_listed_trains_two_ranks(tmp_path: Path) -> None:
     content["plugins"] = {"only": ["ddp", "checkpoint", "metrics_log"]}
     content["searcher"]["max_length"] = {"batches": 4}
     config.write_text(yaml.safe_dump(content))
-    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(tmp_path / "run")]), "2 ranks: only with ddp", fault=False)
+    record = tmp_path / "outcome.json"
+    status, _, stderr = finish(start(["run", str(config), "--run-dir", str(tmp_path / "run")],
+                                     env={"HOOKDET_OUTCOME_FILE": str(record)}), "2 ranks: only with ddp", fault=False)
     assert status == 0, stderr[-4000:]
     reports = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["steps_completed"] for r in reports if r["group"] == "validation"] == [4], reports
+    # The launcher's own outcome record tells what rank 0's training left: the run's checkpoint.
+    from hookdet.launch.outcome import read
+
+    ended = read(record)
+    assert ended is not None and (ended.state, ended.exit_code, ended.rank, ended.batches) == ("completed", 0, None, 4)
+    assert ended.checkpoint == json.loads((tmp_path / "run" / "run.json").read_text())["latest_checkpoint"]
 
 
 class StderrLines:
