@@ -49,7 +49,16 @@ def distributed_context(name: str) -> Any:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    return det.core.DistributedContext.from_torch_distributed()
+    # DistributedContext.from_torch_distributed(), with the ZMQ ports this rank's environment
+    # names passed on: Determined reads them into its defaults as it is imported, and a runner
+    # forked from the warm server imported it before the harness chose them (two cases at once
+    # would share the default ports).
+    env = os.environ
+    return det.core.DistributedContext(
+        rank=int(env["RANK"]), size=int(env["WORLD_SIZE"]), local_rank=int(env["LOCAL_RANK"]),
+        local_size=int(env["LOCAL_WORLD_SIZE"]), cross_rank=int(env["GROUP_RANK"]),
+        cross_size=int(env["GROUP_WORLD_SIZE"]), chief_ip=env.get("DET_CHIEF_IP"),
+        pub_port=int(env["INTER_TRAIN_PROCESS_COMM_PORT_1"]), pull_port=int(env["INTER_TRAIN_PROCESS_COMM_PORT_2"]))
 
 
 def main(spec_path: str, out_path: str) -> int:
