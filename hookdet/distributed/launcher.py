@@ -354,7 +354,7 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], records_dir
         return status
     finally:
         if process.poll() is None:  # this process is dying of something else: take them along
-            (process.signal_group if to_group else process.send_signal)(signal.SIGKILL)
+            send(signal.SIGKILL)
             process.wait()
 
 

@@ -24,6 +24,7 @@ from hookdet.checkpoints.storage import StorageError
 from hookdet.errors import UsageError
 from hookdet.runs.files import CONFIG_FILE, IDENTITY_FILE, RUN_RECORD_FILE
 from hookdet.runs.lock import RunDirLock, RunDirLockedError, sweep_stale_writes
+from hookdet.runs.record import read_bytes
 
 #: Locks held by this process, by ``id(run)``.
 _held: Dict[int, RunDirLock] = {}
@@ -48,7 +49,7 @@ def take(run: Any) -> Dict[str, str]:
     except OSError as error:
         return {"error": f"cannot use run directory {run.run_dir}: {describe_os_error(error)}"}
     _held[id(run)] = lock
-    held = identity_in(_read_or_none(Path(run.run_dir) / IDENTITY_FILE))  # as written, where it was written
+    held = identity_in(read_bytes(Path(run.run_dir) / IDENTITY_FILE))  # as written, where it was written
     original = copied_with_its_checkpoints(run.run_dir, held) if held is not None else None
     if original is None:
         return {"run_id": run_id_for(run.run_dir)}
@@ -136,13 +137,6 @@ def identity_in(content: Optional[bytes]) -> Optional[Dict[str, Any]]:
     except ValueError:
         return None
     return identity if isinstance(identity, dict) and identity.get("run_id") else None
-
-
-def _read_or_none(path: Path) -> Optional[bytes]:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return None
 
 
 def copied_from(run_dir: Path, held: Dict[str, Any]) -> Optional[str]:

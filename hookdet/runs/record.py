@@ -65,7 +65,8 @@ def _replace(path: Path, content: bytes) -> None:
     partial.replace(path)
 
 
-def _read_bytes(path: Path) -> Optional[bytes]:
+def read_bytes(path: Path) -> Optional[bytes]:
+    """The bytes of the record file ``path``, or None when it cannot be read (it is not there)."""
     try:
         return path.read_bytes()
     except OSError:
@@ -94,7 +95,7 @@ def record_start(run: Any) -> None:
     it replaces in ``run.prior_records``."""
     run_dir = Path(run.run_dir)
     kept = (RUN_RECORD_FILE, CONFIG_FILE, IDENTITY_FILE, HISTORY_FILE)
-    run.prior_records = {name: _read_bytes(run_dir / name) for name in kept}
+    run.prior_records = {name: read_bytes(run_dir / name) for name in kept}
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run.config.to_dict()
     _replace(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
