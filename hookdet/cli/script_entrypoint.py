@@ -38,6 +38,7 @@ from hookdet.trial_api import cluster_info
 from hookdet.launch import outcome
 from hookdet.launch.outcome import Outcome, read_launch
 from hookdet.errors import UsageError
+from hookdet.runs import record as run_record
 from hookdet.distributed.launcher import (
     CRASH_SIGNALS, RANK_ENTRY, is_python, killed_line, launcher_death_line, resume_target, run_passing_signals,
     signal_name, this_node, torchrun_command,
@@ -149,9 +150,10 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
     node = this_node(args.torchrun)
     info = cluster_info.local_cluster_info(
-        config, slots=slots, latest_checkpoint=resume_target(args.resume), run_dir=run_dir,
+        config, slots=slots, latest_checkpoint=newest_checkpoint_id(resume_target(args.resume)), run_dir=run_dir,
         test_mode=args.test_mode, node=node,
     )
+    started = run_record.now()
     with outcome.records_directory("hookdet-cluster-info-") as info_dir:
         env = dict(os.environ, **extra_env)
         env.pop(outcome.OUTCOME_FILE_ENV, None)  # this process's record, not the command's
@@ -175,7 +177,10 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     outcome.note_chiefs_training(trained)
     status = tell_failed_ranks(status, trained, ranks, failed.failed_ranks if failed is not None else {})
     final = exit_status(status, trained, ranks, is_launcher)
-    print(ending_of(run_dir, config.searcher.metric, status, final, node), flush=True)
+    ending = ending_of(run_dir, config.searcher.metric, status, final, node)
+    if node[0] == 0:  # rank 0's machine keeps the run's record
+        run_record.record_command(run_dir, config, started, final, command_state(status, final))
+    print(ending, flush=True)
     return final
 
 
@@ -210,6 +215,32 @@ def recorded_ending(run_dir: Path, metric: str) -> Optional[str]:
             pass
     return ending_lines(record["state"], int(record.get("batches_trained") or 0), metric,
                         record.get("best_validation"), run_dir, latest)
+
+
+def command_state(status: int, final: int) -> str:
+    """The state of a run whose command recorded nothing itself: ``completed`` (exit 0),
+    ``preempted`` (75), ``killed`` (by a signal), else ``failed``."""
+    if final == 0:
+        return "completed"
+    if final == PREEMPTED_EXIT_CODE:
+        return "preempted"
+    return "killed" if status < 0 else "failed"
+
+
+def newest_checkpoint_id(target: Optional[str]) -> Optional[str]:
+    """``--resume``'s target as the script's ``info.latest_checkpoint``: a run directory as the
+    storage id of its newest intact checkpoint (what a cluster hands a script), anything else
+    (a checkpoint directory or id) as it is."""
+    from hookdet.checkpoints import format as fmt
+    from hookdet.checkpoints.resolver import locate_for_resume, read_identity
+
+    if target is None or not Path(target).is_dir() or read_identity(target) is None \
+            or (Path(target) / fmt.METADATA_FILE).is_file():
+        return target
+    found = locate_for_resume(Path(target), None)
+    if isinstance(found, tuple):
+        return found[1]
+    return str(fmt.read_metadata(found).get("uuid") or found.name)
 
 
 def how_it_ended(status: int, final: int) -> str:

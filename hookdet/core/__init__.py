@@ -1,13 +1,39 @@
-"""``det.core`` names a Trainer-API script touches: ``hookdet.core.DistributedContext``.
+"""``det.core``: Determined's Core API, run locally (``hookdet.core``).
 
-Determined's local-distributed recipe builds the context itself and hands it to
-``pytorch.init(distributed=...)``::
+A script that trains in a loop of its own calls ``det.core.init()`` and reports metrics, stores
+checkpoints, reads its hyperparameters and checks for preemption through the returned context
+(:mod:`hookdet.core.context`). Each context has its own module: :mod:`~hookdet.core.train`,
+:mod:`~hookdet.core.checkpoint`, :mod:`~hookdet.core.preempt`, :mod:`~hookdet.core.searcher`
+(deprecated in Determined 0.38), :mod:`~hookdet.core.profiler`. ``DistributedContext`` lives in
+:mod:`hookdet.distributed.context`; Determined's local-distributed recipe builds one itself::
 
     dist.init_process_group("gloo")
     distributed = det.core.DistributedContext.from_torch_distributed()
 
-Re-exports only; the class lives in :mod:`hookdet.distributed.context`.
+This module re-exports Determined's names only; docs/core-api.md says what each does locally.
 """
+from hookdet.core.checkpoint import CheckpointContext, DownloadMode
+from hookdet.core.context import Context, TensorboardMode, init
+from hookdet.core.preempt import PreemptContext, PreemptMode
+from hookdet.core.profiler import ProfilerContext
+from hookdet.core.searcher import SearcherContext, SearcherMode, SearcherOperation, Unit
+from hookdet.core.train import EarlyExitReason, TrainContext
 from hookdet.distributed.context import DistributedContext
 
-__all__ = ["DistributedContext"]
+__all__ = [
+    "CheckpointContext",
+    "Context",
+    "DistributedContext",
+    "DownloadMode",
+    "EarlyExitReason",
+    "PreemptContext",
+    "PreemptMode",
+    "ProfilerContext",
+    "SearcherContext",
+    "SearcherMode",
+    "SearcherOperation",
+    "TensorboardMode",
+    "TrainContext",
+    "Unit",
+    "init",
+]

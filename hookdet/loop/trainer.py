@@ -80,6 +80,32 @@ def init(
     file, trial seed and run directory come from the cluster info, as Determined's ``init``
     takes them from the cluster.
     """
+    with opened_run(hparams=hparams, exp_conf=exp_conf, distributed=distributed,
+                    aggregation_frequency=aggregation_frequency, enable_tensorboard_logging=enable_tensorboard_logging,
+                    run_dir=run_dir, model_dir=model_dir, plugins=plugins, trial_context=True) as run:
+        yield run.context
+
+
+@contextlib.contextmanager
+def opened_run(
+    *,
+    hparams: Optional[Dict[str, Any]] = None,
+    exp_conf: Union[Dict[str, Any], ExperimentConfig, None] = None,
+    distributed: Optional[DistributedContext] = None,
+    aggregation_frequency: int = 1,
+    enable_tensorboard_logging: bool = True,
+    run_dir: Union[str, Path, None] = None,
+    model_dir: Union[str, Path, None] = None,
+    plugins: Sequence[Any] = (),
+    trial_context: bool = True,
+    resume_from: Optional[str] = None,
+) -> Iterator[Run]:
+    """The run :func:`init` trains, opened for the ``with`` block (its plugins loaded, its ranks
+    agreed, its directory owned and recorded as running) and recorded as ended after it. With
+    ``trial_context`` it gets a :class:`PyTorchTrialContext`; the Core API
+    (:mod:`hookdet.core`) opens one without, and reports through its own contexts; it names the
+    checkpoint it continues from (``resume_from``) before the start is recorded, where
+    ``Trainer.fit`` names it later."""
     info = cluster_info.get_cluster_info()
     cluster_info.report_hookdet_errors_in_one_line()
     config = _experiment_config(exp_conf, info)
@@ -101,9 +127,10 @@ def init(
         plugin_names=tuple(manager.named_plugins()),
         removed_plugins=manager.removed,
         launch=selection.launch,
+        resume_from=resume_from,
     )
-    with _opened(run, distributed, selection):
-        yield run.context
+    with _opened(run, distributed, selection, trial_context):
+        yield run
 
 
 def _experiment_config(exp_conf: Any, info: Any) -> ExperimentConfig:
@@ -119,16 +146,18 @@ def _experiment_config(exp_conf: Any, info: Any) -> ExperimentConfig:
 
 
 @contextlib.contextmanager
-def _opened(run: Run, distributed: Optional[DistributedContext], selection: PluginSelection) -> Iterator[None]:
-    """The run configured, opened and given its context for the ``with`` block; recorded as
-    ended (or failed) and closed after it, whatever happened."""
+def _opened(run: Run, distributed: Optional[DistributedContext], selection: PluginSelection,
+            trial_context: bool) -> Iterator[None]:
+    """The run configured, opened and (``trial_context``) given its context for the ``with``
+    block; recorded as ended (or failed) and closed after it, whatever happened."""
     failed = False
     try:
         active_run.enter(run)
         run.plugins.start(run)
         try:
             _open(run, distributed, selection)
-            run.context = PyTorchTrialContext(run)
+            if trial_context:
+                run.context = PyTorchTrialContext(run)
             yield
         except BaseException as error:
             failed = True

@@ -50,7 +50,8 @@ def final_state(run: Any) -> str:
     return _STATE_FOR_EXIT_REASON.get(run.exit_reason or "", "completed")
 
 
-def _now() -> str:
+def now() -> str:
+    """The time as run records write it (ISO 8601, local zone, seconds)."""
     return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
@@ -106,8 +107,8 @@ def record_start(run: Any) -> None:
         "pid": os.getpid(),
         "pid_started": _process_start(os.getpid()),
         "host": socket.gethostname(),
-        "created": previous.get("created") or _now(),
-        "started": _now(),
+        "created": previous.get("created") or now(),
+        "started": now(),
         "resumed_from": None if run.resume_from is None else str(run.resume_from),
         "searcher_metric": run.config.searcher.metric,
         "smaller_is_better": run.config.searcher.smaller_is_better,
@@ -128,7 +129,7 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
     else:
         record["state"] = final_state(run)
     record.update({
-        "ended": _now(),
+        "ended": now(),
         "resumed_from": None if run.resume_from is None else str(run.resume_from),
         "batches_trained": state.batches_trained,
         "max_batches": run.max_batches,
@@ -145,10 +146,39 @@ def record_end(run: Any, error: Optional[BaseException]) -> None:
         logger.warning("could not record the end of the run in %s: %s", Path(run.run_dir) / RUN_RECORD_FILE, problem)
 
 
+def record_command(run_dir: Path, config: Any, started: str, status: int, state: str) -> bool:
+    """The records of a command ``hookdet run`` ran that wrote none itself (a script that never
+    calls hookdet): ``config.json``, ``run.json`` (``state``, its exit ``status``, start and end)
+    and its two history lines, so every run leaves a record; nothing when the command wrote its
+    own (its ``pytorch.init`` or ``core.init`` did). Whether it wrote them."""
+    run_dir = Path(run_dir)
+    if (run_dir / RUN_RECORD_FILE).exists():
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _replace(run_dir / CONFIG_FILE, json.dumps(config.to_dict(), indent=2, sort_keys=True).encode())
+    ended = now()
+    _append_history(run_dir, {"event": "started", "time": started, "host": socket.gethostname()})
+    _append_history(run_dir, {"event": state, "time": ended, "exit_status": status})
+    _write(run_dir, {
+        "state": state, "exit_status": status, "host": socket.gethostname(), "created": started, "started": started,
+        "ended": ended, "entrypoint": config.entrypoint, "searcher_metric": config.searcher.metric,
+        "smaller_is_better": config.searcher.smaller_is_better, "batches_trained": 0,
+    })
+    return True
+
+
+def note_fields(run_dir: Path, **fields: Any) -> None:
+    """Set ``fields`` in the running run's ``run.json`` (a Core API script's ``progress``,
+    ``status`` and ``metadata``), replacing the file atomically; the end keeps them."""
+    record = read_record(run_dir, check_alive=False) or {}
+    record.update(fields)
+    _write(Path(run_dir), record)
+
+
 def _start_entry(run: Any, previous: Dict[str, Any], config: Dict[str, Any]) -> Dict[str, Any]:
     """The history line of a start: ``resumed`` (with the checkpoint and what changed in the
     experiment since the last start) when the directory held a run, else ``started``."""
-    entry: Dict[str, Any] = {"event": "resumed" if previous else "started", "time": _now(),
+    entry: Dict[str, Any] = {"event": "resumed" if previous else "started", "time": now(),
                              "host": socket.gethostname()}
     if run.resume_from is not None:
         entry["resumed_from"] = str(run.resume_from)

@@ -22,7 +22,7 @@ from torch import nn
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet import pytorch
-from hookdet.plugins.builtin.checkpoint.retention import checkpoints_to_delete
+from hookdet.checkpoints.retention import checkpoints_to_delete
 from hookdet.trial_api.cluster_info import activated, local_cluster_info
 from hookdet.config import parse_experiment_config
 from hookdet.markers import hookimpl

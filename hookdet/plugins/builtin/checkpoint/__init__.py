@@ -39,7 +39,8 @@ right after ``on_checkpoint_save_start`` and before the next batch.
 A corrupt, foreign or mismatched checkpoint is refused before anything is applied, with a
 message saying what does not match.
 
-Restoring is in :mod:`.restore`; which checkpoints retention deletes, in :mod:`.retention`.
+Restoring is in :mod:`.restore`; which checkpoints retention deletes, in
+:mod:`hookdet.checkpoints.retention` (the Core API's checkpoints follow the same rule).
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ from hookdet.plugin import (
 from hookdet.plugin.checkpoint import (
     BackgroundWriter,
     HostSnapshot,
+    checkpoints_to_delete,
     fmt,
     noting_the_write,
     report_resume,
@@ -72,7 +74,6 @@ from hookdet.plugin.checkpoint import (
     write_failed,
 )
 from .restore import find, located, metadata_of, plugin_call, restore_checkpoint, trial_spec
-from .retention import checkpoints_to_delete
 
 logger = logging.getLogger("hookdet")
 

@@ -1,0 +1,86 @@
+"""``core_context.preempt``: whether the script should stop now, agreed across its ranks.
+
+On a Determined cluster the chief long-polls the master for a preemption signal (a pause, the
+scheduler, the searcher) and ``should_preempt()`` turns true when one came. hookdet's signals
+are the ones a local run gets: SIGTERM, SIGINT or SIGHUP to the process (``hookdet run`` passes
+its own on), and a search's decision to stop the trial. Both reach the run through the
+``preemption`` plugin, which marks it (``run.exit_reason``); this context reads that mark, so a
+Core API script and a trial class stop on the same signals. A script that returns after
+``should_preempt()`` said true leaves a *preempted* run (``hookdet run`` exits 75; ``--resume``
+continues it).
+
+:class:`PreemptMode` is Determined's: with ``WorkersAskChief`` (the default) every rank calls
+``should_preempt()`` at the same point and gets the chief's answer; ``ChiefOnly`` lets only the
+chief ask; ``WorkersAskMaster`` lets every rank ask for itself.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+logger = logging.getLogger("hookdet")
+
+
+class PreemptMode(enum.Enum):
+    """How ``should_preempt()`` is called across ranks (Determined's names and values)."""
+
+    WorkersAskChief = "WORKERS_ASK_CHIEF"
+    ChiefOnly = "CHIEF_ONLY"
+    WorkersAskMaster = "WORKERS_ASK_MASTER"
+
+
+class PreemptContext:
+    """Determined's ``PreemptContext`` over a hookdet run (``core_context.preempt``)."""
+
+    def __init__(self, run: Any, preempt_mode: PreemptMode = PreemptMode.WorkersAskChief) -> None:
+        self._run = run
+        self._dist = run.distributed
+        self._preempt_mode = PreemptMode(preempt_mode)
+        self._started = False
+        self._closed = False
+        #: Whether ``should_preempt()`` has answered True (the script was told to stop).
+        self.told_to_stop = False
+
+    def start(self) -> "PreemptContext":
+        """Start answering (``core.init()``'s ``with`` block does it)."""
+        if self._started:
+            raise RuntimeError("you cannot call PreemptContext.start() multiple times")
+        self._started = True
+        return self
+
+    def close(self) -> None:
+        """Stop answering: ``should_preempt()`` after the ``with`` block is refused."""
+        self._closed = True
+
+    def __enter__(self) -> "PreemptContext":
+        return self.start()
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def should_preempt(self, auto_ack: bool = True) -> bool:
+        """Whether the script should save its state and return now: a stop signal or the
+        search's stop reached the run. With ``WorkersAskChief`` every rank must call it at the
+        same point; all get the chief's answer."""
+        if self._closed:
+            raise RuntimeError("should_preempt() was called after the core.init() block ended; call it inside "
+                               "'with det.core.init() as core_context:'")
+        if not self._started:
+            raise RuntimeError("you cannot call PreemptContext.should_preempt() before PreemptContext.start()")
+        chief = self._dist.rank == 0
+        if not chief and self._preempt_mode == PreemptMode.ChiefOnly:
+            raise RuntimeError(
+                "PreemptContext was configured with preempt_mode=ChiefOnly but .should_preempt() was called "
+                f"from non-chief worker of rank={self._dist.get_rank()}"
+            )
+        asked = self._run.exit_reason is not None
+        if self._preempt_mode == PreemptMode.WorkersAskChief:
+            asked = bool(self._dist.broadcast(asked if chief else None))
+        if asked and not self.told_to_stop:
+            logger.info("should_preempt() -> True: the script was asked to stop (%s)", self._run.exit_reason)
+            self.told_to_stop = True
+        return asked
+
+    def acknowledge_preemption_signal(self) -> None:
+        """Determined tells its master the task will stop; locally the run's record says so."""
