@@ -1,0 +1,106 @@
+"""Determined's Core API tutorial, stage by stage, under ``hookdet run`` as a user types it.
+
+The stages are Determined 0.38.1's ``examples/tutorials/core_api`` (kept verbatim in
+tests/fixtures/determined_core_api with their licence); ``examples/core_api`` holds them with only
+the import changed, which the first test checks. Each stage sleeps 0.1 s a batch for 100
+batches, so each run takes about 10 s of waiting and little CPU.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from hookdet.exit_codes import PREEMPTED_EXIT_CODE
+from hookdet.runs.metrics import read_reports
+from hookdet.runs.record import read_history, read_record
+from tests.support import hookdet_process
+
+REPO = Path(__file__).resolve().parents[1]
+ORIGINALS = REPO / "tests" / "fixtures" / "determined_core_api"
+EXAMPLES = REPO / "examples" / "core_api"
+
+#: What the stages report over 100 batches: training x every 10 batches, one validation at the end.
+STAGE_REPORTS = [("training", steps, {"x": steps}) for steps in range(10, 101, 10)] + [("validation", 100, {"x": 100})]
+
+
+def with_only_the_import_changed(text: str) -> str:
+    return (text.replace("\nimport determined as det\n", "\nimport hookdet as det\n")
+            .replace('"determined.launch.wrap_rank"', '"hookdet.launch.wrap_rank"'))
+
+
+def test_the_examples_are_the_tutorial_with_only_the_import_changed() -> None:
+    stages = sorted(path.name for path in ORIGINALS.iterdir() if path.suffix in (".py", ".yaml"))
+    assert len(stages) == 10
+    for name in stages:
+        assert (EXAMPLES / name).read_text() == with_only_the_import_changed((ORIGINALS / name).read_text()), name
+    assert (EXAMPLES / "LICENSE").read_bytes() == (ORIGINALS / "LICENSE").read_bytes()
+
+
+@pytest.fixture
+def tutorial(tmp_path: Path) -> Path:
+    """A copy of examples/core_api to run in (the runs go under it)."""
+    return Path(shutil.copytree(EXAMPLES, tmp_path / "core_api"))
+
+
+@pytest.mark.slow
+def test_stage_0_a_script_that_never_calls_hookdet_still_leaves_a_run_record(tutorial: Path) -> None:
+    finished = hookdet_process.run("run", "0_start.yaml", "--run-dir", "stage0", cwd=tutorial)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    run_dir = tutorial / "stage0"
+    record = read_record(run_dir)
+    assert (record["state"], record["exit_status"], record["entrypoint"]) == ("completed", 0, "python3 0_start.py")
+    assert json.loads((run_dir / "config.json").read_text())["name"] == "core-api-stage-0"
+    assert [entry["event"] for entry in read_history(run_dir)] == ["started", "completed"]
+    assert f"run directory: {run_dir.resolve()}" in finished.stdout
+    assert "x is now 100" in finished.stdout
+
+
+@pytest.mark.slow
+def test_stage_1_metrics_and_progress_reach_the_run(tutorial: Path) -> None:
+    finished = hookdet_process.run("run", "1_metrics.yaml", "--run-dir", "stage1", cwd=tutorial)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    run_dir = tutorial / "stage1"
+    assert [(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(run_dir)] == STAGE_REPORTS
+    record = read_record(run_dir)
+    assert (record["state"], record["batches_trained"], record["progress"], record["best_validation"]) == (
+        "completed", 100, 1.0, 100)
+    assert "hookdet: completed after 100 batches" in finished.stdout
+
+
+def wait_for_a_checkpoint(run_dir: Path, process: hookdet_process.Hookdet, timeout: float = 120) -> None:
+    """Until the run has a complete checkpoint (its metadata.json is in place)."""
+    deadline = time.monotonic() + timeout
+    while not list((run_dir / "checkpoints").glob("*/metadata.json")):
+        assert process.poll() is None, process.output()
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_stage_2_stops_at_sigterm_with_a_checkpoint_and_resumes_at_its_batch(tutorial: Path) -> None:
+    run_dir = tutorial / "stage2"
+    started = hookdet_process.start("run", "2_checkpoints.yaml", "--run-dir", "stage2", cwd=tutorial)
+    wait_for_a_checkpoint(run_dir, started)
+    started.send_signal(signal.SIGTERM)
+    stopped = started.completed(timeout=120)
+    assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stderr[-2000:]
+    record = read_record(run_dir)
+    assert record["state"] == "preempted"
+    stopped_at, checkpoint = record["batches_trained"], record["latest_checkpoint"]
+    assert stopped_at % 10 == 0 and 10 <= stopped_at < 100
+
+    resumed = hookdet_process.run("run", "2_checkpoints.yaml", "--resume", "stage2", cwd=tutorial)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(run_dir)] == [
+        *[row for row in STAGE_REPORTS if row[0] == "training"], ("validation", 100, {"x": 100})]
+    printed = [line for line in resumed.stderr.splitlines() if "x is now" in line]
+    assert len(printed) == 100 - stopped_at and printed[0].endswith(f"x is now {stopped_at + 1}")
+    history = read_history(run_dir)
+    assert [entry["event"] for entry in history] == ["started", "preempted", "resumed", "completed"]
+    assert history[2]["resumed_from"] == checkpoint  # info.latest_checkpoint: the id of the newest checkpoint
+    assert read_record(run_dir)["state"] == "completed"
