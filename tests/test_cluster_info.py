@@ -140,8 +140,6 @@ def test_script_commands_run_as_determined_runs_them() -> None:
 @pytest.mark.parametrize(
     ("entrypoint", "slots", "message"),
     [
-        ("python3 train.py", 2, "d.yaml: resources.slots_per_trial is 2, but the entrypoint 'python3 train.py' "
-         "starts one process; wrap it in a launch layer"),
         ("python3 -m determined.launch.deepspeed python3 t.py", 2, "DeepSpeed trials are not supported"),
         ("python3 -m determined.launch.tensorflow python3 t.py", 2, "unknown launch layer"),
         ("python3 -m determined.launch.torch_distributed", 2, "the launch layer wraps no script"),
@@ -257,19 +255,21 @@ def test_under_hookdet_run_unconfigured_retention_has_determineds_defaults(tmp_p
     assert best != 8 and steps == sorted({best, 8})
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--slots", "2"], "const.yaml: resources.slots_per_trial is 2, but the entrypoint "
-                           "'python3 train.py' starts one process"),
-    ],
-)
-def test_hookdet_run_refuses_what_a_script_cannot_do_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture, extra: List[str], message: str
+def test_a_script_of_several_slots_without_a_launch_layer_runs_once_and_is_refused_by_its_init(
+    tmp_path: Path
 ) -> None:
-    config = tmp_path / "const.yaml"
-    config.write_text("entrypoint: python3 train.py\nsearcher: {name: single, metric: validation_loss}\n")
-    assert main(["run", str(config), "--run-dir", str(tmp_path / "run"), *extra]) == 2
-    error = capsys.readouterr().err
-    assert error.startswith(f"hookdet: error: {config}: ") and message.split(": ", 1)[1] in error
-    assert not (tmp_path / "run").exists()  # refused before anything was made
+    """As Determined runs it: the command starts once with the cluster info of every slot, and the
+    script's ``pytorch.init`` (like ``core.init``) refuses to train one process for two slots, in
+    one line; the run's record says it failed."""
+    import shutil
+
+    from hookdet.runs.record import read_record
+    from tests.support import hookdet_process
+
+    model_dir = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "trainer_script", tmp_path / "model"))
+    finished = hookdet_process.run("run", "const.yaml", "--slots", "2", "--run-dir", "run", cwd=model_dir)
+    assert finished.returncode == 1, finished.stderr[-2000:]
+    assert ("hookdet: error: you must provide a valid DistributedContext for a multi-slot task: the trial has 2 "
+            "slots") in finished.stderr
+    assert "Traceback" not in finished.stderr
+    assert read_record(model_dir / "run")["state"] == "failed"

@@ -236,3 +236,75 @@ def test_metadata_of_a_run_reads_back_as_json(in_tmp: Path) -> None:
         with pytest.raises(TypeError, match="set_metadata takes a dict"):
             core_context.train.set_metadata(["a"])
     assert json.loads((the_run(in_tmp) / "run.json").read_text())["state"] == "completed"
+
+
+def test_a_context_a_script_builds_for_its_workers_has_working_collectives() -> None:
+    """Two workers (threads here; processes in the tutorial's stage 4) with contexts they built
+    themselves, no process group: allgather, gather, broadcast, their _local forms, barrier."""
+    import threading
+
+    from hookdet.distributed.store_collectives import free_port
+
+    port = free_port()
+    results = {}
+
+    def worker(rank: int) -> None:
+        context = det.core.DistributedContext(rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0,
+                                              cross_size=1, chief_ip="127.0.0.1", pub_port=port)
+        got = (context.allgather(rank * 10), context.gather(f"r{rank}"), context.broadcast(f"from {rank}"),
+               context.allgather_local(rank), context.broadcast_local(rank + 5), context.any_rank(rank == 1))
+        context.barrier()
+        context.close()
+        results[rank] = got
+
+    threads = [threading.Thread(target=worker, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results[0] == ([0, 10], ["r0", "r1"], "from 0", [0, 1], 5, True)
+    assert results[1] == ([0, 10], None, "from 0", [0, 1], 5, True)
+
+
+def test_a_context_across_machines_needs_the_chief_address() -> None:
+    with pytest.raises(AssertionError, match="chief_ip parameter is required"):
+        det.core.DistributedContext(rank=0, size=4, local_rank=0, local_size=2, cross_rank=0, cross_size=2)
+
+
+@pytest.mark.parametrize("api", ["core", "trainer"])
+def test_several_slots_in_one_process_without_a_context_are_refused(in_tmp: Path, api: str) -> None:
+    from hookdet.config import parse_experiment_config
+    from hookdet.errors import UsageError
+    from hookdet.trial_api import cluster_info
+
+    config = parse_experiment_config({"resources": {"slots_per_trial": 2}}, source="test")
+    info = cluster_info.local_cluster_info(config, slots=2, run_dir=in_tmp / "run")
+    with cluster_info.activated(info), pytest.raises(UsageError) as refused:
+        if api == "core":
+            det.core.init()
+        else:
+            with det.pytorch.init():
+                pass
+    assert "you must provide a valid DistributedContext for a multi-slot task: the trial has 2 slots" in str(
+        refused.value)
+    assert not (in_tmp / "run").exists()
+
+
+def test_sharded_stores_refuse_files_and_metadata_two_ranks_disagree_on() -> None:
+    from hookdet.core.checkpoint import _shard_problem
+
+    assert _shard_problem([({"a": b"1"}, {"steps_completed": 1}), ({"b": b"2"}, {})]) is None
+    problem = _shard_problem([({"a": b"1"}, {"steps_completed": 1, "k": 1}), ({"a": b"2"}, {"k": 2})])
+    assert problem == ("refusing to store a sharded checkpoint with conflicts: a written by ranks [0, 1]; "
+                       "metadata 'k' given different values by ranks [0, 1]")
+    assert "requires a 'steps_completed' item" in _shard_problem([({"a": b"1"}, {}), ({}, {})])
+
+
+def test_wrap_rank_marks_every_line_with_the_rank() -> None:
+    import io
+
+    from hookdet.launch.wrap_rank import prefix_lines
+
+    target = io.BytesIO()
+    prefix_lines(io.BytesIO(b"one\ntwo\rthree"), target, b"[rank=3] ")
+    assert target.getvalue() == b"[rank=3] one\n[rank=3] two\n[rank=3] three\n"

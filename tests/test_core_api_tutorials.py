@@ -104,3 +104,19 @@ def test_stage_2_stops_at_sigterm_with_a_checkpoint_and_resumes_at_its_batch(tut
     assert [entry["event"] for entry in history] == ["started", "preempted", "resumed", "completed"]
     assert history[2]["resumed_from"] == checkpoint  # info.latest_checkpoint: the id of the newest checkpoint
     assert read_record(run_dir)["state"] == "completed"
+
+
+@pytest.mark.slow
+def test_stage_4_workers_the_script_starts_itself_agree_through_their_own_contexts(tutorial: Path) -> None:
+    """The stage's launcher starts one worker per slot (two here, of the file's eight, to spare
+    the suite's CPUs: the note has the eight-slot run), each through hookdet.launch.wrap_rank
+    and with a DistributedContext it builds itself; x grows by every worker's increment."""
+    finished = hookdet_process.run("run", "4_distributed.yaml", "--slots", "2", "--run-dir", "stage4", cwd=tutorial)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    run_dir = tutorial / "stage4"
+    increment = json.loads((run_dir / "config.json").read_text())["hyperparameters"]["increment_by"]
+    reports = [(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(run_dir)]
+    assert reports[-2:] == [("training", 100, {"x": 100 * 2 * increment}), ("validation", 100, {"x": 100 * 2 * increment})]
+    assert sorted(path.name for path in (run_dir / "logs").iterdir()) == ["rank-0.log", "rank-1.log"]
+    assert "[rank=1] " in finished.stdout + finished.stderr and "[rank=0] " in finished.stdout + finished.stderr
+    assert read_record(run_dir)["state"] == "completed"

@@ -39,6 +39,7 @@ from hookdet.launch import outcome
 from hookdet.launch.outcome import Outcome, read_launch
 from hookdet.errors import UsageError
 from hookdet.runs import record as run_record
+from hookdet.distributed.store_collectives import CHIEF_PORT_ENV, free_port
 from hookdet.distributed.launcher import (
     CRASH_SIGNALS, RANK_ENTRY, is_python, killed_line, launcher_death_line, resume_target, run_passing_signals,
     signal_name, this_node, torchrun_command,
@@ -90,13 +91,7 @@ def script_command(
     (signals go to it alone, not its process group), and the environment it adds."""
     tokens = shlex.split(entrypoint)
     layer, overrides, script = split_launch_layer(tokens)
-    if layer is None:
-        if slots > 1:
-            raise EntrypointError(
-                f"{source}: resources.slots_per_trial is {slots}, but the entrypoint "
-                f"{entrypoint!r} starts one process; wrap it in a launch layer, e.g. "
-                f"'python3 -m determined.launch.torch_distributed {entrypoint}'"
-            )
+    if layer is None:  # one process, whatever the slots: it starts its workers itself, or is refused there
         command = ["sh", "-c", entrypoint] if _SHELL_SYNTAX.search(entrypoint) else tokens
         return command, False, {}
     if layer not in LAUNCH_LAYERS:
@@ -156,6 +151,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     started = run_record.now()
     with outcome.records_directory("hookdet-cluster-info-") as info_dir:
         env = dict(os.environ, **extra_env)
+        env.setdefault(CHIEF_PORT_ENV, str(free_port()))  # for workers the script starts itself
         env.pop(outcome.OUTCOME_FILE_ENV, None)  # this process's record, not the command's
         env[cluster_info.CLUSTER_INFO_ENV] = str(cluster_info.write_cluster_info(info, info_dir / "cluster.json"))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

@@ -133,7 +133,6 @@ def init(
     from hookdet.loop.trainer import opened_run
 
     info = cluster_info.get_cluster_info()
-    _refuse_missing_distributed(info, distributed)
     config = _experiment_config(info, checkpoint_storage)
     tensorboard = TensorboardMode(tensorboard_mode) != TensorboardMode.MANUAL
     opened = contextlib.ExitStack()
@@ -152,20 +151,6 @@ def init(
     except BaseException:
         opened.__exit__(*sys.exc_info())
         raise
-
-
-def _refuse_missing_distributed(info: Any, distributed: Any) -> None:
-    """Several slots and no context to form the group with: refused before the run opens."""
-    if info is None or distributed is not None:
-        return
-    from hookdet.errors import UsageError
-
-    if len(info.container_addrs) > 1 or len(info.slot_ids) > 1:
-        raise UsageError(
-            "you must provide a valid DistributedContext for a multi-slot task: this trial has "
-            f"{sum(info.container_slot_counts)} slots; pass det.core.init(distributed=det.core.DistributedContext"
-            ".from_torch_distributed()) under a launcher, or build one per worker (rank=, size=, ...)"
-        )
 
 
 def _experiment_config(info: Any, checkpoint_storage: Union[str, Dict[str, Any], None]) -> Any:

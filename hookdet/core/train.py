@@ -99,7 +99,7 @@ class TrainContext:
 
     def get_tensorboard_path(self) -> Path:
         """The run's TensorBoard directory (``<run dir>/tensorboard``)."""
-        return Path(self._run.tensorboard_dir)
+        return Path(self._run.tensorboard_dir).absolute()
 
     def upload_tensorboard_files(self, selector: Any = None, mangler: Any = None) -> None:
         """TensorBoard files stay in the run's directory: there is nothing to upload locally."""

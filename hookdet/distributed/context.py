@@ -36,7 +36,14 @@ def rank_device(local_rank: int) -> torch.device:
 
 
 class DistributedContext:
-    """One process: every collective is the identity. Subclasses override the collectives."""
+    """Rank, size and object collectives. One process: every collective is the identity.
+
+    Built by a script for each worker it starts itself (Determined's
+    ``det.core.DistributedContext(rank=, size=, local_rank=, local_size=, cross_rank=,
+    cross_size=, chief_ip=)``), the collectives of a context of more than one rank run over a
+    key-value store the chief hosts (:mod:`hookdet.distributed.store_collectives`), with no
+    process group. Subclasses override the collectives with their backend's.
+    """
 
     def __init__(
         self,
@@ -46,6 +53,11 @@ class DistributedContext:
         local_size: int = 1,
         cross_rank: int = 0,
         cross_size: int = 1,
+        chief_ip: Optional[str] = None,
+        pub_port: Optional[int] = None,
+        pull_port: Optional[int] = None,
+        port_offset: int = 0,
+        force_tcp: bool = False,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -53,6 +65,14 @@ class DistributedContext:
         self.local_size = local_size
         self.cross_rank = cross_rank
         self.cross_size = cross_size
+        self._chief_ip = chief_ip
+        self._port = (pub_port, port_offset)
+        self._store: Any = None
+        if type(self) is DistributedContext and local_size != size and chief_ip is None:
+            raise AssertionError(
+                f"This is a distributed job (local_size {local_size} != size {size}) but chief_ip was none "
+                "provided.  When cross_size > 1, the chief_ip parameter is required."
+            )
 
     def get_rank(self) -> int:
         """This process's rank among all processes."""
@@ -85,18 +105,20 @@ class DistributedContext:
 
     def allgather(self, obj: Any) -> List[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
-        return [obj]
+        return [obj] if self.size == 1 else self._collectives().allgather(obj)
 
     def gather(self, obj: Any) -> Optional[List[Any]]:
         """Every rank's ``obj`` on the chief; None elsewhere."""
-        return [obj]
+        return [obj] if self.size == 1 else self._collectives().gather(obj)
 
     def broadcast(self, obj: Any) -> Any:
         """The chief's ``obj`` on every rank."""
-        return obj
+        return obj if self.size == 1 else self._collectives().broadcast(obj)
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
+        if self.size > 1:
+            self._collectives().barrier()
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (collective: every rank calls it at the same point).
@@ -104,7 +126,15 @@ class DistributedContext:
         The loop reads stop requests through this, so all ranks stop at the same batch even when
         a signal reached only some of them, or reached them at different moments.
         """
-        return bool(flag)
+        return bool(flag) if self.size == 1 else any(self.allgather(bool(flag)))
+
+    def _collectives(self) -> Any:
+        """The chief's store, joined on the first collective (every rank makes the same calls)."""
+        if self._store is None:
+            from hookdet.distributed.store_collectives import StoreCollectives, chief_port
+
+            self._store = StoreCollectives(self.rank, self.size, self._chief_ip, chief_port(*self._port))
+        return self._store
 
     def any_rank_soon(self, flag: bool) -> bool:
         """Like :meth:`any_rank`, but an agreement that may lag behind, for the loop's per-batch
@@ -116,7 +146,10 @@ class DistributedContext:
         return self.any_rank(flag)
 
     def close(self) -> None:
-        """Tear down the process group, if any."""
+        """Tear down the process group or leave the chief's store, if any."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     # ------------------------------------------------------------------ Determined's extras
 

@@ -114,6 +114,7 @@ def opened_run(
     if aggregation_frequency != 1:
         config.optimizations.aggregation_frequency = aggregation_frequency
     selection = plugin_selection_for(config, enable_tensorboard_logging)
+    _refuse_one_process_for_several_slots(info, distributed, selection)
     manager = _plugin_manager_for(config, selection, plugins)
     trial_seed = info.trial.trial_seed if info is not None else config.trial_seed()
     seed_everything(trial_seed)
@@ -131,6 +132,23 @@ def opened_run(
     )
     with _opened(run, distributed, selection, trial_context):
         yield run
+
+
+def _refuse_one_process_for_several_slots(info: Any, distributed: Optional[DistributedContext],
+                                          selection: PluginSelection) -> None:
+    """A trial of several slots run as one process (an entrypoint without a launch layer, as
+    Determined runs it) needs the script to form the group itself: refused before the run opens
+    when it passed no ``distributed`` context, as Determined's ``core.init`` refuses it."""
+    if info is None or info.task_type != "TRIAL" or distributed is not None or selection.launch.multi_process:
+        return
+    slots = sum(info.container_slot_counts)
+    if slots > 1:
+        raise UsageError(
+            f"you must provide a valid DistributedContext for a multi-slot task: the trial has {slots} slots "
+            "(resources.slots_per_trial) and this process is one of them; wrap the entrypoint in a launch layer "
+            "('python3 -m determined.launch.torch_distributed python3 SCRIPT'), or start one worker per slot "
+            "and pass each its own distributed=det.core.DistributedContext(rank=..., size=..., ...)"
+        )
 
 
 def _experiment_config(exp_conf: Any, info: Any) -> ExperimentConfig:
