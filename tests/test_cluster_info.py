@@ -15,7 +15,6 @@ from hookdet.trial_api import cluster_info
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints import lookup as lookup
 from hookdet.runs.metrics import read_reports
-from hookdet.cli.commands import main
 from hookdet.config import parse_experiment_config
 from hookdet.cli.script_entrypoint import EntrypointError, exit_status, script_command, split_launch_layer
 from tests.fixtures.trainer_script.train import DigitsTrial
