@@ -107,7 +107,8 @@ LAYERS = (
     ("hookdet", "hookdet.markers", "hookdet.exit_codes", "hookdet.errors"),
     # parts that need nothing of hookdet's but the errors: Determined's distributed context, the
     # searchers' spaces and their Go arithmetic, batches, metrics, a process's outcome record
-    ("hookdet.distributed.context", "hookdet.distributed.stop_agreement", "hookdet.search.space",
+    ("hookdet.distributed.context", "hookdet.distributed.stop_agreement", "hookdet.distributed.store_collectives",
+     "hookdet.search.space",
      "hookdet.search.go_math", "hookdet.data", "hookdet.metrics", "hookdet.launch"),
     ("hookdet.config",),
     ("hookdet.checkpoints",),
