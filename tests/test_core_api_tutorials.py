@@ -120,3 +120,54 @@ def test_stage_4_workers_the_script_starts_itself_agree_through_their_own_contex
     assert sorted(path.name for path in (run_dir / "logs").iterdir()) == ["rank-0.log", "rank-1.log"]
     assert "[rank=1] " in finished.stdout + finished.stderr and "[rank=0] " in finished.stdout + finished.stderr
     assert read_record(run_dir)["state"] == "completed"
+
+
+MNIST = REPO / "tests" / "fixtures" / "determined_core_api_mnist"
+TORCHVISION_STANDIN = REPO / "tests" / "fixtures" / "torchvision_standin"
+
+
+@pytest.fixture
+def mnist_tutorial(tmp_path: Path) -> Path:
+    """Determined's Core API MNIST steps, only the import changed, in a folder of their own."""
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for original in MNIST.iterdir():
+        if original.suffix in (".py", ".yaml"):
+            (folder / original.name).write_text(with_only_the_import_changed(original.read_text()))
+    return folder
+
+
+def run_mnist(folder: Path, *args: str) -> "hookdet_process.subprocess.CompletedProcess":
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(TORCHVISION_STANDIN))
+    return hookdet_process.run("run", *args, cwd=folder, env=env)
+
+
+@pytest.mark.slow
+def test_mnist_steps_run_unchanged_but_the_import(mnist_tutorial: Path) -> None:
+    """The plain script (no Determined in it), then the metrics step: one epoch each."""
+    plain = run_mnist(mnist_tutorial, "const.yaml", "--config", "entrypoint=python3 model_def.py --epochs 1",
+                      "--run-dir", "const")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert "Test set: Average loss" in plain.stdout and read_record(mnist_tutorial / "const")["state"] == "completed"
+    metrics = run_mnist(mnist_tutorial, "metrics.yaml", "--config", "entrypoint=python3 model_def_metrics.py --epochs 1",
+                        "--run-dir", "metrics")
+    assert metrics.returncode == 0, metrics.stderr[-3000:]
+    (validation,) = [r for r in read_reports(mnist_tutorial / "metrics") if r["group"] == "validation"]
+    assert validation["steps_completed"] == 23 and 0 < validation["metrics"]["test_loss"] < 3
+
+
+@pytest.mark.slow
+def test_mnist_checkpoints_step_resumes_from_its_latest_checkpoint(mnist_tutorial: Path) -> None:
+    first = run_mnist(mnist_tutorial, "checkpoints.yaml", "--config",
+                      "entrypoint=python3 model_def_checkpoints.py --epochs 1", "--run-dir", "ckpt")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = mnist_tutorial / "ckpt"
+    checkpoint = read_record(run_dir)["latest_checkpoint"]
+    resumed = run_mnist(mnist_tutorial, "checkpoints.yaml", "--config",
+                        "entrypoint=python3 model_def_checkpoints.py --epochs 2", "--resume", "ckpt")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count("Test set: Average loss") == 1  # epoch 2 only: epoch 1 came from the checkpoint
+    assert [r["steps_completed"] for r in read_reports(run_dir) if r["group"] == "validation"] == [23, 46]
+    assert read_history(run_dir)[2]["resumed_from"] == checkpoint
