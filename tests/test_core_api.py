@@ -308,3 +308,27 @@ def test_wrap_rank_marks_every_line_with_the_rank() -> None:
     target = io.BytesIO()
     prefix_lines(io.BytesIO(b"one\ntwo\rthree"), target, b"[rank=3] ")
     assert target.getvalue() == b"[rank=3] one\n[rank=3] two\n[rank=3] three\n"
+
+
+def test_a_script_that_never_asks_is_interrupted_after_the_grace_period(in_tmp: Path, monkeypatch) -> None:
+    """SIGTERM, then a loop that never calls should_preempt(): interrupted after the grace period,
+    the checkpoint being stored then discarded whole, the run preempted at its latest checkpoint."""
+    import time
+
+    monkeypatch.setenv("HOOKDET_STOP_GRACE_S", "0.3")
+    stored = []
+    with pytest.raises(SystemExit) as exited:
+        with det.core.init() as core_context:
+            with core_context.checkpoint.store_path({"steps_completed": 1}) as (path, storage_id):
+                (path / "state").write_text("1")
+            stored.append(storage_id)
+            os.kill(os.getpid(), signal.SIGTERM)
+            with core_context.checkpoint.store_path({"steps_completed": 2}) as (path, _):
+                (path / "state").write_text("half")
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:  # a script busy elsewhere, never asking
+                    time.sleep(0.01)
+    assert exited.value.code == 75
+    record = read_record(the_run(in_tmp))
+    assert (record["state"], record["latest_checkpoint"]) == ("preempted", stored[0])
+    assert sorted(p.name for p in (the_run(in_tmp) / "checkpoints").iterdir()) == stored

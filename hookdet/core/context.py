@@ -31,7 +31,7 @@ from hookdet.core.preempt import PreemptContext, PreemptMode
 from hookdet.core.searcher import searcher_context
 from hookdet.core.train import EarlyExitReason, TrainContext
 from hookdet.core.profiler import ProfilerContext
-from hookdet.exit_codes import INVALID_HP_EXIT_CODE, ExitReason
+from hookdet.exit_codes import INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE, ExitReason
 from hookdet.launch import outcome
 from hookdet.runs import record as run_record
 from hookdet.trial_api import cluster_info
@@ -76,6 +76,8 @@ class Context:
         from hookdet.errors import InvalidHP
 
         self.close(exc_type, exc_val, exc_tb)
+        if self.preempt.interrupted and isinstance(exc_val, KeyboardInterrupt):
+            sys.exit(PREEMPTED_EXIT_CODE)  # stopped by the signal, at its latest checkpoint
         if isinstance(exc_val, InvalidHP):
             # Determined converts it to exit(0) and tells its master; hookdet run learns it from
             # the status, as it does from a trial class (a search then replaces the trial).
@@ -104,6 +106,9 @@ class Context:
                 run_record.note_fields(run.run_dir, early_exit=EarlyExitReason.INVALID_HP.value)
             run.exit_reason = ExitReason.EXITED
             exc_type = exc_val = exc_tb = None  # the trial ends as invalid, not failed
+        elif self.preempt.interrupted and isinstance(exc_val, KeyboardInterrupt):
+            run.exit_reason = ExitReason.PREEMPTED  # interrupted for not asking: preempted, not failed
+            exc_type = exc_val = exc_tb = None
         elif exc_val is None:
             run.exit_reason = ExitReason.PREEMPTED if self.preempt.told_to_stop else ExitReason.COMPLETED
             if run.exit_reason == ExitReason.COMPLETED:

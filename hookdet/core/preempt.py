@@ -9,17 +9,32 @@ Core API script and a trial class stop on the same signals. A script that return
 ``should_preempt()`` said true leaves a *preempted* run (``hookdet run`` exits 75; ``--resume``
 continues it).
 
+A script that never asks still stops: :data:`GRACE_SECONDS` after a stop signal that no
+``should_preempt()`` answered (``$HOOKDET_STOP_GRACE_S`` sets it), the script is interrupted
+where it is (a ``KeyboardInterrupt`` in its main thread, as a second Ctrl-C does at once). A
+checkpoint being stored then is discarded whole (a storage publishes only complete ones), the
+run is recorded *preempted* at its latest checkpoint, and the process exits 75.
+
 :class:`PreemptMode` is Determined's: with ``WorkersAskChief`` (the default) every rank calls
 ``should_preempt()`` at the same point and gets the chief's answer; ``ChiefOnly`` lets only the
 chief ask; ``WorkersAskMaster`` lets every rank ask for itself.
 """
 from __future__ import annotations
 
+import _thread
 import enum
 import logging
-from typing import Any
+import os
+import threading
+import time
+from typing import Any, Optional
 
 logger = logging.getLogger("hookdet")
+
+#: Seconds a script has, after a stop signal, to ask ``should_preempt()`` before it is interrupted.
+GRACE_SECONDS = 30.0
+#: The environment variable that sets :data:`GRACE_SECONDS` for a run.
+GRACE_ENV = "HOOKDET_STOP_GRACE_S"
 
 
 class PreemptMode(enum.Enum):
@@ -41,17 +56,39 @@ class PreemptContext:
         self._closed = False
         #: Whether ``should_preempt()`` has answered True (the script was told to stop).
         self.told_to_stop = False
+        #: Whether the script was interrupted for not asking within the grace period.
+        self.interrupted = False
+        self._watch: Optional[threading.Thread] = None
 
     def start(self) -> "PreemptContext":
         """Start answering (``core.init()``'s ``with`` block does it)."""
         if self._started:
             raise RuntimeError("you cannot call PreemptContext.start() multiple times")
         self._started = True
+        if threading.current_thread() is threading.main_thread():
+            self._watch = threading.Thread(target=self._interrupt_if_never_asked, name="hookdet-stop-grace",
+                                           daemon=True)
+            self._watch.start()
         return self
 
     def close(self) -> None:
         """Stop answering: ``should_preempt()`` after the ``with`` block is refused."""
         self._closed = True
+
+    def _interrupt_if_never_asked(self) -> None:
+        """Interrupt the main thread when a stop signal went unasked for the grace period."""
+        grace = float(os.environ.get(GRACE_ENV, GRACE_SECONDS))
+        while not self._closed and self._run.exit_reason is None:
+            time.sleep(0.1)
+        deadline = time.monotonic() + grace
+        while not self._closed and not self.told_to_stop and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._closed or self.told_to_stop:
+            return
+        logger.warning("the script did not ask core_context.preempt.should_preempt() within %.0f s of the stop "
+                       "signal: interrupting it (its latest checkpoint is kept)", grace)
+        self.interrupted = True
+        _thread.interrupt_main()
 
     def __enter__(self) -> "PreemptContext":
         return self.start()
