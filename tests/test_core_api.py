@@ -332,3 +332,16 @@ def test_a_script_that_never_asks_is_interrupted_after_the_grace_period(in_tmp: 
     record = read_record(the_run(in_tmp))
     assert (record["state"], record["latest_checkpoint"]) == ("preempted", stored[0])
     assert sorted(p.name for p in (the_run(in_tmp) / "checkpoints").iterdir()) == stored
+
+
+def test_a_search_stops_a_core_api_trial_through_should_preempt(in_tmp: Path, monkeypatch) -> None:
+    """The stop file a search's worker makes when the searcher stops the trial at a rung: the
+    next should_preempt() is true and the trial ends stopped (not preempted: nothing to resume)."""
+    stop = in_tmp / "stop-file"
+    monkeypatch.setenv("HOOKDET_SEARCH_STOP_FILE", str(stop))
+    with det.core.init() as core_context:
+        core_context.train.report_validation_metrics(steps_completed=5, metrics={"validation_loss": 1.0})
+        assert core_context.preempt.should_preempt() is False
+        stop.touch()
+        assert core_context.preempt.should_preempt() is True
+    assert read_record(the_run(in_tmp))["state"] == "stopped"

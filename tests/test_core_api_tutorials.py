@@ -171,3 +171,39 @@ def test_mnist_checkpoints_step_resumes_from_its_latest_checkpoint(mnist_tutoria
     assert resumed.stdout.count("Test set: Average loss") == 1  # epoch 2 only: epoch 1 came from the checkpoint
     assert [r["steps_completed"] for r in read_reports(run_dir) if r["group"] == "validation"] == [23, 46]
     assert read_history(run_dir)[2]["resumed_from"] == checkpoint
+
+
+@pytest.mark.slow
+def test_stage_3_asha_stops_the_trials_determineds_rule_stops_while_they_train(tutorial: Path) -> None:
+    """The tutorial's adaptive ASHA search (10 trials, time_metric batches, max_time 100): each
+    trial is one process that never pauses; at the first validation at or past a rung the search
+    decides, and a trial it stops sees should_preempt() and ends stopped. The stops are those of
+    Determined's stop-once rule for the values the scripts reported (x = batches * increment_by),
+    taken in the trials' order: the n-th trial at a rung goes on only within the best
+    max(n // divisor, 1) so far."""
+    finished = hookdet_process.run("run", "3_hpsearch.yaml", "--workers", "3", "--run-dir", "search", cwd=tutorial)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    state = json.loads((tutorial / "search" / "search-state.json").read_text())
+    trials = [state["trials"][request] for request in state["order"]]
+    assert len(trials) == 10
+    first_rung = state["method"]["brackets"][0]["rungs"][0]["units"]
+    at_rung, expected_stopped = [], set()
+    for trial in (t for t in trials if t["bracket"] == 0):  # Determined's rule, by hand
+        steps = next(s for s in range(10, 101, 10) if s >= first_rung)
+        value = steps * trial["hparams"]["increment_by"]
+        at_rung.append(value)
+        keep = max(len(at_rung) // 4, 1)  # adaptive_asha's default divisor
+        if sorted(at_rung).index(value) >= keep:  # inserted before an equal value, as Go's sort.Search
+            expected_stopped.add(trial["number"])
+    stopped = {trial["number"] for trial in trials if trial["state"] == "stopped"}
+    assert stopped == expected_stopped and stopped, (stopped, expected_stopped)
+    for trial in trials:
+        record = read_record(Path(trial["dir"]))
+        if trial["number"] in stopped:  # stopped in its own process at its next check past the rung, unless
+            # it had trained to its end first (its rung was decided after earlier trials': a busy machine)
+            assert (record["state"] == "stopped" and first_rung <= record["batches_trained"] < 100) or (
+                record["state"], record["batches_trained"]) == ("completed", 100), record
+        else:
+            assert (trial["state"], record["state"], record["batches_trained"]) == ("completed", "completed", 100)
+        history = read_history(Path(trial["dir"]))
+        assert [entry["event"] for entry in history][:1] == ["started"] and len(history) == 2  # never paused

@@ -174,7 +174,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     status = tell_failed_ranks(status, trained, ranks, failed.failed_ranks if failed is not None else {})
     final = exit_status(status, trained, ranks, is_launcher)
     ending = ending_of(run_dir, config.searcher.metric, status, final, node)
-    if node[0] == 0:  # rank 0's machine keeps the run's record
+    if node[1] == 1:  # on several machines, rank 0's (wherever the rendezvous put it) keeps the record
         run_record.record_command(run_dir, config, started, final, command_state(status, final))
     print(ending, flush=True)
     return final

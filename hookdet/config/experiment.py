@@ -234,6 +234,10 @@ TRIAL_ID_ENV = "HOOKDET_TRIAL_ID"
 #: whose first validation at or past it the trial pauses (checkpoints and exits 0), whatever
 #: length the trial itself trains to (a script's ``Trainer.fit(max_length=...)`` included).
 SEGMENT_END_ENV = "HOOKDET_SEGMENT_END"
+#: Set by a hyperparameter search for each trial it runs: a file whose existence says the search
+#: stopped the trial. A Core API trial is never paused at a rung (its resume is the script's):
+#: its ``should_preempt()`` turns true once this file exists, and it ends as stopped.
+SEARCH_STOP_FILE_ENV = "HOOKDET_SEARCH_STOP_FILE"
 
 
 def current_trial_id() -> int:

@@ -109,7 +109,7 @@ class Context:
         elif self.preempt.interrupted and isinstance(exc_val, KeyboardInterrupt):
             run.exit_reason = ExitReason.PREEMPTED  # interrupted for not asking: preempted, not failed
             exc_type = exc_val = exc_tb = None
-        elif exc_val is None:
+        elif exc_val is None and run.exit_reason != ExitReason.STOPPED:  # stopped: by the search
             run.exit_reason = ExitReason.PREEMPTED if self.preempt.told_to_stop else ExitReason.COMPLETED
             if run.exit_reason == ExitReason.COMPLETED:
                 self.checkpoint.apply_retention(final=True)
@@ -150,6 +150,8 @@ def init(
         run.first_batch = _resumed_steps(info)
         run.state.batches_trained = run.first_batch
         context = Context(run, opened, preempt_mode, tensorboard)
+        if run.is_chief:  # a search reads it: this trial reports live, and is never paused at a rung
+            run_record.note_fields(run.run_dir, core_api=True)
         run.hook.on_trial_startup(run=run, first_batch_idx=run.first_batch,
                                   checkpoint_uuid=None if info is None else info.latest_checkpoint)
         return context

@@ -3,9 +3,12 @@
 On a Determined cluster the chief long-polls the master for a preemption signal (a pause, the
 scheduler, the searcher) and ``should_preempt()`` turns true when one came. hookdet's signals
 are the ones a local run gets: SIGTERM, SIGINT or SIGHUP to the process (``hookdet run`` passes
-its own on), and a search's decision to stop the trial. Both reach the run through the
-``preemption`` plugin, which marks it (``run.exit_reason``); this context reads that mark, so a
-Core API script and a trial class stop on the same signals. A script that returns after
+its own on), which reach the run through the ``preemption`` plugin as a trial class's do (it
+marks the run, ``run.exit_reason``, and this context reads the mark), and a search's decision
+to stop the trial at a rung: the search's worker makes the file ``$HOOKDET_SEARCH_STOP_FILE``
+names, and the trial ends *stopped*. A search never pauses a Core API trial at a rung to resume
+it later (its resume is only as exact as the script): a trial the searcher continues trains on
+in the same process. A script that returns after
 ``should_preempt()`` said true leaves a *preempted* run (``hookdet run`` exits 75; ``--resume``
 continues it).
 
@@ -28,6 +31,9 @@ import os
 import threading
 import time
 from typing import Any, Optional
+
+from hookdet.config.experiment import SEARCH_STOP_FILE_ENV
+from hookdet.exit_codes import ExitReason
 
 logger = logging.getLogger("hookdet")
 
@@ -111,13 +117,28 @@ class PreemptContext:
                 "PreemptContext was configured with preempt_mode=ChiefOnly but .should_preempt() was called "
                 f"from non-chief worker of rank={self._dist.get_rank()}"
             )
-        asked = self._run.exit_reason is not None
-        if self._preempt_mode == PreemptMode.WorkersAskChief:
-            asked = bool(self._dist.broadcast(asked if chief else None))
+        if chief:
+            self._stopped_by_the_search()
+        reason = self._run.exit_reason
+        if self._preempt_mode == PreemptMode.WorkersAskChief:  # the chief's answer, and why
+            reason = self._dist.broadcast(None if not chief or reason is None else str(reason))
+            if reason is not None and self._run.exit_reason is None:
+                self._run.exit_reason = ExitReason(reason)
+        asked = reason is not None
         if asked and not self.told_to_stop:
             logger.info("should_preempt() -> True: the script was asked to stop (%s)", self._run.exit_reason)
             self.told_to_stop = True
         return asked
+
+    def _stopped_by_the_search(self) -> bool:
+        """Whether the search running this trial has stopped it (then the run ends ``stopped``)."""
+        stop_file = os.environ.get(SEARCH_STOP_FILE_ENV)
+        if not stop_file or not os.path.exists(stop_file):
+            return False
+        if self._run.exit_reason is None:
+            logger.info("the search stopped this trial at its rung: should_preempt() -> True")
+            self._run.exit_reason = ExitReason.STOPPED
+        return True
 
     def acknowledge_preemption_signal(self) -> None:
         """Determined tells its master the task will stop; locally the run's record says so."""

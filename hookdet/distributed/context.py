@@ -208,6 +208,25 @@ class DistributedContext:
         return cls.from_torch_distributed(chief_ip)
 
 
+class RankAloneContext(DistributedContext):
+    """Says it is rank ``rank`` of ``size`` while its collectives run as one process (each is the
+    identity): for testing what a plugin does off the chief, or on a rank of a large run, without
+    starting the other ranks (``hookdet.plugin.RankAloneContext(rank=1, size=2)``)."""
+
+    def allgather(self, obj: Any) -> List[Any]:
+        return [obj]
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        return [obj]
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def any_rank(self, flag: bool) -> bool:
+        return bool(flag)
 
 
 class TorchDistributedContext(DistributedContext):

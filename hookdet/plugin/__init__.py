@@ -107,6 +107,7 @@ LAZY_NAMES = {
     "known_dtype_name": ("hookdet.trial_api.mixed_precision", "known_dtype_name"),
     "resolve_half_dtype": ("hookdet.trial_api.mixed_precision", "resolve_half_dtype"),
     "TorchDistributedContext": ("hookdet.distributed.context", "TorchDistributedContext"),
+    "RankAloneContext": ("hookdet.distributed.context", "RankAloneContext"),
     "HorovodDistributedContext": ("hookdet.distributed.context", "HorovodDistributedContext"),
     "rank_device": ("hookdet.distributed.context", "rank_device"),
     "LiveView": ("hookdet.metrics.live_view", "LiveView"),

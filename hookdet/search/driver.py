@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hookdet.search import methods
+from hookdet.search import live_trial, methods
 from hookdet.search.report import STATE_FILE
 from hookdet.search.settings import SearchSettings
 from hookdet.search.live_view import SearchView, best_words, decision_line
@@ -173,12 +173,13 @@ class Driver:
         self.apply(self.method.trial_created(self.ctx, create.request_id))
         self._schedule(trial)
 
-    def _rungs(self, trial: Dict[str, Any]) -> List[int]:
+    def rungs(self, trial: Dict[str, Any]) -> List[int]:
+        """The units of the trial's rungs (its whole length alone for an unstaged search)."""
         if not self.settings.staged:
             return [self.settings.max_length] if self.settings.max_length else []
         return methods.rungs_of(self.method)[trial["bracket"]]
 
-    def _trained_fully(self, trial: Dict[str, Any]) -> bool:
+    def trained_fully(self, trial: Dict[str, Any]) -> bool:
         """Whether the trial reached the search's length (a search without one trains each
         trial in one segment, to the length the trial sets)."""
         return self.settings.max_length is None or trial["units"] >= self.settings.max_length
@@ -192,7 +193,7 @@ class Driver:
             key += f"#{trial['attempts']}"
         else:
             trial["segments"] += 1
-            trial["target"] = next((u for u in self._rungs(trial) if u > trial["units"]), None)
+            trial["target"] = next((u for u in self.rungs(trial) if u > trial["units"]), None)
             trial["seq"] = self.state.setdefault("next_seq", 1)
             self.state["next_seq"] += 1
         trial["state"] = "queued"
@@ -259,18 +260,14 @@ class Driver:
         code = attrs.get("exit_code")
         rid = trial["request_id"]
         trial["identity"] = attrs.get("identity") or trial.get("identity")
-        if code == 0 and attrs.get("metric") is not None:
+        if attrs.get(live_trial.LIVE) is not None and (code == 0 or trial["stop"]):  # a Core API trial's end
+            self._close(trial, live_trial.ending_state(self, trial, attrs[live_trial.LIVE] if code == 0 else []))
+        elif code == 0 and attrs.get("metric") is not None:
             target = attrs["target"] or 0
             units = target if self.settings.unit not in (None, "batches") else int(attrs["batches"])
-            trial["units"] = max(units, target)
-            trial["batches"] = attrs["batches"]
-            trial["validations"].append([attrs["batches"], attrs["metric"]])
-            rungs = self._rungs(trial) if self.settings.staged else []  # no rungs: -1, shown as "-"
-            trial["rung"] = max([i for i, u in enumerate(rungs) if u <= trial["units"]], default=-1)
-            self.apply(self.method.validation_completed(self.ctx, rid, trial["units"],
-                                                        attrs["metric"]))
-            if trial["stop"] or self._trained_fully(trial):
-                self._close(trial, "completed" if self._trained_fully(trial) else "stopped")
+            self.take_validation(trial, int(attrs["batches"]), max(units, target), attrs["metric"])
+            if trial["stop"] or self.trained_fully(trial):
+                self._close(trial, "completed" if self.trained_fully(trial) else "stopped")
             elif not self.settings.promote:  # stop-once ASHA: it goes on to the next rung
                 self._schedule(trial)
         elif code in (PREEMPTED, -signal.SIGTERM) or self._search_was_killed(attrs):
@@ -299,9 +296,22 @@ class Driver:
         self.state["processed"].append(attrs["key"])
         self.save()
         self.flush()
+        self.tell_decision(trial, attrs)
+
+    def tell_decision(self, trial: Dict[str, Any], attrs: Dict[str, Any]) -> None:
+        """Say what became of the trial after the segment ``attrs`` describe, and show it."""
         self.say(decision_line(self, trial, attrs))
         if self.view is not None:
             self.view.mark(trial)
+
+    def take_validation(self, trial: Dict[str, Any], batches: int, units: int, metric: float) -> None:
+        """Feed one validation of the trial to the searcher (a Core API trial's too, as it trains)."""
+        trial["units"] = max(units, trial["units"])
+        trial["batches"] = batches
+        trial["validations"].append([batches, metric])
+        rungs = self.rungs(trial) if self.settings.staged else []  # no rungs: -1, shown as "-"
+        trial["rung"] = max([i for i, u in enumerate(rungs) if u <= trial["units"]], default=-1)
+        self.apply(self.method.validation_completed(self.ctx, trial["request_id"], trial["units"], metric))
 
     def say(self, line: str) -> None:
         """A decision line: above the live view in a terminal, else printed."""
@@ -370,15 +380,19 @@ class Driver:
         """Handle every finished segment and reap dead ones; True when the search is over."""
         done_states = ("COMPLETE", "FAIL")
         handled = False
-        while True:  # in number order, stopping at the first still at work; read again after
-            # each decision, which may have queued a retry that comes before what was read
+        while True:  # in number order to the first at work; read again (a decision may queue a retry first)
             processed = set(self.state["processed"])
+            stopped_live = set(self.state.get("live_stopped", ()))  # decided: they end when they end
             segments = self.segments_seen = self.queue.segments()
-            unprocessed = sorted((s for s in segments if attrs_of(s).get("key") not in processed),
-                                 key=sequence_number)
-            if not unprocessed or unprocessed[0].state.name not in done_states:
+            unprocessed = sorted((s for s in segments if attrs_of(s).get("key") not in processed and (
+                s.state.name in done_states or attrs_of(s).get("key") not in stopped_live)), key=sequence_number)
+            live = unprocessed and live_trial.decision_due(unprocessed[0])  # a Core API trial at its rung
+            if not live and (not unprocessed or unprocessed[0].state.name not in done_states):
                 break
-            self.handle(unprocessed[0])
+            if live:
+                live_trial.decide_rung(self, unprocessed[0])
+            else:
+                self.handle(unprocessed[0])
             handled = True
         if self.view is not None:
             self.view.update_marked(busy=handled or any(s.state.name == "WAITING" for s in segments))

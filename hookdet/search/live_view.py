@@ -34,7 +34,7 @@ REFRESHES_PER_SECOND = 2
 #: the others (queued, running) are "open".
 TALLIED = ("paused", "stopped", "completed", "invalid_hp", "errored")
 
-_ORDER = ("running", "queued", "paused", "completed", "stopped", "errored", "invalid_hp")
+_ORDER = ("running", "queued", "paused", "stopping", "completed", "stopped", "errored", "invalid_hp")
 
 
 class SearchView:

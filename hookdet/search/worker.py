@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from hookdet.config.experiment import SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
+from hookdet.config.experiment import SEARCH_STOP_FILE_ENV, SEGMENT_END_ENV, TRIAL_ID_ENV, TRIAL_SEED_ENV
 from hookdet.exit_codes import BAD_INPUT_EXIT_CODE, INVALID_HP_EXIT_CODE, PREEMPTED_EXIT_CODE
 from hookdet.checkpoints.resolver import newest_checkpoint_steps, read_identity
 from hookdet.distributed.launcher import CRASH_SIGNALS, signal_name
@@ -38,6 +38,7 @@ from hookdet.runs.identity import adopt_identity
 from hookdet.runs.metrics import drop_reports_after, read_reports
 from hookdet.runs.lock import RunDirLock
 from hookdet.runs.record import forget_attempt
+from hookdet.search.live_trial import LIVE, LiveRelay, stop_file
 from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of
 from hookdet.search.warm_pool import WarmPool
 from hookdet.search.warm_start import torch_gpu_count
@@ -45,6 +46,8 @@ from hookdet.search.warm_start import torch_gpu_count
 logger = logging.getLogger("hookdet")
 #: Seconds between a separate worker's progress lines while a segment trains.
 PROGRESS_EVERY_S = 30.0
+#: Seconds between two looks at a training Core API trial's validations and stop.
+LIVE_POLL_S = 0.5
 #: Seconds between two looks at a run directory another process holds (:meth:`SegmentRunner._wait_for_run_dir`).
 WAIT_FOR_RUN_DIR_S = 0.5
 #: ``hookdet run``'s exit statuses a worker tells apart.
@@ -213,13 +216,14 @@ class SegmentRunner:
             free = self._wait_for_run_dir(self.place(attrs)[0], attrs)
             if free:
                 run_dir, steps, started = self._start(trial_id, attrs)
-                status = self._wait(run_dir, attrs)
+                relay = LiveRelay(self.queue, trial_id, run_dir, attrs["metric"], attrs.get("unit"))
+                status = self._wait(run_dir, attrs, relay)
         if beats.failure is not None:  # the store is gone: the segment checkpointed and stopped
             raise beats.failure
         if not free:  # stopped while another process held the trial's directory: handed back untouched
             self.queue.finish(trial_id, {"exit_code": PREEMPTED}, ok=False)
             return
-        self._finish(trial_id, attrs, (run_dir, steps, started, status))
+        self._finish(trial_id, attrs, (run_dir, steps, started, status), relay.publish())
 
     def _start(self, trial_id: int, attrs: Dict[str, Any]) -> Tuple[Path, Optional[int], float]:
         """Start the segment's process (resuming the trial's newest checkpoint, if any); its run
@@ -244,6 +248,8 @@ class SegmentRunner:
         run_dir.mkdir(parents=True, exist_ok=True)
         outcome_file(run_dir).unlink(missing_ok=True)  # a record of this segment's own, or none
         env[OUTCOME_FILE_ENV] = str(outcome_file(run_dir))
+        stop_file(run_dir).unlink(missing_ok=True)  # a Core API trial's: made when the search stops it
+        env[SEARCH_STOP_FILE_ENV] = str(stop_file(run_dir))
         started = time.time()
         with self._lock:
             job = Job(argv, env, model_dir, log=str(run_dir.parent / f"{run_dir.name}.log"), cpus=self.slot.cpus)
@@ -257,8 +263,10 @@ class SegmentRunner:
         self.queue.storage.set_trial_user_attr(trial_id, "child_pid", self.process.pid)
         return run_dir, steps, started
 
-    def _finish(self, trial_id: int, attrs: Dict[str, Any], ran: Tuple[Path, Optional[int], float, int]) -> None:
-        """Report the segment's new validations of the searcher metric and record how it ended."""
+    def _finish(self, trial_id: int, attrs: Dict[str, Any], ran: Tuple[Path, Optional[int], float, int],
+                live: Optional[List[List[Any]]]) -> None:
+        """Report the segment's new validations of the searcher metric and record how it ended
+        (a Core API trial's ``live`` validations too: :mod:`hookdet.search.live_trial`)."""
         run_dir, steps, started, status = ran
         found = validations(run_dir, attrs["metric"])
         self._tell(f"worker: trial {attrs['trial']} ended at batch {found[-1][0] if found else '?'}"
@@ -276,7 +284,8 @@ class SegmentRunner:
                    "resumed_at": steps, "slot": self.slot.describe(),
                    "metric": found[-1][1] if found else None,
                    "batches": found[-1][0] if found else None,
-                   "identity": read_identity(run_dir)}  # where any worker finds its checkpoints
+                   "identity": read_identity(run_dir),  # where any worker finds its checkpoints
+                   **({LIVE: live} if live is not None else {})}
         self.queue.finish(trial_id, outcome, ok=status == 0)
 
     def _wait_for_run_dir(self, run_dir: Path, attrs: Dict[str, Any]) -> bool:
@@ -300,14 +309,19 @@ class SegmentRunner:
         if self.say is not None:
             self.say(line)
 
-    def _wait(self, run_dir: Path, attrs: Dict[str, Any]) -> int:
-        """The segment's exit status, once it exits; a separate worker says how far it got."""
+    def _wait(self, run_dir: Path, attrs: Dict[str, Any], relay: LiveRelay) -> int:
+        """The segment's exit status, once it exits; meanwhile a Core API trial's validations
+        and stop are relayed (``relay``), and a separate worker says how far it got."""
         assert self.process is not None
-        told = None
+        told, next_told = None, time.monotonic() + PROGRESS_EVERY_S
         while True:
-            status = self.process.wait(timeout=PROGRESS_EVERY_S if self.say is not None else None)
+            status = self.process.wait(timeout=LIVE_POLL_S)
             if status is not None:
                 return status
+            relay.poll()
+            if self.say is None or time.monotonic() < next_told:
+                continue
+            next_told = time.monotonic() + PROGRESS_EVERY_S
             batches = latest_batch(run_dir)
             if batches is not None and batches != told:
                 told = batches

@@ -27,8 +27,7 @@ from hookdet.runs.metrics import read_reports
 from hookdet.plugins.builtin.progress import ProgressPlugin, format_metrics
 from hookdet.metrics.live_view import format_number
 from hookdet.plugins.manager import PluginError
-from hookdet.distributed.context import DistributedContext
-from hookdet.plugin import run_of
+from hookdet.plugin import RankAloneContext, run_of
 from tests.test_core_loop import BUDGET_PYTHON
 from tests.support.trials import OneWeightTrial, fit
 
@@ -255,7 +254,7 @@ def test_other_ranks_show_nothing(tmp_path: Path) -> None:
     exp_conf = {"hyperparameters": HP, "plugins": {"only": ["progress"]}}
     with terminal_as_stderr() as terminal:
         with pytorch.init(hparams=HP, exp_conf=exp_conf, run_dir=tmp_path,
-                          distributed=DistributedContext(rank=1, size=2)) as context:
+                          distributed=RankAloneContext(rank=1, size=2)) as context:
             pytorch.Trainer(OneWeightTrial(context), context).fit(
                 max_length=pytorch.Batch(4), validation_period=pytorch.Batch(2)
             )
@@ -267,7 +266,7 @@ def test_the_chief_in_the_same_setting_shows_bars(tmp_path: Path) -> None:
     exp_conf = {"hyperparameters": HP, "plugins": {"only": ["progress"]}}
     with terminal_as_stderr() as terminal:
         with pytorch.init(hparams=HP, exp_conf=exp_conf, run_dir=tmp_path,
-                          distributed=DistributedContext(rank=0, size=2)) as context:
+                          distributed=RankAloneContext(rank=0, size=2)) as context:
             pytorch.Trainer(OneWeightTrial(context), context).fit(
                 max_length=pytorch.Batch(4), validation_period=pytorch.Batch(2)
             )

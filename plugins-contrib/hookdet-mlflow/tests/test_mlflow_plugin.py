@@ -218,11 +218,11 @@ def test_checkpoints_as_artifacts_on_a_server(mlflow_server: str, tmp_path: Path
 
 def test_other_ranks_log_nothing(sqlite_store: str, tmp_path: Path, monkeypatch: Any) -> None:
     """A rank-1 process (its collectives are the identity: only its rank matters here)."""
-    from hookdet.distributed.context import DistributedContext
+    from hookdet.plugin import RankAloneContext
 
     monkeypatch.chdir(tmp_path)
     options = {"tracking_uri": sqlite_store, "experiment_name": "not-on-rank-1"}
-    train(tmp_path / "run", options, max_batches=4, distributed=DistributedContext(rank=1, size=2))
+    train(tmp_path / "run", options, max_batches=4, distributed=RankAloneContext(rank=1, size=2))
     assert MlflowClient(tracking_uri=sqlite_store).get_experiment_by_name("not-on-rank-1") is None
 
 

@@ -1,0 +1,207 @@
+"""A Core API trial in a search: decided at each rung while it trains, never paused there.
+
+A trial class or a Trainer-API script is trained rung by rung: each segment ends at the first
+validation at or past its rung (a checkpoint, exit 0), and the searcher continues it from that
+checkpoint, bit for bit. A Core API script's resume is only as exact as the script (Determined's
+own ``model_def_adaptive.py`` builds a fresh model after loading its checkpoint), so pausing it
+at rungs would change its results. Such a trial runs as one segment, to its own end, and is
+decided live, as Determined's cluster decides it:
+
+- the trial says what it is (``core.init()`` writes ``core_api: true`` into its ``run.json``);
+- its worker (:class:`LiveRelay`) publishes the trial's validations on the segment in the store
+  as they are reported (``live``: ``[steps, time, metric]`` each, ``time`` the validation's
+  ``time_metric`` value, or its ``steps_completed`` for batches);
+- the driver takes the first validation at or past the segment's rung, in its decision order,
+  as it takes a finished segment's (:func:`rung_reached`); to continue it moves the running
+  segment's rung (``target``) and place in that order (``seq``), to stop it sets ``stop``;
+- the worker, seeing ``stop``, makes the trial's stop file (``$HOOKDET_SEARCH_STOP_FILE``):
+  ``should_preempt()`` turns true at the script's next check, and the trial ends *stopped*.
+
+The decisions are the ones a paused trial gets, at the same validations, in the same order, so a
+search's outcome does not depend on whether its trials are Core API scripts, nor on timing; only
+how far a stopped trial trains past its rung before it next asks does.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from hookdet.runs.metrics import metrics_path, read_reports
+from hookdet.runs.record import read_record
+
+logger = logging.getLogger("hookdet")
+
+#: The segment attributes of a live trial: its validations (the worker's), and the driver's stop.
+LIVE, STOP = "live", "stop"
+#: The stop file's name in the trial's run directory.
+STOP_FILE = ".search-stop"
+
+
+def stop_file(run_dir: Path) -> Path:
+    """The file whose existence tells the trial in ``run_dir`` that the search stopped it."""
+    return Path(run_dir) / STOP_FILE
+
+
+def live_validations(run_dir: Path, metric: str, unit: Optional[str]) -> List[List[Any]]:
+    """``[steps, time, metric value]`` of each validation the trial reported: ``time`` is the
+    validation's ``unit`` value (Determined 0.38 reads the ``time_metric`` key of the reported
+    metrics), or its ``steps_completed`` when the unit is batches and it reported none; a value
+    it lacks is None (the driver fails the trial, naming both)."""
+    rows = []
+    for report in read_reports(run_dir):
+        if report.get("group") != "validation":
+            continue
+        values = report["metrics"]
+        time = values.get(unit) if unit in values else (report["steps_completed"] if unit in (None, "batches") else None)
+        rows.append([report["steps_completed"], time, values.get(metric)])
+    return rows
+
+
+def rung_reached(attrs: Dict[str, Any]) -> Optional[Tuple[int, Any, Any]]:
+    """The first validation a running live segment published at or past its rung (``target``),
+    or None while it has none (or the segment is not live, or was stopped)."""
+    target = attrs.get("target")
+    if attrs.get(STOP) or not attrs.get(LIVE) or target is None:  # no rung: it trains to its own end
+        return None
+    for steps, time, value in attrs[LIVE]:
+        if time is None or value is None or _number(time) >= target:
+            return steps, time, value
+    return None
+
+
+def decision_due(segment: Any) -> bool:
+    """Whether ``segment`` is a Core API trial still training that reached its rung."""
+    from hookdet.search.store import attrs_of
+
+    return segment.state.name == "RUNNING" and rung_reached(attrs_of(segment)) is not None
+
+
+def missing_values(metric: str, unit: Optional[str], reached: Tuple[int, Any, Any]) -> Optional[str]:
+    """Why a live validation cannot be decided on, in one line naming both names, or None."""
+    steps, time, value = reached
+    if time is not None and value is not None and _is_number(time) and _is_number(value):
+        return None
+    return (f"the validation at batch {steps} must report the searcher metric {metric!r} and the time metric "
+            f"{unit!r} (as numbers); it reported {metric}={value!r}, {unit}={time!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> float:
+    return float(value) if _is_number(value) else float("-inf")
+
+
+class LiveRelay:
+    """The worker's side: publish a Core API trial's validations, pass the driver's stop on."""
+
+    def __init__(self, queue: Any, trial_id: int, run_dir: Path, metric: str, unit: Optional[str]) -> None:
+        self.queue, self.trial_id, self.run_dir = queue, trial_id, Path(run_dir)
+        self.metric, self.unit = metric, unit
+        self.core_api = False
+        self._published: Optional[List[List[Any]]] = None
+        self._size = -1
+        self._stopped = False
+
+    def poll(self) -> None:
+        """Once in a while as the segment trains (and once as it ends)."""
+        if not self.core_api:
+            self.core_api = bool((read_record(self.run_dir, check_alive=False) or {}).get("core_api"))
+            if not self.core_api:
+                return
+        self.publish()
+        if not self._stopped and self.queue.storage.get_trial(self.trial_id).user_attrs.get(STOP):
+            self._stopped = True
+            stop_file(self.run_dir).touch()
+            logger.info("worker: trial in %s stopped by the search at its rung", self.run_dir)
+
+    def publish(self) -> Optional[List[List[Any]]]:
+        """The trial's validations on its segment in the store, when they changed; what was published."""
+        if not self.core_api:
+            return None
+        try:
+            size = metrics_path(self.run_dir).stat().st_size
+        except OSError:
+            return self._published
+        if size != self._size:
+            self._size = size
+            rows = live_validations(self.run_dir, self.metric, self.unit)
+            if rows != self._published:
+                self.queue.storage.set_trial_user_attr(self.trial_id, LIVE, rows)
+                self._published = rows
+        return self._published
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver's side
+# ---------------------------------------------------------------------------------------------
+
+
+def decide_rung(driver: Any, segment: Any) -> None:
+    """A running Core API trial reached its rung (:func:`rung_reached`): decide now, in the
+    decision order, and either move its segment on to the next rung or stop it."""
+    from hookdet.search import methods
+    from hookdet.search.store import attrs_of
+
+    attrs = attrs_of(segment)
+    trial = driver.state["trials"][attrs["request_id"]]
+    reached = rung_reached(attrs)
+    assert reached is not None
+    problem = missing_values(driver.settings.metric, driver.settings.unit, reached)
+    if problem is not None:
+        logger.error("trial %d: %s", trial["number"], problem)
+        driver.apply(driver.method.trial_exited_early(driver.ctx, trial["request_id"], methods.ERRORED))
+        trial["stop"] = trial["errored"] = True
+    else:
+        driver.take_validation(trial, int(reached[0]), int(reached[1]), float(reached[2]))
+    trial["live_taken"] = reached[0]
+    segment_id = driver.queue.trial_id(segment.number)
+    if trial["stop"] or driver.trained_fully(trial):
+        trial["stop"], trial["state"] = True, "stopping"  # closed when its process has ended
+        driver.queue.storage.set_trial_user_attr(segment_id, STOP, True)
+        driver.state.setdefault("live_stopped", []).append(attrs["key"])
+    else:  # on to its next rung, in the same process: a new place in the decision order
+        trial["target"] = next_rung(driver, trial)
+        trial["seq"] = driver.state.setdefault("next_seq", 1)
+        driver.state["next_seq"] += 1
+        driver.queue.storage.set_trial_user_attr(segment_id, "target", trial["target"])
+        driver.queue.storage.set_trial_user_attr(segment_id, "seq", trial["seq"])
+    driver.save()
+    driver.flush()
+    driver.tell_decision(trial, dict(attrs, exit_code=0, batches=reached[0], metric=reached[2]))
+
+
+def take_remaining_rungs(driver: Any, trial: Dict[str, Any], rows: List[List[Any]]) -> None:
+    """The rungs a Core API trial passed after its last live decision (it ended first): each
+    taken in order, at its first validation, until the searcher stops it; a trial with no rung
+    to reach (a search without a length), its last validation."""
+    readable = [row for row in rows if missing_values(driver.settings.metric, driver.settings.unit, row) is None]
+    if trial.get("target") is None:
+        rows = readable[-1:]
+    for steps, time, value in rows:
+        if trial["stop"] or driver.trained_fully(trial) or steps <= trial.get("live_taken", -1):
+            continue
+        if missing_values(driver.settings.metric, driver.settings.unit, (steps, time, value)) is not None:
+            continue
+        target = trial.get("target")
+        if target is None or time >= target:
+            driver.take_validation(trial, int(steps), int(time), float(value))
+            trial["live_taken"] = steps
+            trial["target"] = next_rung(driver, trial)
+
+
+def next_rung(driver: Any, trial: Dict[str, Any]) -> Optional[int]:
+    """The units of the trial's next rung past what it trained (None past the last)."""
+    return next((units for units in driver.rungs(trial) if units > trial["units"]), None)
+
+
+def ending_state(driver: Any, trial: Dict[str, Any], rows: List[List[Any]]) -> str:
+    """How a Core API trial whose process ended closes, once the rungs its last validations
+    ``rows`` passed are taken (:func:`take_remaining_rungs`): ``errored`` (a validation the
+    searcher could not read), ``stopped`` by the searcher short of its length, else ``completed``."""
+    take_remaining_rungs(driver, trial, rows)
+    if trial.get("errored"):
+        return "errored"
+    return "stopped" if trial["stop"] and not driver.trained_fully(trial) else "completed"
