@@ -345,3 +345,25 @@ def test_a_search_stops_a_core_api_trial_through_should_preempt(in_tmp: Path, mo
         stop.touch()
         assert core_context.preempt.should_preempt() is True
     assert read_record(the_run(in_tmp))["state"] == "stopped"
+
+
+def test_a_unitless_max_length_is_the_core_api_searchers_length(in_tmp: Path) -> None:
+    """Determined's documented input for the Core API searcher, ``searcher.max_length: 100``: accepted
+    for a command entrypoint (a trial class's is refused, naming the units), one operation of 100."""
+    from hookdet.config import ConfigError, parse_experiment_config
+    from hookdet.trial_api import cluster_info
+
+    searcher = {"name": "single", "metric": "x", "max_length": 100}
+    with pytest.raises(ConfigError, match="a bare number has no unit"):
+        parse_experiment_config({"entrypoint": "model_def:Trial", "searcher": searcher}, source="t.yaml")
+    config = parse_experiment_config({"entrypoint": "python3 train.py", "searcher": searcher}, source="t.yaml")
+    assert config.to_dict()["searcher"]["max_length"] == 100  # written back as the file has it
+    info = cluster_info.local_cluster_info(config, slots=1, run_dir=in_tmp / "run")
+    with cluster_info.activated(info), det.core.init() as core_context, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        assert core_context.searcher.get_configured_units() is None
+        lengths = []
+        for operation in core_context.searcher.operations():
+            lengths.append(operation.length)
+            operation.report_completed(1.0)
+    assert lengths == [100]

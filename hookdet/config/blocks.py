@@ -105,6 +105,14 @@ def check_global_batch_size(hyperparameters: Mapping[str, Any]) -> None:
 _ENTRYPOINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
+def runs_a_command(raw: Any) -> bool:
+    """Whether the experiment file's ``entrypoint`` (as written) is a command, not a trial class."""
+    try:
+        return not _ENTRYPOINT.match(trial_spec_from_entrypoint(raw))
+    except ValueError:
+        return False
+
+
 def trial_spec_from_entrypoint(raw: Any) -> str:
     """``module:Class``, or the command, from Determined's entrypoint forms.
 

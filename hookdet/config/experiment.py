@@ -15,6 +15,7 @@ from hookdet.config.blocks import (
     plain_value,
     read_only_plugins,
     reduce_hyperparameters,
+    runs_a_command,
     trial_spec_from_entrypoint,
 )
 from hookdet.config.problems import FieldProblem, as_written, dotted
@@ -67,6 +68,20 @@ class ExperimentConfig(Section):
     _source: str = PrivateAttr(default="<dict>")
     _plugin_config_lines: Dict[str, int] = PrivateAttr(default={})
     _hyperparameter_space: Optional[Dict[str, Any]] = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_commands_length_may_be_unitless(cls, data: Any) -> Any:
+        """A bare ``searcher.max_length: 100`` is the documented input of Determined's Core API
+        searcher (its deprecated operation's length, in the script's own unit): accepted for a
+        command entrypoint (counted as batches, kept bare); a trial class's is refused naming
+        the units (:func:`~hookdet.config.sections.bare_length_refusal`)."""
+        searcher = data.get("searcher") if isinstance(data, Mapping) else None
+        length = searcher.get("max_length") if isinstance(searcher, Mapping) else None
+        if isinstance(length, int) and not isinstance(length, bool) and length >= 1 \
+                and runs_a_command(data.get("entrypoint")):
+            data = {**data, "searcher": {**searcher, "max_length": Length(unit="batches", value=length, unitless=True)}}
+        return data
 
     @field_validator("entrypoint", mode="before")
     @classmethod

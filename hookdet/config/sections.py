@@ -37,10 +37,13 @@ class Length(BaseModel):
 
     unit: Literal["batches", "epochs", "records"]
     value: int = Field(ge=0)
+    #: Written as a bare number (a command entrypoint's ``searcher.max_length``, which Determined's
+    #: Core API reads in the script's own unit): counted as batches, written back bare.
+    unitless: bool = False
 
     @model_serializer
-    def _as_determined_mapping(self) -> Dict[str, int]:
-        return {self.unit: self.value}
+    def _as_determined_mapping(self) -> Any:
+        return self.value if self.unitless else {self.unit: self.value}
 
     def __str__(self) -> str:
         return f"{self.value} {self.unit}"
@@ -52,7 +55,9 @@ class Length(BaseModel):
         Raises ValueError with a message fit for the user on any other shape.
         """
         if isinstance(raw, Length):
-            value, unit = raw.value, raw.unit
+            if raw.value < minimum:
+                raise ValueError(f"the number of {raw.unit} must be at least {minimum}; got {raw.value}")
+            return raw
         elif isinstance(raw, Mapping):
             if len(raw) != 1:
                 keys = ", ".join(str(key) for key in raw) or "none"

@@ -9,6 +9,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from hookdet.config.blocks import runs_a_command
 from hookdet.config.sections import NOT_RUN_HERE, SEARCHERS, bare_length_refusal
 from hookdet.errors import HookdetError
 from hookdet.search import methods
@@ -119,9 +120,10 @@ def _whole(raw: Mapping, key: str, default: Optional[int], minimum: int, where: 
     return value
 
 
-def _length(raw: Mapping, where: str) -> tuple:
+def _length(raw: Mapping, where: str, command: bool) -> tuple:
     """(unit, units): ``time_metric`` + ``max_time``, which ASHA needs (Determined 0.38 refuses
-    it without them); else the legacy ``max_length``, or (None, None) where none is given."""
+    it without them); else the legacy ``max_length`` (a bare number, for a ``command``
+    entrypoint, in batches), or (None, None) where none is given."""
     name = raw.get("name", "single")
     if name in ("adaptive_asha", "async_halving") and (raw.get("max_time") is None or raw.get("time_metric") is None):
         raise SearchConfigError(f"{where}: the `{name}` searcher requires `max_time` and "
@@ -140,6 +142,8 @@ def _length(raw: Mapping, where: str) -> tuple:
     length = raw.get("max_length")
     if length is None:
         return None, None
+    if isinstance(length, int) and not isinstance(length, bool) and command and length >= 1:
+        return "batches", length
     if isinstance(length, int) and not isinstance(length, bool):
         raise SearchConfigError(f"{where}.max_length: {bare_length_refusal(length)}")
     if isinstance(length, Mapping) and len(length) == 1:
@@ -180,7 +184,7 @@ def read_settings(data: Mapping[str, Any], source: str) -> SearchSettings:
         problems.append(f"{where}.metric is required: the name of the validation metric the "
                         "searcher compares trials by (Determined 0.38 requires it too)")
     try:
-        unit, max_length = _length(raw, where)
+        unit, max_length = _length(raw, where, runs_a_command(data.get("entrypoint")))
     except SearchConfigError as error:
         problems.append(str(error))
     if problems:
