@@ -335,3 +335,25 @@ def test_a_search_copied_from_another_machine_shows_its_trials(site: Dict[str, A
     wait_for(lambda: traces(driver).get("curves", 0) > 0)
     assert console_errors(driver) == []
     shot(driver, "search-from-elsewhere")
+
+
+def test_a_core_api_runs_own_progress_and_status_are_shown(site: Dict[str, Any]) -> None:
+    """A Core API script reports how far it is (``report_progress``) and what it does
+    (``set_status``) into its ``run.json``: the list's progress cell and the run page show both."""
+    from tests.test_ui_server import make_run
+
+    core = site["live"] / "core-api-run"
+    if not core.exists():
+        record = json.loads((make_run(core) / "run.json").read_text())
+        record.update(state="preempted", max_batches=None, progress=0.5, status="evaluating", core_api=True)
+        (core / "run.json").write_text(json.dumps(record))
+    driver = open_page(site, "/")
+    cells = "return [...document.querySelectorAll('#runs tbody tr')].map(r => [r.cells[1].textContent, r.cells[4].textContent])"
+    wait_for(lambda: any(row[0] == "core-api-run" for row in driver.execute_script(cells)))
+    assert dict(driver.execute_script(cells))["core-api-run"] == "50% · evaluating"
+    driver = open_page(site, link_to(driver, "core-api-run"))
+    wait_for(lambda: "status" in driver.find_element("id", "summary").text)
+    summary = driver.find_element("id", "summary").text
+    assert "progress 50%" in summary and "status evaluating" in summary, summary
+    assert console_errors(driver) == []
+    shot(driver, "run-core-api")

@@ -167,6 +167,9 @@ class RunRecords:
             "best": self.best(metric, smaller),
             "started": record.get("created") or record.get("started") or "",
             "seconds": self.training_seconds(record),
+            # a Core API script's own report of how far it is (0 to 1) and what it does
+            "progress": record.get("progress") if isinstance(record.get("progress"), (int, float)) else None,
+            "status": record.get("status") if isinstance(record.get("status"), str) else None,
         }
 
     def training_seconds(self, record: Dict[str, Any]) -> Optional[float]:

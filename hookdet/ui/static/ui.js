@@ -129,6 +129,11 @@ function listPage() {
       fill.style.width = `${Math.min(100, 100 * row.batches / row.max_batches)}%`;
       bar.appendChild(fill); progress.appendChild(bar);
       progress.appendChild(document.createTextNode(`${row.batches} / ${row.max_batches}`));
+    } else if (row.progress !== null && row.progress !== undefined) {
+      const bar = el("span", null, "progress"), fill = el("span");
+      fill.style.width = `${Math.min(100, 100 * row.progress)}%`;
+      bar.appendChild(fill); progress.appendChild(bar);
+      progress.appendChild(document.createTextNode(`${Math.floor(100 * row.progress)}%` + (row.status ? ` · ${row.status}` : "")));
     } else if (row.kind === "search") {
       progress.textContent = Object.entries(row.counts || {}).map(([s, n]) => `${s} ${n}`).join(", ") || "no trials yet";
     } else {
@@ -217,6 +222,8 @@ function runPage() {
     };
     field("state", s.state, "state state-" + s.state);
     field("batches", s.max_batches ? `${s.batches} / ${s.max_batches} (${Math.floor(100 * s.batches / s.max_batches)}%)` : s.batches);
+    if (s.progress !== null && s.progress !== undefined) field("progress", `${Math.floor(100 * s.progress)}%`);
+    if (s.status) field("status", s.status);
     field("best " + (s.metric || "metric"), number(s.best));
     field("started", String(s.started || "-").replace("T", " ").slice(0, 19));
     field("duration", duration(s.seconds));
