@@ -12,6 +12,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
 
@@ -70,6 +71,10 @@ def test_stage_1_metrics_and_progress_reach_the_run(tutorial: Path) -> None:
     assert (record["state"], record["batches_trained"], record["progress"], record["best_validation"]) == (
         "completed", 100, 1.0, 100)
     assert "hookdet: completed after 100 batches" in finished.stdout
+    shown = hookdet_process.run("show", "stage1", cwd=tutorial)  # read like any other run
+    assert shown.returncode == 0 and "state: completed" in shown.stdout and "batches: 100" in shown.stdout, shown
+    logs = hookdet_process.run("logs", "stage1", cwd=tutorial)
+    assert logs.returncode == 0 and "x is now 100" in logs.stdout, logs.stderr[-2000:]
 
 
 def wait_for_a_checkpoint(run_dir: Path, process: hookdet_process.Hookdet, timeout: float = 120) -> None:
@@ -207,3 +212,39 @@ def test_stage_3_asha_stops_the_trials_determineds_rule_stops_while_they_train(t
             assert (trial["state"], record["state"], record["batches_trained"]) == ("completed", "completed", 100)
         history = read_history(Path(trial["dir"]))
         assert [entry["event"] for entry in history][:1] == ["started"] and len(history) == 2  # never paused
+
+
+EXACT = REPO / "tests" / "fixtures" / "core_api_exact"
+
+
+def final_weights(run_dir: Path) -> Dict[str, Any]:
+    import torch
+
+    latest = read_record(run_dir)["latest_checkpoint"]
+    return torch.load(run_dir / "checkpoints" / latest / "state.pt")["model"]
+
+
+@pytest.mark.slow
+def test_a_core_api_trial_stopped_by_sigterm_and_resumed_ends_bit_for_bit_as_one_never_stopped(
+        tmp_path: Path) -> None:
+    """The script checkpoints its model, optimizer, RNGs and data position with store_path; SIGTERM
+    mid-run (should_preempt() then returns), ``--resume RUN_DIR``: the final weights are equal to an
+    uninterrupted run's (torch.equal) and metrics.jsonl holds the same rows, value for value."""
+    import torch
+
+    folder = Path(shutil.copytree(EXACT, tmp_path / "exact"))
+    whole = hookdet_process.run("run", "const.yaml", "--run-dir", "whole", cwd=folder)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    slow = ["--config", "hyperparameters.seconds_per_batch=0.05"]
+    started = hookdet_process.start("run", "const.yaml", *slow, "--run-dir", "stopped", cwd=folder)
+    wait_for_a_checkpoint(folder / "stopped", started)
+    started.send_signal(signal.SIGTERM)
+    assert started.completed(timeout=120).returncode == PREEMPTED_EXIT_CODE
+    assert read_record(folder / "stopped")["batches_trained"] < 40
+    resumed = hookdet_process.run("run", "const.yaml", *slow, "--resume", "stopped", cwd=folder)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = final_weights(folder / "whole"), final_weights(folder / "stopped")
+    assert expected.keys() == got.keys() and all(torch.equal(expected[name], got[name]) for name in expected)
+    rows = [[(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(folder / run)]
+            for run in ("whole", "stopped")]
+    assert rows[0] == rows[1] and len(rows[0]) == 15
