@@ -248,3 +248,20 @@ def test_a_core_api_trial_stopped_by_sigterm_and_resumed_ends_bit_for_bit_as_one
     rows = [[(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(folder / run)]
             for run in ("whole", "stopped")]
     assert rows[0] == rows[1] and len(rows[0]) == 15
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_on_two_ranks_merge_their_files_and_refuse_conflicts(tmp_path: Path) -> None:
+    """Under the torch_distributed launch layer (two ranks, gloo): every rank stores its own file
+    with store_path(shard=True) into one checkpoint, their metadata merged; a file both ranks
+    write refuses the checkpoint on both, naming the ranks, and leaves nothing in the storage."""
+    folder = Path(shutil.copytree(EXACT, tmp_path / "exact"))
+    finished = hookdet_process.run("run", "sharded.yaml", "--run-dir", "run", cwd=folder)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    (line,) = [line for line in finished.stdout.splitlines() if "SHARDED " in line]
+    seen = json.loads(line.split("SHARDED ", 1)[1])
+    conflict = "refusing to store a sharded checkpoint with conflicts: same.txt written by ranks [0, 1]"
+    assert seen == {"files": ["metadata.json", "rank-0.txt", "rank-1.txt"], "refused": conflict,
+                    "metadata": {"steps_completed": 1, "written_by_rank_1": True}}
+    assert f'RANK1 {{"refused": "{conflict}"}}' in finished.stdout
+    assert len(list((folder / "run" / "checkpoints").iterdir())) == 1
