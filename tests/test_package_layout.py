@@ -120,7 +120,7 @@ LAYERS = (
     ("hookdet.pytorch", "hookdet.checkpoints.api", "hookdet.plugin"),
     ("hookdet.plugins.builtin",),
     ("hookdet.distributed",),
-    ("hookdet.search", "hookdet.core"),
+    ("hookdet.search", "hookdet.core", "hookdet.transformers"),
     ("hookdet.ui",),
     # the programs: the command line, and the one each rank starts as
     ("hookdet.cli", "hookdet.__main__", "hookdet.distributed.rank_entry"),

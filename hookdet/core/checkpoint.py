@@ -93,10 +93,24 @@ class CheckpointContext:
                                    "nothing at all")
         if selector is not None and ckpt_dir is None:
             raise RuntimeError("ckpt_dir has to be provided if selector is not None")
+        uploads = ckpt_dir is not None if not shard else self._lowest_rank_with(ckpt_dir)
         with self._stored(_checked_metadata(metadata, "upload", shard), shard) as (directory, storage_id):
-            if ckpt_dir is not None:
+            if uploads:
                 _copy_files(Path(ckpt_dir), directory, selector)
         return storage_id
+
+    def _lowest_rank_with(self, ckpt_dir: Union[str, os.PathLike, None]) -> bool:
+        """Whether this rank uploads ``ckpt_dir``: it has one, and is the lowest of the ranks
+        uploading the same directory (ranks of one machine sharing an output folder, as a Hugging
+        Face Trainer's do), so a shared folder is no conflict, as in Determined (collective)."""
+        import socket
+
+        mine = None
+        if ckpt_dir is not None:
+            status = Path(ckpt_dir).stat()
+            mine = (socket.gethostname(), status.st_dev, status.st_ino)
+        gathered = self._dist.allgather(mine)
+        return mine is not None and gathered.index(mine) == self._dist.rank
 
     @contextlib.contextmanager
     def _stored(self, user: Dict[str, Any], shard: bool) -> Iterator[Tuple[Path, str]]:
