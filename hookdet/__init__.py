@@ -1,8 +1,9 @@
 """hookdet: Determined's ``PyTorchTrial`` API anywhere, on a small loop that emits pluggy hooks.
 
-``import hookdet as det`` gives what ``import determined as det`` gives a trial or a Trainer-API
-script, and nothing else: ``det.pytorch`` (the Determined-compatible face), ``det.core``
-(``det.core.DistributedContext``), ``det.get_cluster_info()`` with ``det.ClusterInfo`` and
+``import hookdet as det`` gives what ``import determined as det`` gives a trial, a Trainer-API
+or a Core API script, and nothing else: ``det.pytorch`` (the Determined-compatible face),
+``det.core`` (``det.core.init()`` and its contexts), ``det.transformers`` (``DetCallback``, with
+the ``transformers`` extra), ``det.get_cluster_info()`` with ``det.ClusterInfo`` and
 ``det.TrialInfo``, ``det.InvalidHP`` and ``det.LOG_FORMAT``; ``tests/parity`` checks each is a
 name of Determined's own package. Plugin authors import :mod:`hookdet.plugin`, their face
 (``hookimpl``, ``Run``, ``PluginError`` and the ``plugin_config`` readers live there); the hooks
@@ -18,6 +19,7 @@ LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 #: used, so ``hookdet --help`` and plugin modules start fast; ``det.pytorch`` imports torch.
 _LAZY_NAMES = {
     "core": "hookdet.core",
+    "transformers": "hookdet.transformers",
     "pytorch": "hookdet.pytorch",
     "ClusterInfo": "hookdet.trial_api.cluster_info",
     "TrialInfo": "hookdet.trial_api.cluster_info",
@@ -59,4 +61,5 @@ __all__ = [
     "core",
     "get_cluster_info",
     "pytorch",
+    "transformers",
 ]

@@ -38,6 +38,7 @@ WHOLLY_SLOW = {
     "tests/parity/test_parity_distributed.py": "two ranks of Determined and of hookdet under torchrun",
     "tests/parity/test_parity_experiment_file.py": "each case trains under Determined 0.38.1 and hookdet, apart",
     "tests/parity/test_public_surface.py": "dumps Determined's public surface in its own interpreter",
+    "tests/test_core_api_hf.py": "trains a Hugging Face Trainer under hookdet run (transformers takes seconds to import)",
     "tests/test_builtin_registry.py": "one table: every plugin trained in a fork of its own",
     "tests/test_checkpoint_index.py": "resumes by id in new interpreters, on purpose",
     "tests/test_ranks_view.py": "two ranks drawing on a terminal",
