@@ -367,3 +367,14 @@ def test_a_unitless_max_length_is_the_core_api_searchers_length(in_tmp: Path) ->
             lengths.append(operation.length)
             operation.report_completed(1.0)
     assert lengths == [100]
+
+
+def test_the_progress_line_shows_a_core_api_scripts_own_progress_and_status(in_tmp: Path, caplog) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="hookdet"), det.core.init() as core_context:
+        core_context.train.report_progress(0.25)
+        core_context.train.set_status("warming up")
+        core_context.train.report_training_metrics(steps_completed=5, metrics={"loss": 0.5})
+    assert any(record.getMessage().startswith("training: batch 5 (25%), warming up") for record in caplog.records), [
+        record.getMessage() for record in caplog.records]

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hookdet.loop.run import REPORTED_PROGRESS
 from hookdet.runs import record as run_record
 from hookdet.metrics.metric_values import check_metrics_serialisable
 
@@ -142,5 +143,10 @@ class TrainContext:
                 state.best_validation = float(value)
 
     def _note(self, **fields: Any) -> None:
-        if self._run.is_chief:
-            run_record.note_fields(self._run.run_dir, **fields)
+        """Into ``run.json``; progress and status also to the progress view (``REPORTED_PROGRESS``)."""
+        if not self._run.is_chief:
+            return
+        run_record.note_fields(self._run.run_dir, **fields)
+        shown = {name: value for name, value in fields.items() if name in ("progress", "status")}
+        if shown:
+            self._run.stash[REPORTED_PROGRESS] = {**self._run.stash.get(REPORTED_PROGRESS, {}), **shown}

@@ -57,6 +57,10 @@ TRIAL_CALLBACKS: StashKey[Dict[str, Any]] = StashKey("trial callbacks")
 #: (tensors possibly on the device); the loop appends to it. For observers that read the latest
 #: batch without a per-batch hook: read only, and never force a device sync.
 WORKLOAD_METRICS: StashKey[list] = StashKey("workload metrics")
+#: A Core API script's own word of how far it is and what it does: ``{"progress": 0.42,
+#: "status": "evaluating"}`` (either may be absent), from ``core_context.train.report_progress``
+#: and ``set_status``. Absent for a trial class (its progress is batches of ``max_batches``).
+REPORTED_PROGRESS: StashKey[Dict[str, Any]] = StashKey("reported progress")
 #: Whether reported metrics go to TensorBoard (``context.set_enable_tensorboard_logging``);
 #: absent means yes. A TensorBoard plugin reads it; the trial's own writer works either way.
 TENSORBOARD_METRICS: StashKey[bool] = StashKey("tensorboard metrics")

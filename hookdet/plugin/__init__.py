@@ -9,7 +9,8 @@ docs/writing-plugins.md walks through writing a plugin.
 * ``Run`` is what hooks receive (every lifecycle hook and every ``hookdet_*`` hook that concerns
   the run gets it as ``run``), ``TrainState`` its counters, ``run_of(context)`` the run behind a
   trial context. ``run.stash`` keeps a plugin's per-run state under a ``StashKey`` of its own;
-  the host shares ``TRIAL_CALLBACKS``, ``WORKLOAD_METRICS`` and ``TENSORBOARD_METRICS`` there.
+  the host shares ``TRIAL_CALLBACKS``, ``WORKLOAD_METRICS``, ``TENSORBOARD_METRICS`` and
+  ``REPORTED_PROGRESS`` (a Core API script's own progress and status) there.
 * ``PluginError`` refuses a run with one line naming your plugin. A plugin class declares its
   options as ``Options``, a pydantic model or dataclass (:mod:`hookdet.plugins.options`): the
   experiment file's ``plugin_config.<name>`` is then checked with the file, with file and line,
@@ -54,12 +55,13 @@ from hookdet.trial_api.mixed_precision import autocast_forward, patch_forward
 from hookdet.trial_api.precision import Precision, PrecisionPlugin
 from hookdet.plugins.manager import PluginError, check_known_options, option_error, read_seconds_option
 from hookdet.plugins.options import option_fields, options_for
-from hookdet.loop.run import TENSORBOARD_METRICS, TRIAL_CALLBACKS, WORKLOAD_METRICS, Run, TrainState
+from hookdet.loop.run import REPORTED_PROGRESS, TENSORBOARD_METRICS, TRIAL_CALLBACKS, WORKLOAD_METRICS, Run, TrainState
 from hookdet.loop.stash import Stash, StashKey
 
 __all__ = [
     "HOOK_NAMESPACE",
     "METADATA_FILE",
+    "REPORTED_PROGRESS",
     "TENSORBOARD_METRICS",
     "TRIAL_CALLBACKS",
     "WORKLOAD_METRICS",

@@ -40,6 +40,7 @@ import pydantic
 
 from hookdet.plugin import (
     LAUNCHER_DRAWS_ENV,
+    REPORTED_PROGRESS,
     WORKLOAD_METRICS,
     LiveView,
     format_duration,
@@ -167,11 +168,19 @@ class ProgressPlugin:
         self.say("%s: %s %s", group, self.where(steps_completed), format_metrics(metrics, first))
 
     def where(self, batches: int, total: Optional[int] = None) -> str:
-        """``batch 45/450 (10%)`` (training, by default) or of ``total``."""
+        """``batch 45/450 (10%)`` (training, by default) or of ``total``; for a Core API script,
+        which names no length, its own ``report_progress``/``set_status`` (``batch 45 (10%), evaluating``)."""
+        training = total is None
         total = self._run.max_batches if total is None else total
         text = f"batch {batches}"
         if total:
             text += f"/{total} ({100 * batches // total}%)"
+        elif training:  # a Core API script says how far it is itself
+            reported = self._run.stash.get(REPORTED_PROGRESS, {})
+            if reported.get("progress") is not None:
+                text += f" ({int(100 * reported['progress'])}%)"
+            if reported.get("status"):
+                text += f", {reported['status']}"
         return text
 
     def say(self, message: str, *args: Any) -> None:
