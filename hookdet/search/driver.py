@@ -16,6 +16,10 @@ and the driver takes decisions on finished segments strictly in number order, wa
 earlier segment however long a later one has been done. Numbers are handed out only by
 decisions, so the whole history of decisions is a function of the segments' results alone:
 the same trials stop at the same lengths with 1 worker or N, and after any number of kills.
+A Core API trial, decided while it trains, keeps that order too (:mod:`hookdet.search.live_trial`).
+
+Why one long module: the driver is one state machine, whose decisions, their order and what it
+saves must be read together; what only Core API trials need lives in ``live_trial``.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from hookdet.search.live_view import SearchView, best_words, decision_line
 from hookdet.search.space import MasterRandom
 from hookdet.search.trial_view import TrialView
 from hookdet.search.warm_pool import WarmPool
-from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of, grace_seconds, sequence_number, worker_id
+from hookdet.search.store import BEAT_SECONDS, Queue, StoreError, attrs_of, grace_seconds, worker_id
 from hookdet.search.worker import BAD_INPUT, INVALID_HP, PREEMPTED, SegmentRunner, Slot, work
 
 logger = logging.getLogger("hookdet")
@@ -385,8 +389,9 @@ class Driver:
             stopped_live = set(self.state.get("live_stopped", ()))  # decided: they end when they end
             segments = self.segments_seen = self.queue.segments()
             unprocessed = sorted((s for s in segments if attrs_of(s).get("key") not in processed and (
-                s.state.name in done_states or attrs_of(s).get("key") not in stopped_live)), key=sequence_number)
-            live = unprocessed and live_trial.decision_due(unprocessed[0])  # a Core API trial at its rung
+                s.state.name in done_states or attrs_of(s).get("key") not in stopped_live)),
+                key=lambda segment: live_trial.decision_order(self, segment))
+            live = unprocessed and live_trial.decision_due(self, unprocessed[0])  # a Core API trial at its rung
             if not live and (not unprocessed or unprocessed[0].state.name not in done_states):
                 break
             if live:

@@ -11,9 +11,10 @@ decided live, as Determined's cluster decides it:
 - its worker (:class:`LiveRelay`) publishes the trial's validations on the segment in the store
   as they are reported (``live``: ``[steps, time, metric]`` each, ``time`` the validation's
   ``time_metric`` value, or its ``steps_completed`` for batches);
-- the driver takes the first validation at or past the segment's rung, in its decision order,
-  as it takes a finished segment's (:func:`rung_reached`); to continue it moves the running
-  segment's rung (``target``) and place in that order (``seq``), to stop it sets ``stop``;
+- the driver takes the first validation at or past the trial's rung, in its decision order, as
+  it takes a finished segment's (:func:`rung_reached`); to continue it gives the trial its next
+  rung and a new place in that order (:func:`decision_order`), in its own state; to stop it sets
+  the segment's ``stop``;
 - the worker, seeing ``stop``, makes the trial's stop file (``$HOOKDET_SEARCH_STOP_FILE``):
   ``should_preempt()`` turns true at the script's next check, and the trial ends *stopped*.
 
@@ -58,23 +59,38 @@ def live_validations(run_dir: Path, metric: str, unit: Optional[str]) -> List[Li
     return rows
 
 
-def rung_reached(attrs: Dict[str, Any]) -> Optional[Tuple[int, Any, Any]]:
-    """The first validation a running live segment published at or past its rung (``target``),
-    or None while it has none (or the segment is not live, or was stopped)."""
-    target = attrs.get("target")
-    if attrs.get(STOP) or not attrs.get(LIVE) or target is None:  # no rung: it trains to its own end
+def rung_reached(attrs: Dict[str, Any], trial: Dict[str, Any]) -> Optional[Tuple[int, Any, Any]]:
+    """The first validation a running live segment published at or past its trial's rung
+    (``target``) and past what was decided on, or None while it has none (or the segment is not
+    live, or was stopped)."""
+    target = trial.get("target")
+    if trial.get("stop") or not attrs.get(LIVE) or target is None:  # no rung: it trains to its own end
         return None
     for steps, time, value in attrs[LIVE]:
-        if time is None or value is None or _number(time) >= target:
+        if steps > trial.get("live_taken", -1) and (time is None or value is None or _number(time) >= target):
             return steps, time, value
     return None
 
 
-def decision_due(segment: Any) -> bool:
+def decision_due(driver: Any, segment: Any) -> bool:
     """Whether ``segment`` is a Core API trial still training that reached its rung."""
     from hookdet.search.store import attrs_of
 
-    return segment.state.name == "RUNNING" and rung_reached(attrs_of(segment)) is not None
+    attrs = attrs_of(segment)
+    trial = driver.state["trials"].get(attrs.get("request_id"))
+    return segment.state.name == "RUNNING" and trial is not None and rung_reached(attrs, trial) is not None
+
+
+def decision_order(driver: Any, segment: Any) -> Tuple[int, int]:
+    """Where a segment stands in the driver's decision order: a Core API trial decided live by
+    its trial's place (each rung it goes on past gives it a new one, as a new segment would get),
+    any other by its own (:func:`hookdet.search.store.sequence_number`)."""
+    from hookdet.search.store import attrs_of, sequence_number
+
+    trial = driver.state["trials"].get(attrs_of(segment).get("request_id"))
+    if trial is not None and "live_taken" in trial and trial.get("seq") is not None:
+        return trial["seq"], segment.number
+    return sequence_number(segment)
 
 
 def missing_values(metric: str, unit: Optional[str], reached: Tuple[int, Any, Any]) -> Optional[str]:
@@ -147,7 +163,7 @@ def decide_rung(driver: Any, segment: Any) -> None:
 
     attrs = attrs_of(segment)
     trial = driver.state["trials"][attrs["request_id"]]
-    reached = rung_reached(attrs)
+    reached = rung_reached(attrs, trial)
     assert reached is not None
     problem = missing_values(driver.settings.metric, driver.settings.unit, reached)
     if problem is not None:
@@ -157,20 +173,27 @@ def decide_rung(driver: Any, segment: Any) -> None:
     else:
         driver.take_validation(trial, int(reached[0]), int(reached[1]), float(reached[2]))
     trial["live_taken"] = reached[0]
-    segment_id = driver.queue.trial_id(segment.number)
     if trial["stop"] or driver.trained_fully(trial):
         trial["stop"], trial["state"] = True, "stopping"  # closed when its process has ended
-        driver.queue.storage.set_trial_user_attr(segment_id, STOP, True)
         driver.state.setdefault("live_stopped", []).append(attrs["key"])
+        tell_the_worker_to_stop(driver, segment)
     else:  # on to its next rung, in the same process: a new place in the decision order
         trial["target"] = next_rung(driver, trial)
         trial["seq"] = driver.state.setdefault("next_seq", 1)
         driver.state["next_seq"] += 1
-        driver.queue.storage.set_trial_user_attr(segment_id, "target", trial["target"])
-        driver.queue.storage.set_trial_user_attr(segment_id, "seq", trial["seq"])
     driver.save()
     driver.flush()
     driver.tell_decision(trial, dict(attrs, exit_code=0, batches=reached[0], metric=reached[2]))
+
+
+def tell_the_worker_to_stop(driver: Any, segment: Any) -> None:
+    """Set the segment's ``stop``, unless it ended meanwhile (its end then closes the trial)."""
+    import optuna
+
+    try:
+        driver.queue.storage.set_trial_user_attr(driver.queue.trial_id(segment.number), STOP, True)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        logger.info("the trial's segment ended before its stop was set: its end closes it")
 
 
 def take_remaining_rungs(driver: Any, trial: Dict[str, Any], rows: List[List[Any]]) -> None:

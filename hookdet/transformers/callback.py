@@ -80,7 +80,7 @@ class DetCallback(transformers.TrainerCallback):
         latest = None if self.info is None else self.info.latest_checkpoint
         if latest is None:
             return
-        if args.overwrite_output_dir is True:
+        if getattr(args, "overwrite_output_dir", False) is True:  # transformers 5 removed the argument
             logger.info("Skipping downloading last checkpoint due to overwrite_output_dir=True.")
             return
         self.core_context.checkpoint.download(latest, args.output_dir)
