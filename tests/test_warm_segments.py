@@ -225,7 +225,9 @@ def test_a_sigkill_of_the_driver_stops_its_warm_segment_with_a_checkpoint(tmp_pa
 
     environment = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.5",
                        HOOKDET_SEARCH_GRACE_SECONDS=str(GRACE_SECONDS))
-    options = ("--workers", "1", "--config", "searcher.max_trials=1")
+    # Its first rung at batch 8, 4 s in: on a busy machine the kill's chain (driver, warm process,
+    # the segment's parent-death signal) has seconds before a rung would pause the segment anyway.
+    options = ("--workers", "1", "--config", "searcher.max_trials=1", "--config", "searcher.max_time=16")
     driver = hookdet_process.start("run", FIXTURES / "asha.yaml", "--run-dir", "search", *options, cwd=tmp_path,
                                    env=environment)
     reports_file = tmp_path / "search" / "trial-001" / "metrics.jsonl"
