@@ -188,6 +188,16 @@ class Driver:
         trial in one segment, to the length the trial sets)."""
         return self.settings.max_length is None or trial["units"] >= self.settings.max_length
 
+    def next_rung(self, trial: Dict[str, Any]) -> Optional[int]:
+        """The units of the trial's next rung past what it trained (None past the last)."""
+        return next((units for units in self.rungs(trial) if units > trial["units"]), None)
+
+    def advance(self, trial: Dict[str, Any]) -> None:
+        """The trial on to its next rung, with a new place in the decision order."""
+        trial["target"] = self.next_rung(trial)
+        trial["seq"] = self.state.setdefault("next_seq", 1)
+        self.state["next_seq"] += 1
+
     def _schedule(self, trial: Dict[str, Any], again: bool = False) -> None:
         """Queue the trial's next segment (to its next rung, or its full length), or with
         ``again`` its current one once more (from its latest checkpoint)."""
@@ -197,9 +207,7 @@ class Driver:
             key += f"#{trial['attempts']}"
         else:
             trial["segments"] += 1
-            trial["target"] = next((u for u in self.rungs(trial) if u > trial["units"]), None)
-            trial["seq"] = self.state.setdefault("next_seq", 1)
-            self.state["next_seq"] += 1
+            self.advance(trial)
         trial["state"] = "queued"
         config = Path(trial["dir"]) / f"segment-{trial['segments']}.yaml"
         self.state["pending"].append({

@@ -28,8 +28,9 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hookdet.runs.metrics import metrics_path, read_reports
+from hookdet.runs.metrics import metrics_path
 from hookdet.runs.record import read_record
+from hookdet.runs.tail import JsonLinesTail
 
 logger = logging.getLogger("hookdet")
 
@@ -44,19 +45,14 @@ def stop_file(run_dir: Path) -> Path:
     return Path(run_dir) / STOP_FILE
 
 
-def live_validations(run_dir: Path, metric: str, unit: Optional[str]) -> List[List[Any]]:
-    """``[steps, time, metric value]`` of each validation the trial reported: ``time`` is the
-    validation's ``unit`` value (Determined 0.38 reads the ``time_metric`` key of the reported
-    metrics), or its ``steps_completed`` when the unit is batches and it reported none; a value
-    it lacks is None (the driver fails the trial, naming both)."""
-    rows = []
-    for report in read_reports(run_dir):
-        if report.get("group") != "validation":
-            continue
-        values = report["metrics"]
-        time = values.get(unit) if unit in values else (report["steps_completed"] if unit in (None, "batches") else None)
-        rows.append([report["steps_completed"], time, values.get(metric)])
-    return rows
+def validation_row(report: Dict[str, Any], metric: str, unit: Optional[str]) -> List[Any]:
+    """``[steps, time, metric value]`` of one validation report: ``time`` is the validation's
+    ``unit`` value (Determined 0.38 reads the ``time_metric`` key of the reported metrics), or its
+    ``steps_completed`` when the unit is batches and it reported none; a value it lacks is None
+    (the driver fails the trial, naming both)."""
+    values = report["metrics"]
+    time = values.get(unit) if unit in values else (report["steps_completed"] if unit in (None, "batches") else None)
+    return [report["steps_completed"], time, values.get(metric)]
 
 
 def rung_reached(attrs: Dict[str, Any], trial: Dict[str, Any]) -> Optional[Tuple[int, Any, Any]]:
@@ -111,22 +107,33 @@ def _number(value: Any) -> float:
 
 
 class LiveRelay:
-    """The worker's side: publish a Core API trial's validations, pass the driver's stop on."""
+    """The worker's side: publish a Core API trial's validations, pass the driver's stop on.
+
+    Whether the trial is one is read once, at its first report (``core.init()`` marks the run
+    before any); its validations are read incrementally (:class:`~hookdet.runs.tail.JsonLinesTail`)."""
 
     def __init__(self, queue: Any, trial_id: int, run_dir: Path, metric: str, unit: Optional[str]) -> None:
         self.queue, self.trial_id, self.run_dir = queue, trial_id, Path(run_dir)
         self.metric, self.unit = metric, unit
-        self.core_api = False
-        self._published: Optional[List[List[Any]]] = None
-        self._size = -1
+        self.core_api: Optional[bool] = None  # not known before the trial's first report
+        self._rows: List[List[Any]] = []
+        self._tail = JsonLinesTail(metrics_path(self.run_dir), self._take, self._rows.clear,
+                                   only_lines_with=b'"validation"')
         self._stopped = False
 
-    def poll(self) -> None:
-        """Once in a while as the segment trains (and once as it ends)."""
-        if not self.core_api:
+    def _take(self, report: Dict[str, Any]) -> None:
+        if report.get("group") == "validation" and isinstance(report.get("metrics"), dict):
+            self._rows.append(validation_row(report, self.metric, self.unit))
+
+    def _is_core_api(self) -> bool:
+        if self.core_api is None and metrics_path(self.run_dir).exists():
             self.core_api = bool((read_record(self.run_dir, check_alive=False) or {}).get("core_api"))
-            if not self.core_api:
-                return
+        return bool(self.core_api)
+
+    def poll(self) -> None:
+        """Once in a while as the segment trains."""
+        if not self._is_core_api():
+            return
         self.publish()
         if not self._stopped and self.queue.storage.get_trial(self.trial_id).user_attrs.get(STOP):
             self._stopped = True
@@ -134,20 +141,13 @@ class LiveRelay:
             logger.info("worker: trial in %s stopped by the search at its rung", self.run_dir)
 
     def publish(self) -> Optional[List[List[Any]]]:
-        """The trial's validations on its segment in the store, when they changed; what was published."""
-        if not self.core_api:
+        """The trial's validations on its segment in the store, when new ones came; all of them
+        (None for a trial that is not a Core API one)."""
+        if not self._is_core_api():
             return None
-        try:
-            size = metrics_path(self.run_dir).stat().st_size
-        except OSError:
-            return self._published
-        if size != self._size:
-            self._size = size
-            rows = live_validations(self.run_dir, self.metric, self.unit)
-            if rows != self._published:
-                self.queue.storage.set_trial_user_attr(self.trial_id, LIVE, rows)
-                self._published = rows
-        return self._published
+        if self._tail.catch_up():
+            self.queue.storage.set_trial_user_attr(self.trial_id, LIVE, self._rows)
+        return list(self._rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,9 +178,7 @@ def decide_rung(driver: Any, segment: Any) -> None:
         driver.state.setdefault("live_stopped", []).append(attrs["key"])
         tell_the_worker_to_stop(driver, segment)
     else:  # on to its next rung, in the same process: a new place in the decision order
-        trial["target"] = next_rung(driver, trial)
-        trial["seq"] = driver.state.setdefault("next_seq", 1)
-        driver.state["next_seq"] += 1
+        driver.advance(trial)
     driver.save()
     driver.flush()
     driver.tell_decision(trial, dict(attrs, exit_code=0, batches=reached[0], metric=reached[2]))
@@ -212,12 +210,7 @@ def take_remaining_rungs(driver: Any, trial: Dict[str, Any], rows: List[List[Any
         if target is None or time >= target:
             driver.take_validation(trial, int(steps), int(time), float(value))
             trial["live_taken"] = steps
-            trial["target"] = next_rung(driver, trial)
-
-
-def next_rung(driver: Any, trial: Dict[str, Any]) -> Optional[int]:
-    """The units of the trial's next rung past what it trained (None past the last)."""
-    return next((units for units in driver.rungs(trial) if units > trial["units"]), None)
+            trial["target"] = driver.next_rung(trial)
 
 
 def ending_state(driver: Any, trial: Dict[str, Any], rows: List[List[Any]]) -> str:
