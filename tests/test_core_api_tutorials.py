@@ -59,6 +59,8 @@ def test_stage_0_a_script_that_never_calls_hookdet_still_leaves_a_run_record(tut
     assert [entry["event"] for entry in read_history(run_dir)] == ["started", "completed"]
     assert f"run directory: {run_dir.resolve()}" in finished.stdout
     assert "x is now 100" in finished.stdout
+    logged = hookdet_process.run("logs", "stage0", cwd=tutorial).stdout.splitlines()
+    assert [line.split("] ", 3)[-1] for line in logged] == [f"x is now {x}" for x in range(1, 101)]
 
 
 @pytest.mark.slow

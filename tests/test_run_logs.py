@@ -3,16 +3,19 @@ logs RUN [--follow] [--rank N]`` prints them: both ranks of a 2-rank run, follow
 under a run that prints without end, continued by a resume."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import List
 
 import pytest
 
+from tests.builtin_plugins.test_progress import open_terminal, read_until_closed
 from tests.faults.harness import REPO, TESTS, child_env, run, write_config
 from tests.support import hookdet_process
 from tests.support.distributed_trials import write_config as write_distributed_config
@@ -150,3 +153,81 @@ def test_a_log_that_cannot_be_written_is_reported_once_and_the_run_trains_on(tmp
         assert "Traceback" not in stderr
         assert (f"after {stop_at} batches" if stop_at else "completed after 12 batches") in stdout
     assert outside.read_text() == "not the run's\n" and log.is_symlink()
+
+
+#: A command that never calls hookdet: a line on each stream, a coloured line redrawn with ``\r``,
+#: and whether its streams are terminals (of what width).
+TALKER = '''\
+import os, sys
+print("to stdout", flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+print("\\x1b[31mred\\x1b[0m 10%\\rdone 100%", flush=True)
+print("terminals:", sys.stdout.isatty(), sys.stderr.isatty(),
+      os.get_terminal_size().columns if sys.stdout.isatty() else None, flush=True)
+'''
+
+
+def write_talker(directory: Path) -> Path:
+    (directory / "talk.py").write_text(TALKER)
+    experiment = directory / "talk.yaml"
+    experiment.write_text("name: talk\nentrypoint: python3 talk.py\nsearcher: {name: single, metric: x}\n")
+    return experiment
+
+
+def logged(run_dir: Path) -> List[tuple]:
+    """``(stream, text)`` of each line of the run's log."""
+    stamped = re.compile(r"^\[[^]]+\] \[rank=0\] \[(\w+)\] (.*)$")
+    return [stamped.match(line).groups() for line in logs(str(run_dir))]
+
+
+def test_a_command_that_never_calls_hookdet_keeps_what_it_printed_as_its_log(tmp_path: Path) -> None:
+    """Off a terminal, each stream is its own pipe: both are shown as they were and logged with
+    their stream, a redraw once as last drawn, without colours."""
+    finished = hookdet_process.run("run", write_talker(tmp_path), "--run-dir", "run", cwd=tmp_path, env=child_env())
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "to stdout\n" in finished.stdout and "to stderr\n" in finished.stderr
+    assert "\x1b[31mred\x1b[0m 10%" in finished.stdout  # shown as drawn
+    assert "terminals: False False None\n" in finished.stdout
+    lines = logged(tmp_path / "run")
+    assert [text for stream, text in lines if stream == "stdout"] == ["to stdout", "done 100%", "terminals: False False None"]
+    assert [text for stream, text in lines if stream == "stderr"] == ["to stderr"]
+    assert [path.name for path in (tmp_path / "run" / "logs").iterdir()] == ["rank-0.log"]
+
+
+@pytest.mark.slow
+def test_in_a_terminal_the_command_gets_a_terminal_of_its_size_and_its_lines_in_order(tmp_path: Path) -> None:
+    """Cold, in a pseudo-terminal (a terminal is what only a new process shows): the command's
+    streams are terminals 97 columns wide, what it drew reaches the terminal as drawn, and the
+    log keeps its lines in the order written, as one stream."""
+    controller, terminal = open_terminal(columns=97)
+    process = subprocess.Popen([sys.executable, "-m", "hookdet", "run", str(write_talker(tmp_path)), "--run-dir", "run"],
+                               stdin=terminal, stdout=terminal, stderr=terminal, cwd=tmp_path, close_fds=True,
+                               env=child_env(), start_new_session=True)
+    os.close(terminal)
+    screen = read_until_closed(controller, timeout=300)
+    assert process.wait(timeout=60) == 0, screen
+    assert "terminals: True True 97" in screen and "\x1b[31mred\x1b[0m 10%\rdone 100%" in screen
+    assert logged(tmp_path / "run") == [("output", "to stdout"), ("output", "to stderr"), ("output", "done 100%"),
+                                        ("output", "terminals: True True 97")]
+
+
+def test_a_script_that_logs_itself_keeps_only_its_own_log(tmp_path: Path) -> None:
+    """A Trainer-API script keeps its own ``logs/rank-0.log`` (streams told apart from inside),
+    not a second copy of its output from ``hookdet run``."""
+    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+        import hookdet as det
+        from hookdet import pytorch
+        from tests.support.trials import OneWeightTrial
+
+        with pytorch.init() as context:
+            print("the script's own line", flush=True)
+            pytorch.Trainer(OneWeightTrial(context), context).fit(max_length=pytorch.Batch(2))
+        """))
+    experiment = tmp_path / "train.yaml"
+    experiment.write_text("name: own\nentrypoint: python3 train.py\n"
+                          "searcher: {name: single, metric: validation_loss}\nhyperparameters: {lr: 0.1, records: 8, global_batch_size: 2}\n")
+    finished = hookdet_process.run("run", experiment, "--run-dir", "run", cwd=tmp_path,
+                                   env=child_env(PYTHONPATH=str(REPO)))
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    lines = logged(tmp_path / "run")
+    assert lines == [("stdout", "the script's own line")]

@@ -24,6 +24,7 @@ hyperparameters, seed and checkpoint to continue from there. hookdet does the sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -36,6 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
 from hookdet.launch import outcome
+from hookdet.launch.command_output import CommandOutput
 from hookdet.launch.outcome import Outcome, read_launch
 from hookdet.errors import UsageError
 from hookdet.runs import record as run_record
@@ -133,8 +135,9 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     What the script reads through ``det.get_cluster_info()`` and what its ranks say of how they
     ended go through a directory of this launch's own, removed at its end: the run directory
     holds only what the run wrote (on a machine of a multi-node run whose ranks do not include
-    rank 0, nothing is made). ``late_stop`` (:class:`hookdet.cli.run_edges.LateStop`) is told
-    when the command has ended."""
+    rank 0, nothing is made). A plain command's output is shown and kept as the run's log where
+    it writes none itself (:mod:`hookdet.launch.command_output`). ``late_stop``
+    (:class:`hookdet.cli.run_edges.LateStop`) is told when the command has ended."""
     from hookdet.loop.trainer import default_run_dir
 
     source = str(config_path)
@@ -162,20 +165,25 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
         from hookdet.search.warm_script import warm_starter
 
         fork = None if is_launcher else warm_starter(command, env, str(model_dir))
-        status = run_passing_signals(command, env, info_dir, said, cwd=model_dir, to_group=not is_launcher, fork=fork)
+        with contextlib.ExitStack() as stack:
+            output = None if is_launcher else stack.enter_context(CommandOutput(info_dir / "output"))
+            status = run_passing_signals(command, env, info_dir, said, cwd=model_dir, to_group=not is_launcher,
+                                         fork=fork, output=output)
         late_stop.finished = True  # the command has ended: a SIGTERM from now on changes nothing
         died = launcher_death_line(_launcher_name(command), status) if is_launcher else None
         if died is not None and not said:
             print(died, file=sys.stderr, flush=True)
         trained = outcome.read_ranks(info_dir)
         failed = read_launch(info_dir)
-    ranks = slots // node[1] if is_launcher else 1
-    outcome.note_chiefs_training(trained)
-    status = tell_failed_ranks(status, trained, ranks, failed.failed_ranks if failed is not None else {})
-    final = exit_status(status, trained, ranks, is_launcher)
-    ending = ending_of(run_dir, config.searcher.metric, status, final, node)
-    if node[1] == 1:  # on several machines, rank 0's (wherever the rendezvous put it) keeps the record
-        run_record.record_command(run_dir, config, started, final, command_state(status, final))
+        ranks = slots // node[1] if is_launcher else 1
+        outcome.note_chiefs_training(trained)
+        status = tell_failed_ranks(status, trained, ranks, failed.failed_ranks if failed is not None else {})
+        final = exit_status(status, trained, ranks, is_launcher)
+        ending = ending_of(run_dir, config.searcher.metric, status, final, node)
+        if node[1] == 1:  # on several machines, rank 0's (wherever the rendezvous put it) keeps the record
+            run_record.record_command(run_dir, config, started, final, command_state(status, final))
+            if output is not None:
+                output.keep_in(run_dir)
     print(ending, flush=True)
     return final
 

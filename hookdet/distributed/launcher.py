@@ -322,7 +322,7 @@ def resume_target(resume: Optional[str]) -> Optional[str]:
 
 def run_passing_signals(command: Sequence[str], env: Dict[str, str], records_dir: Path, said: List[str],
                         watch: Optional[Callable[[], None]] = None, cwd: Optional[Path] = None, to_group: bool = False,
-                        fork: Optional[Callable[[Job], Any]] = None) -> int:
+                        fork: Optional[Callable[[Job], Any]] = None, output: Optional[Any] = None) -> int:
     """Run ``command`` (:func:`hookdet.launch.start.start`), passing this process's stop signals
     on; its status. ``watch`` is called every few seconds while it runs.
 
@@ -335,11 +335,15 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], records_dir
     go to its whole process group, its stderr is this process's, and the call returns only when
     every process of the group is gone, so a script still writing its checkpoint is waited for
     even when the shell above it has died; ``fork`` forks it from this process instead of
-    starting a new one (a script of a warm search segment: :mod:`hookdet.search.warm_script`).
+    starting a new one (a script of a warm search segment: :mod:`hookdet.search.warm_script`);
+    ``output`` (a :class:`~hookdet.launch.command_output.CommandOutput`) takes its output.
     """
     env = dict(env, **{LAUNCH_RECORDS_ENV: str(records_dir)})
-    job = Job(list(command), env, str(cwd or os.getcwd()), fork=fork if to_group else None)
+    job = Job(list(command), env, str(cwd or os.getcwd()), fork=fork if to_group else None,
+              stdio=output.child_ends() if to_group and output is not None else None)
     process = start(job, How.SCRIPT if to_group else How.LAUNCHER)
+    if output is not None:
+        output.started()
     pump = None if to_group else pump_filtered(process.stderr, sys.stderr, said)
     send = process.signal_group if to_group else process.send_signal
     try:

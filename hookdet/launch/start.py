@@ -18,8 +18,8 @@ Every process hookdet starts is one of four kinds, and each kind's rules live he
 
 A ``COLD`` or ``WARM`` segment's output is appended to ``job.log`` and it is pinned to
 ``job.cpus``; a ``LAUNCHER``'s standard error is a pipe (read through the launcher's filter); a
-``SCRIPT``'s output is this process's. Whatever the kind, :class:`Started` is what comes back:
-its pid, a signal to it, its exit status (negative for the signal that killed it). How it
+``SCRIPT``'s output is ``job.stdio`` (:mod:`hookdet.launch.command_output`), else this
+process's. Whatever the kind, :class:`Started` is what comes back: its pid, a signal to it, its exit status (negative for the signal that killed it). How it
 ended, beyond that status, is its outcome record (:mod:`hookdet.launch.outcome`), which the
 starter names in ``job.env``.
 """
@@ -32,7 +32,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from hookdet.launch.orphans import child_setup_for, set_parent_death_signal
 
@@ -62,6 +62,8 @@ class Job:
     #: Given the job, it returns the started process (a :class:`multiprocessing` process or a
     #: ``Popen``-like one).
     fork: Optional[Callable[["Job"], Any]] = None
+    #: A SCRIPT's standard output and error (file descriptors); this process's when None.
+    stdio: Optional[Tuple[int, int]] = None
 
 
 class Started:
@@ -119,7 +121,9 @@ def start(job: Job, how: How) -> Started:
     if how is How.SCRIPT:
         if job.fork is not None:
             return Started(job.fork(job))
-        return Started(subprocess.Popen(job.command, env=job.env, cwd=job.cwd, start_new_session=True))
+        out, err = job.stdio if job.stdio is not None else (None, None)
+        return Started(subprocess.Popen(job.command, env=job.env, cwd=job.cwd, start_new_session=True,
+                                        stdout=out, stderr=err))
     return Started(subprocess.Popen(job.command, env=job.env, cwd=job.cwd, start_new_session=True,
                                     stderr=subprocess.PIPE, preexec_fn=child_setup_for(os.getpid())))
 

@@ -34,7 +34,7 @@ the face stays light — the trial API's ``PyTorchTrial``, ``PyTorchCallback``, 
 (``rng``); mixed precision's dtype helpers; the distributed contexts of torch and Horovod and
 ``rank_device`` (the device a rank trains on); the
 progress view; lengths of the experiment file; Determined's ``TorchWriter``; and the run
-directory's ``LOGS_DIR``. A checkpoint plugin needs more: :mod:`hookdet.plugin.checkpoint`.
+directory's ``LOGS_DIR`` and a rank's log file (``RankLogFile``). A checkpoint plugin needs more: :mod:`hookdet.plugin.checkpoint`.
 """
 from typing import Any
 
@@ -121,6 +121,7 @@ LAZY_NAMES = {
     "SEGMENT_END_ENV": ("hookdet.config", "SEGMENT_END_ENV"),
     "TorchWriter": ("hookdet.tensorboard.metric_writers.pytorch", "TorchWriter"),
     "LOGS_DIR": ("hookdet.runs.files", "LOGS_DIR"),
+    "RankLogFile": ("hookdet.runs.logs", "RankLogFile"),
 }
 __all__ += sorted(LAZY_NAMES)
 

@@ -1,17 +1,23 @@
-"""Reading a run's logs, as ``det trial logs`` showed a trial's: ``hookdet logs RUN [--follow]
-[--rank N]``.
+"""A run's logs, as Determined kept a trial's: one rotating file per rank, written by
+:class:`RankLogFile` and read by ``hookdet logs RUN [--follow] [--rank N]``.
 
-The ``run_log`` plugin writes them, one rotating file per rank (``logs/rank-<N>.log``, then
-``.1``, ``.2``, oldest last), every line stamped ``[<ISO time>] [rank=<N>] [<stream>]``. Reading
-merges the ranks' lines by time. Following reads each file from where it stopped (never a whole
-file again), keeps reading a file that was rotated away until its end before taking the new one,
-and ends when the run has ended and nothing more came. Nothing is locked or written.
+Each rank's file is ``logs/rank-<N>.log`` (then ``.1``, ``.2``, oldest last), every line stamped
+``[<ISO time>] [rank=<N>] [<stream>]``. The ``run_log`` plugin writes what a hookdet process
+prints; ``hookdet run`` writes what a command that never calls hookdet printed
+(:mod:`hookdet.launch.command_output`). Reading merges the ranks' lines by time. Following reads
+each file from where it stopped (never a whole file again), keeps reading a file that was rotated
+away until its end before taking the new one, and ends when the run has ended and nothing more
+came. Reading locks and writes nothing.
 """
 from __future__ import annotations
 
+import datetime
 import heapq
+import logging
+import logging.handlers
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import IO, Dict, Iterator, List, Optional, Tuple
@@ -22,6 +28,10 @@ from hookdet.runs.record import read_record
 #: How often ``--follow`` looks for new lines, in seconds.
 FOLLOW_EVERY_S = 0.25
 _LOG_NAME = re.compile(r"^rank-(\d+)\.log(?:\.(\d+))?$")
+#: Lines kept in memory before a log file is open (the rest are dropped).
+EARLY_LINES = 10_000
+
+logger = logging.getLogger("hookdet")
 
 
 def log_files(run_dir: Path, rank: Optional[int] = None) -> Dict[int, List[Path]]:
@@ -112,3 +122,82 @@ class LogFollower:
             return os.stat(self.path).st_ino != os.fstat(self.handle.fileno()).st_ino
         except FileNotFoundError:
             return False
+
+
+def why_not_writable(run_dir: Path, path: Path) -> Optional[str]:
+    """Why the log file ``path`` of ``run_dir`` cannot be written there, as far as can be seen
+    before opening it; None when nothing is in the way (the folder may not exist yet)."""
+    inside = run_dir.resolve()
+    for each in (path.parent, path):
+        if not (each.exists() or each.is_symlink()):
+            return None
+        resolved = each.resolve()
+        if resolved != inside and inside not in resolved.parents:
+            return f"{each.name} leads outside the run, to {resolved}"
+        if each == path.parent and not each.is_dir():
+            return f"{each.name} is not a folder"
+    return f"{path.name} is a folder" if path.is_dir() else None
+
+
+class RankLogFile:
+    """One rank's log file: stamps each line it is given and writes it to ``logs/rank-<N>.log``,
+    rotated past ``max_bytes`` keeping ``backups`` older files; lines given before :meth:`open` are
+    kept in memory (up to :data:`EARLY_LINES`). ``writer`` names who writes it in its warnings."""
+
+    def __init__(self, max_bytes: int, backups: int, writer: str = "run_log") -> None:
+        self.max_bytes, self.backups, self.writer = max_bytes, backups, writer
+        self.rank: Optional[int] = None
+        self.handler: Optional[logging.handlers.RotatingFileHandler] = None
+        self.early: List[str] = []
+        self.refused = False  # the file cannot be written: lines are dropped
+        self.lock = threading.RLock()  # a write that fails reports on stderr, which comes back here
+
+    def add(self, stream: str, line: str) -> None:
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        with self.lock:
+            if self.refused:
+                return
+            if self.handler is None:
+                if len(self.early) < EARLY_LINES:
+                    self.early.append(f"[{now}] [rank={{rank}}] [{stream}] {line}")
+                return
+            self._emit(f"[{now}] [rank={self.rank}] [{stream}] {line}")
+
+    def open(self, run_dir: Path, rank: int) -> None:
+        """Open rank ``rank``'s file in ``run_dir`` and write the lines kept; when it cannot be
+        written (a ``logs`` file, a rank's file that is a folder or leads outside the run, no
+        permission, a full disk), say so once and keep no lines from now on."""
+        path = run_dir / LOGS_DIR / f"rank-{rank}.log"
+        try:
+            problem = why_not_writable(run_dir, path)
+            if problem is None:
+                path.parent.mkdir(exist_ok=True)
+                problem = why_not_writable(run_dir, path)  # a folder made by another rank meanwhile
+            if problem is None:
+                handler = logging.handlers.RotatingFileHandler(path, maxBytes=self.max_bytes,
+                                                               backupCount=self.backups, encoding="utf-8")
+        except OSError as error:
+            problem = error.strerror or str(error)
+        if problem is not None:
+            with self.lock:
+                self.refused = True
+                self.early.clear()
+            logger.warning("%s: %s cannot be written (%s); the run trains on without its log", self.writer, path, problem)
+            return
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.handleError = lambda record: None  # type: ignore[method-assign]  # a full disk must not stop training
+        with self.lock:
+            self.handler, self.rank = handler, rank
+            for line in self.early:
+                self._emit(line.replace("[rank={rank}]", f"[rank={rank}]", 1))
+            self.early.clear()
+
+    def _emit(self, text: str) -> None:
+        assert self.handler is not None
+        self.handler.emit(logging.LogRecord(self.writer, logging.INFO, "", 0, text, None, None))
+
+    def close(self) -> None:
+        with self.lock:
+            if self.handler is not None:
+                self.handler.close()
+                self.handler = None

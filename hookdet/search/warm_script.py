@@ -41,7 +41,7 @@ import shutil
 import signal
 import sys
 import types
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hookdet.distributed.launcher import is_python
 from hookdet.launch.start import Job
@@ -77,7 +77,7 @@ def fork_script(job: Job) -> multiprocessing.process.BaseProcess:
     sys.stdout.flush()  # the child starts with empty buffers, not a copy of this process's
     sys.stderr.flush()
     process = multiprocessing.get_context("fork").Process(
-        target=run_script, args=(job.command[1:], dict(job.env), str(job.cwd), ready_to_read, ready_to_write),
+        target=run_script, args=(job.command[1:], dict(job.env), str(job.cwd), ready_to_read, ready_to_write, job.stdio),
         name="hookdet-script")
     try:
         process.start()
@@ -90,12 +90,19 @@ def fork_script(job: Job) -> multiprocessing.process.BaseProcess:
     return process
 
 
-def run_script(argv: List[str], env: Dict[str, str], cwd: str, ready_to_read: int, ready_to_write: int) -> None:
-    """In the forked child: become the script's process (see the module's docstring), run it,
-    and exit as its interpreter would."""
+def run_script(argv: List[str], env: Dict[str, str], cwd: str, ready_to_read: int, ready_to_write: int,
+               stdio: Optional[Tuple[int, int]] = None) -> None:
+    """In the forked child: become the script's process (see the module's docstring), with
+    ``stdio`` as its standard output and error where given, run it, and exit as its interpreter
+    would."""
     os.setsid()
     os.close(ready_to_read)
     os.close(ready_to_write)  # the parent goes on
+    if stdio is not None:
+        for descriptor, standard in zip(stdio, (1, 2)):
+            os.dup2(descriptor, standard)
+        for descriptor in set(stdio) - {1, 2}:
+            os.close(descriptor)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)

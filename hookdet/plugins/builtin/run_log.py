@@ -24,23 +24,18 @@ directory (a symlink) is not followed, and is reported the same way.
 """
 from __future__ import annotations
 
-import datetime
 import logging
-import logging.handlers
 import sys
-import threading
 from pathlib import Path
-from typing import IO, Any, List, Optional, Tuple
+from typing import IO, Any, List, Tuple
 
 import pydantic
 
-from hookdet.plugin import LOGS_DIR, hookimpl, options_for
+from hookdet.plugin import RankLogFile, hookimpl, options_for
 
 logger = logging.getLogger("hookdet")
 
 NAME = "run_log"
-#: Lines kept in memory before the run directory is known (the rest are dropped).
-EARLY_LINES = 10_000
 
 
 class RunLogPlugin:
@@ -55,7 +50,7 @@ class RunLogPlugin:
 
     def __init__(self, options: Any = None) -> None:
         declared = options_for(RunLogPlugin, options, NAME)
-        self.sink = _Sink(declared.max_bytes, declared.backups)
+        self.sink = RankLogFile(declared.max_bytes, declared.backups)
         self._restore: List[Tuple[Any, str, Any]] = []
 
     @hookimpl
@@ -89,26 +84,11 @@ class RunLogPlugin:
         self.sink.close()
 
 
-def why_not_writable(run_dir: Path, path: Path) -> Optional[str]:
-    """Why the log file ``path`` of ``run_dir`` cannot be written there, as far as can be seen
-    before opening it; None when nothing is in the way (the folder may not exist yet)."""
-    inside = run_dir.resolve()
-    for each in (path.parent, path):
-        if not (each.exists() or each.is_symlink()):
-            return None
-        resolved = each.resolve()
-        if resolved != inside and inside not in resolved.parents:
-            return f"{each.name} leads outside the run, to {resolved}"
-        if each == path.parent and not each.is_dir():
-            return f"{each.name} is not a folder"
-    return f"{path.name} is a folder" if path.is_dir() else None
-
-
 class _Tee:
     """A text stream that writes through to ``original`` and hands each finished line to the
     sink; everything else (``isatty``, ``fileno``, ``encoding``) is the original's."""
 
-    def __init__(self, original: IO[str], name: str, sink: "_Sink") -> None:
+    def __init__(self, original: IO[str], name: str, sink: "RankLogFile") -> None:
         self._original, self._name, self._sink = original, name, sink
         self._partial = ""
 
@@ -127,64 +107,3 @@ class _Tee:
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self._original, attribute)
-
-
-class _Sink:
-    """Stamps lines and writes them to a rotating file, kept in memory until it is open."""
-
-    def __init__(self, max_bytes: int, backups: int) -> None:
-        self.max_bytes, self.backups = max_bytes, backups
-        self.rank: Optional[int] = None
-        self.handler: Optional[logging.handlers.RotatingFileHandler] = None
-        self.early: List[str] = []
-        self.refused = False  # the file cannot be written: lines are dropped
-        self.lock = threading.RLock()  # a write that fails reports on stderr, which comes back here
-
-    def add(self, stream: str, line: str) -> None:
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        with self.lock:
-            if self.refused:
-                return
-            if self.handler is None:
-                if len(self.early) < EARLY_LINES:
-                    self.early.append(f"[{now}] [rank={{rank}}] [{stream}] {line}")
-                return
-            self._emit(f"[{now}] [rank={self.rank}] [{stream}] {line}")
-
-    def open(self, run_dir: Path, rank: int) -> None:
-        """Open rank ``rank``'s file in ``run_dir`` and write the lines kept; when it cannot be
-        written (see the module's docstring), say so once and keep no lines from now on."""
-        path = run_dir / LOGS_DIR / f"rank-{rank}.log"
-        try:
-            problem = why_not_writable(run_dir, path)
-            if problem is None:
-                path.parent.mkdir(exist_ok=True)
-                problem = why_not_writable(run_dir, path)  # a folder made by another rank meanwhile
-            if problem is None:
-                handler = logging.handlers.RotatingFileHandler(path, maxBytes=self.max_bytes,
-                                                               backupCount=self.backups, encoding="utf-8")
-        except OSError as error:
-            problem = error.strerror or str(error)
-        if problem is not None:
-            with self.lock:
-                self.refused = True
-                self.early.clear()
-            logger.warning("run_log: %s cannot be written (%s); the run trains on without its log", path, problem)
-            return
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        handler.handleError = lambda record: None  # type: ignore[method-assign]  # a full disk must not stop training
-        with self.lock:
-            self.handler, self.rank = handler, rank
-            for line in self.early:
-                self._emit(line.replace("[rank={rank}]", f"[rank={rank}]", 1))
-            self.early.clear()
-
-    def _emit(self, text: str) -> None:
-        assert self.handler is not None
-        self.handler.emit(logging.LogRecord(NAME, logging.INFO, "", 0, text, None, None))
-
-    def close(self) -> None:
-        with self.lock:
-            if self.handler is not None:
-                self.handler.close()
-                self.handler = None
