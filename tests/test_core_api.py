@@ -207,7 +207,7 @@ def test_searcher_operations_are_determineds_deprecated_single_operation(in_tmp:
             list(core_context.searcher.operations())
     from hookdet.core.searcher import SearcherContext, Unit, searcher_context
 
-    searcher = searcher_context({"searcher": {"max_length": {"epochs": 3}}}, det.core.DistributedContext(),
+    searcher = searcher_context({"searcher": {"max_length": {"epochs": 3}}}, det.core.DummyDistributedContext(),
                                 core_context.train)
     assert isinstance(searcher, SearcherContext) and searcher.get_configured_units() == Unit.EPOCHS
     with warnings.catch_warnings(record=True) as caught:
@@ -264,6 +264,26 @@ def test_a_context_a_script_builds_for_its_workers_has_working_collectives() -> 
         thread.join(60)
     assert results[0] == ([0, 10], ["r0", "r1"], "from 0", [0, 1], 5, True)
     assert results[1] == ([0, 10], None, "from 0", [0, 1], 5, True)
+
+
+def test_the_one_process_context_and_the_tensorflow_constructor_are_determineds() -> None:
+    from hookdet.errors import UsageError
+
+    alone = det.core.DummyDistributedContext()
+    assert (alone.get_rank(), alone.get_size(), alone.allgather(stuff=3), alone.broadcast(stuff="x")) == (0, 1, [3], "x")
+    with pytest.raises(UsageError, match=r"from_tf_config\(\) builds a TensorFlow strategy; hookdet runs PyTorch"):
+        det.core.DistributedContext.from_tf_config()
+
+
+def test_the_experimental_context_records_the_checkpoints_the_run_used(in_tmp: Path) -> None:
+    class ModelVersion:  # the SDK's shape: a version names its checkpoint
+        checkpoint = type("Checkpoint", (), {"uuid": "c-2"})()
+
+    with det.core.init() as core_context:
+        core_context.experimental.report_task_using_checkpoint(type("Checkpoint", (), {"uuid": "c-1"})())
+        core_context.experimental.report_task_using_model_version(ModelVersion())
+        core_context.experimental.report_task_using_checkpoint("c-1")
+    assert read_record(the_run(in_tmp))["used_checkpoints"] == ["c-1", "c-2"]
 
 
 def test_a_context_across_machines_needs_the_chief_address() -> None:

@@ -19,7 +19,7 @@ import torch
 from hookdet.checkpoints import format as fmt
 from hookdet.checkpoints.resolver import fetched
 from hookdet.trial_api.context import PyTorchTrialContext
-from hookdet.distributed.context import DistributedContext
+from hookdet.distributed.context import DummyDistributedContext
 from hookdet.trial_api.importing import SpecImportError, import_object
 from hookdet.plugins.manager import PluginManager
 from hookdet.loop.run import Run
@@ -50,7 +50,7 @@ class CheckpointLoadContext(PyTorchTrialContext):
             model_dir=Path.cwd(),
             hparams=hparams,
             trial_seed=config.trial_seed(),
-            distributed=DistributedContext(),
+            distributed=DummyDistributedContext(),
             device=torch.device("cpu"),
         )
         super().__init__(run)

@@ -14,7 +14,8 @@ gives one.
 The ``with`` block is the run: when it ends the run is recorded ``completed``, ``preempted``
 (the script returned after ``should_preempt()`` said true: ``hookdet run`` exits 75 and
 ``--resume`` continues it) or ``failed`` with the error. ``det.InvalidHP`` raised inside it ends
-the trial as invalid (exit 0, as Determined converts it), and a search replaces the trial.
+the trial as invalid (exit status 76, where Determined exits 0 and tells its master), and a search
+replaces the trial.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 from hookdet.core.checkpoint import CheckpointContext
+from hookdet.core.experimental import ExperimentalCoreContext
 from hookdet.core.preempt import PreemptContext, PreemptMode
 from hookdet.core.searcher import searcher_context
 from hookdet.core.train import EarlyExitReason, TrainContext
@@ -49,7 +51,7 @@ class TensorboardMode(enum.Enum):
 
 class Context:
     """What ``core.init()`` returns: ``.train``, ``.checkpoint``, ``.preempt``, ``.distributed``,
-    ``.searcher``, ``.profiler`` and ``.info`` (the cluster info; None run bare)."""
+    ``.searcher``, ``.profiler``, ``.experimental`` and ``.info`` (the cluster info; None run bare)."""
 
     def __init__(self, run: Any, opened: contextlib.ExitStack, preempt_mode: Any, tensorboard: bool) -> None:
         self._run = run
@@ -61,6 +63,7 @@ class Context:
         self.preempt = PreemptContext(run, preempt_mode)
         self.searcher = searcher_context(run.config.to_dict(), run.distributed, self.train)
         self.profiler = ProfilerContext(run)
+        self.experimental = ExperimentalCoreContext(run)
         self._closed = False
 
     def start(self) -> None:
@@ -84,7 +87,7 @@ class Context:
             print(f"hookdet: the trial raised InvalidHP: {exc_val}", file=sys.stderr, flush=True)
             sys.exit(INVALID_HP_EXIT_CODE)
 
-    def alert(self, title: Optional[str] = None, description: Optional[str] = None, level: str = "warn") -> None:
+    def alert(self, title: Optional[str] = None, description: Optional[str] = None, level: str = "info") -> None:
         """Determined sends a webhook; locally the alert is logged at its level."""
         log = {"debug": logger.debug, "info": logger.info, "error": logger.error}.get(level, logger.warning)
         log("alert: %s%s", title or "", f": {description}" if description else "")

@@ -112,8 +112,12 @@ class SearcherContext:
         return self._units
 
 
-class SearcherContextMissing:
-    """``core_context.searcher`` of an experiment without ``searcher.max_length``."""
+class SearcherContextMissing(SearcherContext):
+    """``core_context.searcher`` of an experiment without ``searcher.max_length``: every call
+    says so, in Determined's words."""
+
+    def __init__(self) -> None:
+        pass
 
     def operations(self, searcher_mode: SearcherMode = SearcherMode.WorkersAskChief,
                    auto_ack: bool = True) -> Iterator[SearcherOperation]:

@@ -15,7 +15,7 @@ import enum
 import logging
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from hookdet.loop.run import REPORTED_PROGRESS
 from hookdet.runs import record as run_record
@@ -102,7 +102,8 @@ class TrainContext:
         """The run's TensorBoard directory (``<run dir>/tensorboard``)."""
         return Path(self._run.tensorboard_dir).absolute()
 
-    def upload_tensorboard_files(self, selector: Any = None, mangler: Any = None) -> None:
+    def upload_tensorboard_files(self, selector: Callable[[Path], bool] = lambda _: True,
+                                 mangler: Callable[[Path, int], Path] = lambda p, __: p) -> None:
         """TensorBoard files stay in the run's directory: there is nothing to upload locally."""
         logger.info("upload_tensorboard_files(): the TensorBoard files stay in %s", self.get_tensorboard_path())
 

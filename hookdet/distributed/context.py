@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hookdet.distributed.stop_agreement import StopAgreement
+from hookdet.distributed.store_collectives import DEFAULT_CHIEF_PORT
 
 
 def rank_device(local_rank: int) -> torch.device:
@@ -36,7 +37,8 @@ def rank_device(local_rank: int) -> torch.device:
 
 
 class DistributedContext:
-    """Rank, size and object collectives. One process: every collective is the identity.
+    """Rank, size and object collectives. One process: every collective is the identity. The
+    object a collective takes is ``stuff``, Determined's name for it (a caller may name it).
 
     Built by a script for each worker it starts itself (Determined's
     ``det.core.DistributedContext(rank=, size=, local_rank=, local_size=, cross_rank=,
@@ -47,15 +49,16 @@ class DistributedContext:
 
     def __init__(
         self,
-        rank: int = 0,
-        size: int = 1,
-        local_rank: int = 0,
-        local_size: int = 1,
-        cross_rank: int = 0,
-        cross_size: int = 1,
+        *,
+        rank: int,
+        size: int,
+        local_rank: int,
+        local_size: int,
+        cross_rank: int,
+        cross_size: int,
         chief_ip: Optional[str] = None,
-        pub_port: Optional[int] = None,
-        pull_port: Optional[int] = None,
+        pub_port: int = DEFAULT_CHIEF_PORT,
+        pull_port: int = 12376,  # Determined's; the store needs one port
         port_offset: int = 0,
         force_tcp: bool = False,
     ) -> None:
@@ -103,17 +106,17 @@ class DistributedContext:
         """Whether this is rank 0, which writes checkpoints and reports metrics."""
         return self.rank == 0
 
-    def allgather(self, obj: Any) -> List[Any]:
-        """Every rank's ``obj``, in rank order, on every rank."""
-        return [obj] if self.size == 1 else self._collectives().allgather(obj)
+    def allgather(self, stuff: Any) -> List[Any]:
+        """Every rank's ``stuff``, in rank order, on every rank."""
+        return [stuff] if self.size == 1 else self._collectives().allgather(stuff)
 
-    def gather(self, obj: Any) -> Optional[List[Any]]:
-        """Every rank's ``obj`` on the chief; None elsewhere."""
-        return [obj] if self.size == 1 else self._collectives().gather(obj)
+    def gather(self, stuff: Any) -> Optional[List[Any]]:
+        """Every rank's ``stuff`` on the chief; None elsewhere."""
+        return [stuff] if self.size == 1 else self._collectives().gather(stuff)
 
-    def broadcast(self, obj: Any) -> Any:
-        """The chief's ``obj`` on every rank."""
-        return obj if self.size == 1 else self._collectives().broadcast(obj)
+    def broadcast(self, stuff: Any) -> Any:
+        """The chief's ``stuff`` on every rank."""
+        return stuff if self.size == 1 else self._collectives().broadcast(stuff)
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -157,21 +160,21 @@ class DistributedContext:
         """The number of machines (Determined's name for :meth:`get_cross_size`)."""
         return self.cross_size
 
-    def allgather_local(self, obj: Any) -> List[Any]:
-        """The ``obj`` of every rank on this machine, in local-rank order (every rank calls it)."""
-        return [item for rank, item in self._with_node(obj) if rank == self.cross_rank]
+    def allgather_local(self, stuff: Any) -> List[Any]:
+        """The ``stuff`` of every rank on this machine, in local-rank order (every rank calls it)."""
+        return [item for rank, item in self._with_node(stuff) if rank == self.cross_rank]
 
-    def gather_local(self, obj: Any) -> Optional[List[Any]]:
-        """The ``obj`` of every rank on this machine on its local chief; None elsewhere."""
-        gathered = self.allgather_local(obj)
+    def gather_local(self, stuff: Any) -> Optional[List[Any]]:
+        """The ``stuff`` of every rank on this machine on its local chief; None elsewhere."""
+        gathered = self.allgather_local(stuff)
         return gathered if self.local_rank == 0 else None
 
-    def broadcast_local(self, obj: Any = None) -> Any:
-        """This machine's local chief's ``obj`` on every rank of the machine."""
-        return self.allgather_local(obj)[0]
+    def broadcast_local(self, stuff: Any = None) -> Any:
+        """This machine's local chief's ``stuff`` on every rank of the machine."""
+        return self.allgather_local(stuff)[0]
 
-    def _with_node(self, obj: Any) -> List[Any]:
-        return self.allgather((self.cross_rank, obj))
+    def _with_node(self, stuff: Any) -> List[Any]:
+        return self.allgather((self.cross_rank, stuff))
 
     # ------------------------------------------------------------------ constructors
 
@@ -207,20 +210,38 @@ class DistributedContext:
         group, so this is :meth:`from_torch_distributed`."""
         return cls.from_torch_distributed(chief_ip)
 
+    @classmethod
+    def from_tf_config(cls) -> Any:
+        """Determined's TensorFlow constructor: refused, in one line (hookdet trains PyTorch)."""
+        from hookdet.errors import UsageError
+
+        raise UsageError("DistributedContext.from_tf_config() builds a TensorFlow strategy; hookdet runs PyTorch "
+                         "only: use from_torch_distributed() (under torchrun) or from_horovod()")
+
+
+class DummyDistributedContext(DistributedContext):
+    """One process, rank 0 of 1 (Determined's name): what a run of one process is given."""
+
+    def __init__(self) -> None:
+        super().__init__(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1)
+
 
 class RankAloneContext(DistributedContext):
     """Says it is rank ``rank`` of ``size`` while its collectives run as one process (each is the
     identity): for testing what a plugin does off the chief, or on a rank of a large run, without
     starting the other ranks (``hookdet.plugin.RankAloneContext(rank=1, size=2)``)."""
 
-    def allgather(self, obj: Any) -> List[Any]:
-        return [obj]
+    def __init__(self, rank: int = 0, size: int = 1) -> None:
+        super().__init__(rank=rank, size=size, local_rank=rank, local_size=size, cross_rank=0, cross_size=1)
 
-    def gather(self, obj: Any) -> Optional[List[Any]]:
-        return [obj]
+    def allgather(self, stuff: Any) -> List[Any]:
+        return [stuff]
 
-    def broadcast(self, obj: Any) -> Any:
-        return obj
+    def gather(self, stuff: Any) -> Optional[List[Any]]:
+        return [stuff]
+
+    def broadcast(self, stuff: Any) -> Any:
+        return stuff
 
     def barrier(self) -> None:
         """Nothing to wait for."""
@@ -255,21 +276,21 @@ class TorchDistributedContext(DistributedContext):
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._stop_agreement = StopAgreement(dist.new_group(backend="gloo"))
 
-    def allgather(self, obj: Any) -> List[Any]:
-        """Every rank's ``obj``, in rank order, on every rank."""
+    def allgather(self, stuff: Any) -> List[Any]:
+        """Every rank's ``stuff``, in rank order, on every rank."""
         gathered: List[Any] = [None] * self.size
-        dist.all_gather_object(gathered, obj, group=self._cpu_group)
+        dist.all_gather_object(gathered, stuff, group=self._cpu_group)
         return gathered
 
-    def gather(self, obj: Any) -> Optional[List[Any]]:
-        """Every rank's ``obj`` on the chief; None elsewhere."""
+    def gather(self, stuff: Any) -> Optional[List[Any]]:
+        """Every rank's ``stuff`` on the chief; None elsewhere."""
         gathered: Optional[List[Any]] = [None] * self.size if self.is_chief else None
-        dist.gather_object(obj, gathered, dst=0, group=self._cpu_group)
+        dist.gather_object(stuff, gathered, dst=0, group=self._cpu_group)
         return gathered
 
-    def broadcast(self, obj: Any) -> Any:
-        """The chief's ``obj`` on every rank."""
-        holder = [obj]
+    def broadcast(self, stuff: Any) -> Any:
+        """The chief's ``stuff`` on every rank."""
+        holder = [stuff]
         dist.broadcast_object_list(holder, src=0, group=self._cpu_group)
         return holder[0]
 
@@ -332,19 +353,19 @@ class HorovodDistributedContext(DistributedContext):
         self._calls += 1
         return f"hookdet.{what}.{self._calls}"
 
-    def allgather(self, obj: Any) -> List[Any]:
-        """Every rank's ``obj``, in rank order, on every rank."""
-        return list(self._hvd.allgather_object(obj, name=self._name("allgather")))
+    def allgather(self, stuff: Any) -> List[Any]:
+        """Every rank's ``stuff``, in rank order, on every rank."""
+        return list(self._hvd.allgather_object(stuff, name=self._name("allgather")))
 
-    def gather(self, obj: Any) -> Optional[List[Any]]:
-        """Every rank's ``obj`` on the chief (gathered everywhere: Horovod has no gather); None
+    def gather(self, stuff: Any) -> Optional[List[Any]]:
+        """Every rank's ``stuff`` on the chief (gathered everywhere: Horovod has no gather); None
         elsewhere."""
-        gathered = self.allgather(obj)
+        gathered = self.allgather(stuff)
         return gathered if self.is_chief else None
 
-    def broadcast(self, obj: Any) -> Any:
-        """The chief's ``obj`` on every rank."""
-        return self._hvd.broadcast_object(obj, root_rank=0, name=self._name("broadcast"))
+    def broadcast(self, stuff: Any) -> Any:
+        """The chief's ``stuff`` on every rank."""
+        return self._hvd.broadcast_object(stuff, root_rank=0, name=self._name("broadcast"))
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""

@@ -13,8 +13,8 @@ only calls in progress. The chief's process serves the store, so as it leaves (t
 closed, or the interpreter exiting) it waits for the workers to leave first. Values are pickled, as ``torch.distributed``'s object collectives do.
 
 The port is ``pub_port + port_offset`` (Determined's names); when the script leaves
-``pub_port`` unset it is ``$HOOKDET_CHIEF_PORT``, which ``hookdet run`` sets to a free port for
-each run, else Determined's default 12360.
+``pub_port`` at its default (Determined's 12360) it is ``$HOOKDET_CHIEF_PORT`` where that is set:
+``hookdet run`` sets it to a free port for each run, so two runs on one machine do not meet.
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ WAIT_SECONDS = 1800
 LEAVE_WAIT_SECONDS = 60
 
 
-def chief_port(pub_port: Optional[int], port_offset: int) -> int:
-    """The port the chief's store listens on."""
-    base = pub_port if pub_port is not None else int(os.environ.get(CHIEF_PORT_ENV, DEFAULT_CHIEF_PORT))
+def chief_port(pub_port: int, port_offset: int) -> int:
+    """The port the chief's store listens on (see the module's docstring)."""
+    base = int(os.environ.get(CHIEF_PORT_ENV, DEFAULT_CHIEF_PORT)) if pub_port == DEFAULT_CHIEF_PORT else pub_port
     return base + port_offset
 
 

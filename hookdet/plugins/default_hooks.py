@@ -10,14 +10,14 @@ from typing import Any, Dict
 
 import torch
 
-from hookdet.distributed.context import DistributedContext
+from hookdet.distributed.context import DistributedContext, DummyDistributedContext
 from hookdet.markers import hookimpl
 
 
 @hookimpl(trylast=True)
 def hookdet_make_distributed(run: Any) -> DistributedContext:
     """A single process."""
-    return DistributedContext()
+    return DummyDistributedContext()
 
 
 @hookimpl(trylast=True)

@@ -1,4 +1,4 @@
-"""Dump the public PyTorchTrial surface of ``determined`` or ``hookdet`` as JSON.
+"""Dump the public PyTorchTrial and Core API surface of ``determined`` or ``hookdet`` as JSON.
 
 Run as ``python surface_dump.py determined`` in Determined's own virtual environment, and as
 ``python surface_dump.py hookdet`` in hookdet's: both print the same structure, which
@@ -23,7 +23,7 @@ import re
 import sys
 import types
 
-MODULES = ["pytorch", "pytorch.samplers", "tensorboard.metric_writers.pytorch"]
+MODULES = ["pytorch", "pytorch.samplers", "tensorboard.metric_writers.pytorch", "core"]
 
 # Classes whose methods are compared (constructed by the user: ``__init__`` included).
 CONSTRUCTED = [
@@ -42,10 +42,22 @@ CONSTRUCTED = [
     "pytorch.samplers.ReproducibleShuffleSampler",
     "pytorch.samplers.ReproducibleShuffleBatchSampler",
     "tensorboard.metric_writers.pytorch.TorchWriter",
+    "core.DistributedContext",
 ]
 # Classes the framework constructs for the trial: their ``__init__`` is internal.
-PROVIDED = ["pytorch.PyTorchTrialContext", "pytorch.PyTorchExperimentalContext"]
-FUNCTIONS = ["pytorch.init"]
+PROVIDED = [
+    "pytorch.PyTorchTrialContext",
+    "pytorch.PyTorchExperimentalContext",
+    "core.Context",
+    "core.TrainContext",
+    "core.CheckpointContext",
+    "core.PreemptContext",
+    "core.SearcherContext",
+    "core.SearcherOperation",
+    "core.ProfilerContext",
+    "core.ExperimentalCoreContext",
+]
+FUNCTIONS = ["pytorch.init", "core.init"]
 
 
 def _import_tensorboard_writer_module(root: str) -> types.ModuleType:
@@ -185,6 +197,9 @@ def instances(root: str) -> dict:
     with pytorch.init() as context:
         found["PyTorchTrialContext"] = _instance_names(context)
         found["PyTorchExperimentalContext"] = _instance_names(context.experimental)
+    core = importlib.import_module(f"{root}.core")
+    with core.init() as core_context:
+        found["core.Context"] = _instance_names(core_context)
     return found
 
 
