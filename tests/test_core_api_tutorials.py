@@ -7,6 +7,7 @@ batches, so each run takes about 10 s of waiting and little CPU.
 """
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import signal
@@ -250,6 +251,55 @@ def test_a_core_api_trial_stopped_by_sigterm_and_resumed_ends_bit_for_bit_as_one
     rows = [[(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(folder / run)]
             for run in ("whole", "stopped")]
     assert rows[0] == rows[1] and len(rows[0]) == 15
+
+
+def rows_of(run_dir: Path) -> list:
+    return [(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(run_dir)]
+
+
+def wait_for_a_validation(run_dir: Path, steps: int, process: Any, timeout: float = 300) -> None:
+    """Until the run has reported its validation at ``steps``."""
+    deadline = time.monotonic() + timeout
+    while (("validation", steps) not in [row[:2] for row in rows_of(run_dir)] if (run_dir / "metrics.jsonl").exists()
+           else True):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_core_api_trial_continued_past_its_rung_and_stopped_with_its_search_resumes_bit_for_bit(
+        tmp_path: Path) -> None:
+    """An adaptive ASHA search of the exact script (3 trials, rungs at 20 and 40 batches): the first
+    trial at the rung goes on in its process; SIGTERM to the search once it has passed the rung
+    (its validation at 24): the trial checkpoints and the search exits 75; ``--resume`` continues the
+    trial from that checkpoint in the search. Its final weights are torch.equal to an uninterrupted
+    search's first trial, its metrics.jsonl rows equal; the trials the search stopped (at their next
+    check after the rung, when that came depends on timing) reported the same rows as far as both went."""
+    import torch
+
+    folder = Path(shutil.copytree(EXACT, tmp_path / "exact"))
+    whole = hookdet_process.run("run", "asha.yaml", "--workers", "1", "--run-dir", "whole", cwd=folder)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    slow = ["--workers", "1", "--config", "hyperparameters.seconds_per_batch=0.2"]
+    search = hookdet_process.start("run", "asha.yaml", *slow, "--run-dir", "killed", cwd=folder)
+    wait_for_a_validation(folder / "killed" / "trial-001", 24, search)
+    search.send_signal(signal.SIGTERM)
+    assert search.completed(timeout=300).returncode == PREEMPTED_EXIT_CODE
+    trial = folder / "killed" / "trial-001"
+    assert [entry["event"] for entry in read_history(trial)] == ["started", "preempted"]
+    assert 24 <= read_record(trial)["batches_trained"] < 40
+    resumed = hookdet_process.run("run", "asha.yaml", *slow, "--resume", "killed", cwd=folder)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [entry["event"] for entry in read_history(trial)] == ["started", "preempted", "resumed", "completed"]
+    expected, got = final_weights(folder / "whole" / "trial-001"), final_weights(trial)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[name], got[name]) for name in expected)
+    assert rows_of(folder / "whole" / "trial-001") == rows_of(trial) and len(rows_of(trial)) == 15
+    for number in ("002", "003"):
+        uninterrupted, interrupted = (rows_of(folder / run / f"trial-{number}") for run in ("whole", "killed"))
+        both = min(len(uninterrupted), len(interrupted))
+        assert both >= 9 and uninterrupted[:both] == interrupted[:both]  # past the rung's validation at 24
+    states = {row["trial"]: row["state"] for row in csv.DictReader(open(folder / "killed" / "summary.csv"))}
+    assert states == {"1": "completed", "2": "stopped", "3": "stopped"}
 
 
 @pytest.mark.slow

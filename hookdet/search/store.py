@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -397,7 +398,7 @@ class Queue:
         self.storage.set_trial_user_attr(trial_id, OUTCOME, outcome)
         state = self.optuna.trial.TrialState
         value = outcome.get("metric")
-        if ok and value is not None:
+        if ok and value is not None and not math.isnan(value):  # Optuna keeps no NaN value; the outcome has it
             self.storage.set_trial_state_values(trial_id, state=state.COMPLETE, values=[value])
         else:
             self.storage.set_trial_state_values(trial_id, state=state.FAIL)

@@ -17,6 +17,7 @@ the view is for people. It reads only the new lines of each trial's
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
@@ -115,7 +116,7 @@ class TrialView:
                 if step not in frozen.intermediate_values:
                     self.storage.set_trial_intermediate_value(trial_id, step, value)
             ended = _ENDED.get(trial["state"])
-            measured = [value for _, value in trial.get("validations", [])]
+            measured = [value for _, value in trial.get("validations", []) if not math.isnan(value)]
             if ended == "COMPLETE" and not measured:
                 ended = "FAIL"  # nothing to rank it by
             if ended is not None:
