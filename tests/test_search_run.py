@@ -904,3 +904,16 @@ def segments_of(url: str) -> list:
     from hookdet.search.store import Queue
 
     return Queue(url).segments()
+
+
+def test_a_trial_whose_validation_is_nan_ends_and_is_never_the_best(tmp_path: Path) -> None:
+    """Two trials of the Core API exact script, one diverging (lr 5: every validation NaN):
+    the search ends (Optuna keeps no NaN value: its store crashed the search at its next read),
+    the NaN trial's row says nan, and the best trial is the one with a number."""
+    folder = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "core_api_exact", tmp_path / "exact"))
+    finished = hookdet_process.run("run", "nan.yaml", "--run-dir", "nan", cwd=folder, env=env(tmp_path))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    rows = {row["hp.lr"]: row for row in summary(folder / "nan")}
+    assert rows["5.0"]["best"] == "nan" and rows["5.0"]["state"] == "completed"
+    assert float(rows["0.01"]["best"]) < 1
+    assert f"best: trial {rows['0.01']['trial']} (completed)" in finished.stdout

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from hookdet.search import methods
 from hookdet.search.space import searched_names
+from hookdet.search.summary import best_entry
 from hookdet.search.trial_view import value_at
 from hookdet.search.worker import latest_batch
 
@@ -130,10 +131,10 @@ def best_words(driver: Any) -> str:
 
 def best_trial(driver: Any) -> Optional[Dict[str, Any]]:
     """The trial with the best searcher metric so far (with it as ``best``), or None."""
-    pick = min if driver.settings.smaller_is_better else max
-    measured = [dict(t, best=pick(v for _, v in t["validations"]))
+    smaller = driver.settings.smaller_is_better
+    measured = [dict(t, best=best_entry([v for _, v in t["validations"]], smaller))
                 for t in driver.state["trials"].values() if t["validations"]]
-    return pick(measured, key=lambda t: t["best"]) if measured else None
+    return best_entry(measured, smaller, lambda t: t["best"]) if measured else None
 
 
 def eta_seconds(driver: Any) -> Optional[float]:

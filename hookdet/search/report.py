@@ -136,7 +136,7 @@ def best_trial(search_dir: Path) -> Tuple[Path, str]:
     if not measured:
         raise SearchReadError(f"search {search_dir}: no trial reported {metric}, so it has no best trial "
                               "to export; export one trial's run directory instead")
-    row = (min if smaller else max)(measured, key=lambda candidate: candidate["best"])
+    row = summary.best_entry(measured, smaller, lambda candidate: candidate["best"])
     run_dir = Path(state["trials"][row["request_id"]]["dir"])
     return run_dir, (f"search {Path(search_dir).name}: its best trial is trial {row['trial']} ({row['state']}, "
                      f"{metric} {row['best']:.6g}); exporting {run_dir}")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
 
 COLUMNS = ["trial", "request_id", "seed", "bracket", "rung", "state", "best", "last", "batches",
            "restarts"]
@@ -25,6 +28,16 @@ def flatten(hparams: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return flat
 
 
+def best_entry(entries: Sequence[T], smaller_is_better: bool, value_of: Callable[[T], float] = lambda x: x) -> T:
+    """The entry whose value is best; a NaN ranks below every number (``min``/``max`` would
+    return a NaN that came first: a diverged trial named the best). ``entries`` is not empty."""
+    def rank(entry: T) -> tuple:
+        value = value_of(entry)
+        return (math.isnan(value), value if smaller_is_better else -value)
+
+    return min(entries, key=rank)
+
+
 def rows(state: Dict[str, Any], smaller_is_better: bool = True,
          metric: Optional[str] = None) -> List[Dict[str, Any]]:
     """One row per trial, in creation order (best/last over every validation in its log)."""
@@ -35,13 +48,12 @@ def rows(state: Dict[str, Any], smaller_is_better: bool = True,
 
         logged = validations(Path(trial["dir"]), metric) if metric else []
         values = [value for _, value in (logged or trial["validations"])]
-        pick = min if smaller_is_better else max
         row = {
             "trial": trial["number"], "request_id": rid, "seed": trial["seed"],
             # No rung reached (a search without rungs, or a trial that ended before the first): none.
             "bracket": trial["bracket"], "rung": trial["rung"] if trial["rung"] >= 0 else None,
             "state": trial["state"],
-            "best": pick(values) if values else None, "last": values[-1] if values else None,
+            "best": best_entry(values, smaller_is_better) if values else None, "last": values[-1] if values else None,
             "batches": trial.get("batches") or 0, "restarts": trial["restarts"],
         }
         row.update({f"hp.{k}": v for k, v in flatten(trial["hparams"]).items()})
@@ -90,8 +102,7 @@ def best_line(table: List[Dict[str, Any]], state: Dict[str, Any], metric: str,
         return "best: none (the search created no trial)"
     if not measured:
         return f"best: no trial reported {metric}"
-    pick = min if smaller_is_better else max
-    row = pick(measured, key=lambda candidate: candidate["best"])
+    row = best_entry(measured, smaller_is_better, lambda candidate: candidate["best"])
     trial = state["trials"][row["request_id"]]
     return (f"best: trial {row['trial']} ({row['state']}), {metric} {row['best']:.6g}, "
             f"hyperparameters {json.dumps(trial['hparams'], sort_keys=True)}, "
