@@ -157,10 +157,13 @@ class LiveView:
         searcher_metric: Optional[str],
         workload: Callable[[], Optional[list]] = lambda: None,
         extra_rows: Callable[[], List[Text]] = list,
+        reported: Callable[[], Dict[str, Any]] = dict,
     ) -> None:
         """``extra_rows``: lines drawn under the metric rows at each redraw (a launcher's rows,
-        one per rank)."""
+        one per rank). ``reported``: the ``progress`` (0..1) and ``status`` a script reports
+        itself (a Core API script, which names no length: its own bar, with no counts)."""
         self._extra_rows = extra_rows
+        self._reported = reported
         self._latest_batch = LatestBatchValue(workload)
         self._batches_trained = batches_trained
         self._validation_batches = validation_batches
@@ -234,7 +237,22 @@ class LiveView:
         label_width = max((len(row[0]) for row in bars), default=0)
         count_width = max((len(str(row[2] or "?")) for row in bars), default=0)
         frame = [self._bar_line(row, label_width, count_width, bar_width) for row in bars]
-        return frame + self._metric_rows(width) + self._extra_rows()
+        return self._reported_line(bar_width) + frame + self._metric_rows(width) + self._extra_rows()
+
+    def _reported_line(self, bar_width: int) -> List[Text]:
+        """``progress ━━━━━━━━━━━━━━━ 50% · evaluating``: what the script says of itself, if anything."""
+        reported = self._reported()
+        progress, status = reported.get("progress"), reported.get("status")
+        if progress is None and not status:
+            return []
+        line = Text("progress ")
+        if progress is not None:
+            line.append_text(bar(int(1000 * progress), 1000, bar_width))
+            line.append(f" {int(100 * progress):>3}%")
+        if status:
+            line.append(f" · {status}")
+        line.no_wrap, line.overflow = True, "ellipsis"
+        return [line]
 
     @staticmethod
     def _bar_line(row: tuple, label_width: int, count_width: int, bar_width: int) -> Text:

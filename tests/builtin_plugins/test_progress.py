@@ -273,6 +273,22 @@ def test_the_chief_in_the_same_setting_shows_bars(tmp_path: Path) -> None:
     assert any(" 4/4 batches" in line for line in screen_lines(terminal.screen))
 
 
+def test_a_core_api_scripts_own_progress_and_status_are_its_bar(tmp_path: Path, monkeypatch) -> None:
+    """A Core API script names no length: its bar is the progress it reports, with its status."""
+    import hookdet as det
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HOOKDET_CLUSTER_INFO", raising=False)
+    with terminal_as_stderr() as terminal:
+        with det.core.init() as core_context:
+            core_context.train.report_training_metrics(steps_completed=5, metrics={"loss": 0.25})
+            core_context.train.report_progress(0.5)
+            core_context.train.set_status("evaluating")
+    lines = screen_lines(terminal.screen)
+    assert any(re.match(r"progress .* 50% · evaluating$", line) for line in lines), lines
+    assert any(re.match(r" *training  @ batch 5  loss=0.25", line) for line in lines), lines
+
+
 def test_format_metrics_shows_numbers_only() -> None:
     metrics = {"loss": 0.123456, "step": 7, "flag": True, "name": "x", "tiny": 1.5e-9}
     assert format_metrics(metrics) == "loss=0.1235 step=7 tiny=1.5e-09"

@@ -112,6 +112,7 @@ class ProgressPlugin:
                 validation_batches=lambda: self.validation_batches,
                 searcher_metric=self._run.config.searcher.metric,
                 workload=lambda: self._run.stash.get(WORKLOAD_METRICS, None),
+                reported=lambda: self._run.stash.get(REPORTED_PROGRESS, {}),
             )
             self._view.open()
         elif self.log_every_s > 0:
