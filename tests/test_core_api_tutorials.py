@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, Dict
 
 import pytest
+import yaml
 
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.runs.metrics import read_reports
 from hookdet.runs.record import read_history, read_record
 from tests.support import hookdet_process
+from tests.support.s3_fixture import recording, s3_server  # noqa: F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 ORIGINALS = REPO / "tests" / "fixtures" / "determined_core_api"
@@ -251,6 +253,26 @@ def test_a_core_api_trial_stopped_by_sigterm_and_resumed_ends_bit_for_bit_as_one
     rows = [[(r["group"], r["steps_completed"], r["metrics"]) for r in read_reports(folder / run)]
             for run in ("whole", "stopped")]
     assert rows[0] == rows[1] and len(rows[0]) == 15
+
+
+@pytest.mark.slow
+def test_a_resume_from_s3_fetches_the_newest_checkpoint_once(tmp_path: Path, s3_server: Dict[str, str]) -> None:  # noqa: F811
+    """``--resume RUN_DIR`` of a script whose checkpoints are in S3: ``hookdet run`` fetches the
+    newest to verify it and hands that download to the script, whose ``restore_path`` takes it
+    (its state file is fetched once, not once to verify and again to restore)."""
+    folder = Path(shutil.copytree(EXACT, tmp_path / "exact"))
+    storage = {"type": "s3", "bucket": s3_server["bucket"], "endpoint_url": s3_server["endpoint_url"], "prefix": "core"}
+    config = yaml.safe_load((folder / "const.yaml").read_text())
+    (folder / "s3.yaml").write_text(yaml.safe_dump(dict(config, checkpoint_storage=dict(storage, save_trial_latest=10))))
+    first = hookdet_process.run("run", "s3.yaml", "--run-dir", "run", cwd=folder)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not (folder / "run" / "checkpoints").exists()
+    with recording(s3_server["endpoint_url"]) as requests_made:
+        resumed = hookdet_process.run("run", "s3.yaml", "--resume", "run", cwd=folder)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    gets = [url.split("?")[0] for method, url in requests_made if method == "GET" and "/core/" in url]
+    assert len([url for url in gets if url.endswith("/state.pt")]) == 1, requests_made
+    assert [entry["event"] for entry in read_history(folder / "run")] == ["started", "completed", "resumed", "completed"]
 
 
 def rows_of(run_dir: Path) -> list:

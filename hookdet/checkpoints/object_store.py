@@ -14,7 +14,9 @@ where; :meth:`~ObjectStorage.get_bytes` answers None for a missing object.
 A published checkpoint never changes, so the ``metadata.json`` read while listing or choosing a
 checkpoint is kept and written into the download: a resume fetches each object once. A resume
 from a run directory fetches its newest checkpoint ahead (:meth:`~ObjectStorage.fetch`) to verify
-it before choosing it, and that download is the one restored. Downloads go to folders named
+it before choosing it, and that download is the one restored; ``hookdet run`` of a script hands
+its download to the script (:meth:`~ObjectStorage.hand_over`, ``$HOOKDET_FETCHED_CHECKPOINTS``),
+whose restore takes it instead of fetching the checkpoint again. Downloads go to folders named
 ``hookdet-restore-<pid>-...`` in the temporary directory, removed when restored, at exit, or, for
 a process that was killed, by the next download of any process (:func:`sweep_dead_downloads`).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -45,6 +48,9 @@ from hookdet.checkpoints.storage import (
 
 #: The name of every download folder starts so, followed by the downloading process's pid and "-".
 DOWNLOAD_PREFIX = "hookdet-restore-"
+#: Checkpoints a starter fetched for the process it started: JSON, each checkpoint's location
+#: (``s3://bucket/prefix/<id>``) to the folder it was downloaded to.
+FETCHED_ENV = "HOOKDET_FETCHED_CHECKPOINTS"
 
 
 def sweep_dead_downloads() -> int:
@@ -199,7 +205,7 @@ class ObjectStorage(CheckpointStorage):
 
     @contextlib.contextmanager
     def restore_path(self, storage_id: str) -> Iterator[Path]:
-        directory = self._fetched.pop(storage_id, None) or self._download(storage_id)
+        directory = self._fetched.pop(storage_id, None) or self._handed(storage_id) or self._download(storage_id)
         try:
             yield directory
         finally:
@@ -213,6 +219,26 @@ class ObjectStorage(CheckpointStorage):
             directory = self._fetched[storage_id] = self._download(storage_id)
             atexit.register(shutil.rmtree, directory, True)
         return self._fetched[storage_id]
+
+    def hand_over(self, storage_id: str) -> Dict[str, str]:
+        """What a process this one starts is given (as ``$HOOKDET_FETCHED_CHECKPOINTS``) so that
+        its restore of ``storage_id`` takes this process's download; empty when none was made."""
+        directory = self._fetched.get(storage_id)
+        return {FETCHED_ENV: json.dumps({self.location(storage_id): str(directory)})} if directory else {}
+
+    def _handed(self, storage_id: str) -> Optional[Path]:
+        """The download of ``storage_id`` this process's starter handed over, if it is still
+        there and is one of hookdet's download folders."""
+        try:
+            handed = json.loads(os.environ.get(FETCHED_ENV, "{}")).get(self.location(storage_id))
+        except (ValueError, AttributeError):
+            return None
+        if not handed:
+            return None
+        directory = Path(handed)
+        if directory.is_symlink() or not directory.is_dir() or not directory.name.startswith(DOWNLOAD_PREFIX):
+            return None
+        return directory
 
     def drop_fetched(self, storage_id: str) -> None:
         """Remove what :meth:`fetch` downloaded of ``storage_id`` (a checkpoint passed over)."""

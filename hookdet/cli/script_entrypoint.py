@@ -147,13 +147,13 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     check_script_exists(config.entrypoint, model_dir, source)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
     node = this_node(args.torchrun)
+    latest_checkpoint, fetched = newest_checkpoint(resume_target(args.resume))
     info = cluster_info.local_cluster_info(
-        config, slots=slots, latest_checkpoint=newest_checkpoint_id(resume_target(args.resume)), run_dir=run_dir,
-        test_mode=args.test_mode, node=node,
+        config, slots=slots, latest_checkpoint=latest_checkpoint, run_dir=run_dir, test_mode=args.test_mode, node=node,
     )
     started = run_record.now()
     with outcome.records_directory("hookdet-cluster-info-") as info_dir:
-        env = dict(os.environ, **extra_env)
+        env = dict(os.environ, **extra_env, **fetched)
         env.setdefault(CHIEF_PORT_ENV, str(free_port()))  # for workers the script starts itself
         env.pop(outcome.OUTCOME_FILE_ENV, None)  # this process's record, not the command's
         env[cluster_info.CLUSTER_INFO_ENV] = str(cluster_info.write_cluster_info(info, info_dir / "cluster.json"))
@@ -231,20 +231,23 @@ def command_state(status: int, final: int) -> str:
     return "killed" if status < 0 else "failed"
 
 
-def newest_checkpoint_id(target: Optional[str]) -> Optional[str]:
+def newest_checkpoint(target: Optional[str]) -> Tuple[Optional[str], Dict[str, str]]:
     """``--resume``'s target as the script's ``info.latest_checkpoint``: a run directory as the
     storage id of its newest intact checkpoint (what a cluster hands a script), anything else
-    (a checkpoint directory or id) as it is."""
+    (a checkpoint directory or id) as it is; and the environment that hands the script the
+    download made to verify it (an object store's), so the script does not fetch it again."""
     from hookdet.checkpoints import format as fmt
+    from hookdet.checkpoints.object_store import ObjectStorage
     from hookdet.checkpoints.resolver import locate_for_resume, read_identity
 
     if target is None or not Path(target).is_dir() or read_identity(target) is None \
             or (Path(target) / fmt.METADATA_FILE).is_file():
-        return target
+        return target, {}
     found = locate_for_resume(Path(target), None)
     if isinstance(found, tuple):
-        return found[1]
-    return str(fmt.read_metadata(found).get("uuid") or found.name)
+        storage, storage_id = found
+        return storage_id, storage.hand_over(storage_id) if isinstance(storage, ObjectStorage) else {}
+    return str(fmt.read_metadata(found).get("uuid") or found.name), {}
 
 
 def how_it_ended(status: int, final: int) -> str:

@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, List
 
 import pytest
 
@@ -35,24 +34,7 @@ from tests.faults.harness import (
     wait_until,
     write_config,
 )
-from tests.support.s3_fixture import s3_server  # noqa: F401  (a fixture)
-
-
-@contextlib.contextmanager
-def recording(endpoint_url: str) -> Iterator[List[Tuple[str, str]]]:
-    """The (method, URL) of every request the S3 server answers inside the block (moto's own
-    recorder, on the server)."""
-    import requests
-
-    made: List[Tuple[str, str]] = []
-    requests.post(f"{endpoint_url}/moto-api/recorder/reset-recording", timeout=10)
-    requests.post(f"{endpoint_url}/moto-api/recorder/start-recording", timeout=10)
-    try:
-        yield made
-    finally:
-        requests.post(f"{endpoint_url}/moto-api/recorder/stop-recording", timeout=10)
-        lines = requests.get(f"{endpoint_url}/moto-api/recorder/download-recording", timeout=60).text
-        made.extend((entry["method"], entry["url"]) for entry in map(json.loads, lines.splitlines()))
+from tests.support.s3_fixture import recording, s3_server  # noqa: F401  (a fixture)
 
 
 def records_of(run_dir: Path) -> Dict[str, bytes]:

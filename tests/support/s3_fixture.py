@@ -12,13 +12,15 @@ server speaks real HTTP on 127.0.0.1, so subprocesses started by a test can reac
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import json
 import os
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -101,3 +103,20 @@ def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
         for item in page.get("Contents", ()):
             client.delete_object(Bucket=bucket, Key=item["Key"])
     client.delete_bucket(Bucket=bucket)
+
+
+@contextlib.contextmanager
+def recording(endpoint_url: str) -> Iterator[List[Tuple[str, str]]]:
+    """The (method, URL) of every request the S3 server answers inside the block (moto's own
+    recorder, on the server)."""
+    import requests
+
+    made: List[Tuple[str, str]] = []
+    requests.post(f"{endpoint_url}/moto-api/recorder/reset-recording", timeout=10)
+    requests.post(f"{endpoint_url}/moto-api/recorder/start-recording", timeout=10)
+    try:
+        yield made
+    finally:
+        requests.post(f"{endpoint_url}/moto-api/recorder/stop-recording", timeout=10)
+        lines = requests.get(f"{endpoint_url}/moto-api/recorder/download-recording", timeout=60).text
+        made.extend((entry["method"], entry["url"]) for entry in map(json.loads, lines.splitlines()))
