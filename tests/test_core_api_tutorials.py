@@ -184,6 +184,26 @@ def test_mnist_checkpoints_step_resumes_from_its_latest_checkpoint(mnist_tutoria
 
 
 @pytest.mark.slow
+def test_mnist_adaptive_step_searches_on_the_epochs_it_reports(mnist_tutorial: Path) -> None:
+    """The tutorial's adaptive ASHA search, made small (4 trials, 4 epochs, where the file says 50
+    and 20): the searcher decides on the ``epochs`` the script reports beside ``test_loss``
+    (``time_metric: epochs``), and stops some trials at the first rung; the others train to the end."""
+    search = run_mnist(mnist_tutorial, "adaptive.yaml", "--workers", "2", "--run-dir", "search",
+                       "--config", "searcher.max_trials=4", "--config", "searcher.max_time=4",
+                       "--config", "entrypoint=python3 model_def_adaptive.py --epochs 4")
+    assert search.returncode == 0, search.stderr[-3000:]
+    rows = list(csv.DictReader(open(mnist_tutorial / "search" / "summary.csv")))
+    assert len(rows) == 4 and {row["state"] for row in rows} <= {"completed", "stopped"}
+    assert "stopped" in {row["state"] for row in rows}
+    for row in rows:
+        epochs = [r["metrics"]["epochs"] for r in read_reports(mnist_tutorial / "search" / f"trial-{int(row['trial']):03d}")
+                  if r["group"] == "validation"]
+        assert epochs == list(range(1, len(epochs) + 1))
+        # A stopped trial ends at its next check after the rung (or trained to the end first, on a busy machine).
+        assert len(epochs) == 4 if row["state"] == "completed" else 1 <= len(epochs) <= 4, (row, epochs)
+
+
+@pytest.mark.slow
 def test_stage_3_asha_stops_the_trials_determineds_rule_stops_while_they_train(tutorial: Path) -> None:
     """The tutorial's adaptive ASHA search (10 trials, time_metric batches, max_time 100): each
     trial is one process that never pauses; at the first validation at or past a rung the search
