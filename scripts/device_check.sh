@@ -40,7 +40,8 @@ default_tests="tests/test_cuda.py tests/builtin_plugins/test_amp.py tests/builti
   tests/builtin_plugins/test_checkpoint.py tests/builtin_plugins/test_async_checkpoint.py
   tests/builtin_plugins/test_preemption.py tests/builtin_plugins/test_profiler.py tests/builtin_plugins/test_progress.py
   tests/test_resume.py tests/test_reducers.py tests/test_examples.py tests/test_core_loop.py
-  tests/test_warm_segments.py tests/test_warm_start.py tests/test_context.py"
+  tests/test_warm_segments.py tests/test_warm_start.py tests/test_context.py
+  tests/test_core_api_tutorials.py::test_mnist_distributed_step_trains_over_nccl_under_the_torch_distributed_launch_layer"
 # shellcheck disable=SC2086  # a list of paths
 TAIL=25 step tests "${TESTS_SECONDS:-200}" python3 -m pytest -v -n 8 --dist worksteal -p no:cacheprovider --timeout 200 -rfEs \
   ${TESTS:-$default_tests}

@@ -359,3 +359,18 @@ def test_sharded_checkpoints_on_two_ranks_merge_their_files_and_refuse_conflicts
                     "metadata": {"steps_completed": 1, "written_by_rank_1": True}}
     assert f'RANK1 {{"refused": "{conflict}"}}' in finished.stdout
     assert len(list((folder / "run" / "checkpoints").iterdir())) == 1
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="the script calls init_process_group('nccl'): CUDA only")
+def test_mnist_distributed_step_trains_over_nccl_under_the_torch_distributed_launch_layer(mnist_tutorial: Path) -> None:
+    """The distributed step as the file says (torch_distributed, nccl, DDP on each rank's GPU),
+    with the slots this machine has GPUs for, one epoch: its ranks report as one run."""
+    import torch
+
+    slots = min(torch.cuda.device_count(), 4)
+    run = run_mnist(mnist_tutorial, "distributed.yaml", "--config", f"resources.slots_per_trial={slots}",
+                    "--config", "entrypoint=python3 -m determined.launch.torch_distributed "
+                    "python3 model_def_distributed.py --epochs 1", "--run-dir", "distributed")
+    assert run.returncode == 0, run.stderr[-3000:]
+    validations = [r for r in read_reports(mnist_tutorial / "distributed") if r["group"] == "validation"]
+    assert len(validations) == 1 and 0 < validations[0]["metrics"]["test_loss"] < 3
