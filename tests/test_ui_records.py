@@ -82,7 +82,58 @@ def test_a_long_run_costs_a_bounded_number_of_points(tmp_path: Path) -> None:
     records.refresh()
     assert records.last_batch == 50_000
     assert all(series.kept < 2000 for series in records.series.values())
-    assert records.best("loss", smaller=True) == pytest.approx(2.0 / 50_000)
+    assert records.reports_summary().best("loss", smaller_is_better=True) == 2.0 / 50_000
+
+
+def test_the_writer_keeps_a_summary_and_a_reader_reads_only_what_came_after_it(tmp_path: Path) -> None:
+    """``ReportLog`` keeps ``metrics-summary.json`` equal to a fold of every report; the list's
+    reader starts from it, reading only the bytes written after it; a summary of a file a resume
+    replaced is not used (the file is read from its start)."""
+    from hookdet.runs.metrics import ReportLog, ReportsSummary, read_reports, read_summary
+
+    log = ReportLog(tmp_path)
+    for batch in range(1, 101):
+        log.append("training", batch, {"loss": 1.0 / batch}, continues_from=0)
+        if batch % 10 == 0:
+            log.append("validation", batch, {"loss": 2.0 / batch, "accuracy": batch / 100}, continues_from=0)
+    log.close()
+    folded = ReportsSummary()
+    for each in read_reports(tmp_path):
+        folded.take(each)
+    kept = read_summary(tmp_path)
+    assert kept is not None and kept.fields()["reports"] == folded.reports == 110
+    assert (kept.last_batch, kept.best("loss", True), kept.best("accuracy", False)) == (100, 0.02, 1.0)
+    assert kept.bytes == (tmp_path / "metrics.jsonl").stat().st_size
+    # Past the summary: one more validation, written by another writer; the reader folds it in.
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write(report(101, 0.001, group="validation"))
+    records = RunRecords(tmp_path)
+    assert records.reports_summary().best("loss", True) == 0.001 and records.reports_summary().reports == 111
+    # A summary that claims what the file does not hold is believed up to its bytes: proof that
+    # the reader took it instead of reading the file again.
+    claimed = dict(kept.fields(), smallest={"loss": -5.0})
+    (tmp_path / "metrics-summary.json").write_text(json.dumps(claimed))
+    assert RunRecords(tmp_path).reports_summary().best("loss", True) == -5.0
+    # A resume replaces the file: the summary of the old one is not used.
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_text(report(1, 1.0, group="validation"))
+    os.replace(replacement, tmp_path / "metrics.jsonl")
+    assert read_summary(tmp_path) is None
+    assert RunRecords(tmp_path).reports_summary().best("loss", True) == 1.0
+
+
+def test_a_resumed_writer_sums_up_what_the_file_keeps(tmp_path: Path) -> None:
+    from hookdet.runs.metrics import ReportLog, read_summary
+
+    first = ReportLog(tmp_path)
+    for batch in range(1, 9):
+        first.append("validation", batch, {"loss": float(10 - batch)}, continues_from=0)
+    first.close()
+    resumed = ReportLog(tmp_path)  # from batch 4: the reports after it are dropped
+    resumed.append("validation", 5, {"loss": 7.5}, continues_from=4)
+    resumed.close()
+    kept = read_summary(tmp_path)
+    assert kept is not None and (kept.reports, kept.last_batch, kept.best("loss", True)) == (5, 5, 6.0)
 
 
 def test_files_that_lead_out_of_the_run_directory_read_as_absent(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.trial_api import cluster_info
 from hookdet.launch import outcome
-from hookdet.launch.command_output import CommandOutput
+from hookdet.cli.command_output import CommandOutput
 from hookdet.launch.outcome import Outcome, read_launch
 from hookdet.errors import UsageError
 from hookdet.runs import record as run_record
@@ -136,7 +136,7 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
     ended go through a directory of this launch's own, removed at its end: the run directory
     holds only what the run wrote (on a machine of a multi-node run whose ranks do not include
     rank 0, nothing is made). A plain command's output is shown and kept as the run's log where
-    it writes none itself (:mod:`hookdet.launch.command_output`). ``late_stop``
+    it writes none itself (:mod:`hookdet.cli.command_output`). ``late_stop``
     (:class:`hookdet.cli.run_edges.LateStop`) is told when the command has ended."""
     from hookdet.loop.trainer import default_run_dir
 

@@ -336,7 +336,7 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], records_dir
     every process of the group is gone, so a script still writing its checkpoint is waited for
     even when the shell above it has died; ``fork`` forks it from this process instead of
     starting a new one (a script of a warm search segment: :mod:`hookdet.search.warm_script`);
-    ``output`` (a :class:`~hookdet.launch.command_output.CommandOutput`) takes its output.
+    ``output`` (a :class:`~hookdet.cli.command_output.CommandOutput`) takes its output.
     """
     env = dict(env, **{LAUNCH_RECORDS_ENV: str(records_dir)})
     job = Job(list(command), env, str(cwd or os.getcwd()), fork=fork if to_group else None,

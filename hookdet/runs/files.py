@@ -6,6 +6,7 @@
       run.json            RUN_RECORD_FILE  state, pid and host, times, how it ended (record.py)
       config.json         CONFIG_FILE      the experiment as it ran
       metrics.jsonl       METRICS_FILE     every training and validation report (metrics.py)
+      metrics-summary.json METRICS_SUMMARY_FILE  what metrics.jsonl holds, in brief, kept current as it is written (metrics.py)
       history.jsonl       HISTORY_FILE     each start, resume and end, with what changed (record.py)
       run_identity.json   IDENTITY_FILE    the run id and where its checkpoints are (identity.py; read by checkpoints/resolver.py)
       .hookdet.lock       LOCK_FILE        who holds the run (lock.py)
@@ -19,6 +20,7 @@ from hookdet.checkpoints import storage
 RUN_RECORD_FILE = "run.json"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
+METRICS_SUMMARY_FILE = "metrics-summary.json"
 HISTORY_FILE = "history.jsonl"
 IDENTITY_FILE = storage.IDENTITY_FILE  # read by checkpoints/resolver.py, written by identity.py
 LOCK_FILE = ".hookdet.lock"

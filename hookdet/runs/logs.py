@@ -4,7 +4,7 @@
 Each rank's file is ``logs/rank-<N>.log`` (then ``.1``, ``.2``, oldest last), every line stamped
 ``[<ISO time>] [rank=<N>] [<stream>]``. The ``run_log`` plugin writes what a hookdet process
 prints; ``hookdet run`` writes what a command that never calls hookdet printed
-(:mod:`hookdet.launch.command_output`). Reading merges the ranks' lines by time. Following reads
+(:mod:`hookdet.cli.command_output`). Reading merges the ranks' lines by time. Following reads
 each file from where it stopped (never a whole file again), keeps reading a file that was rotated
 away until its end before taking the new one, and ends when the run has ended and nothing more
 came. Reading locks and writes nothing.

@@ -32,6 +32,11 @@ class JsonLinesTail:
         self.partial = b""
         self.identity: Optional[Tuple[int, int]] = None
 
+    def start_from(self, identity: Tuple[int, int], offset: int) -> None:
+        """Begin at byte ``offset`` of the file whose ``(st_dev, st_ino)`` is ``identity``: what
+        comes before is known already (a summary of it was read). Another file is read whole."""
+        self.identity, self.offset, self.partial = identity, offset, b""
+
     def catch_up(self) -> bool:
         """Refresh until the end of the file (a big file is read a chunk per refresh); whether
         anything new came."""

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from hookdet.runs import index as run_index
-from hookdet.runs.files import CONFIG_FILE, HISTORY_FILE, METRICS_FILE, RUN_RECORD_FILE
+from hookdet.runs.files import CONFIG_FILE, HISTORY_FILE, METRICS_FILE, METRICS_SUMMARY_FILE, RUN_RECORD_FILE
 from hookdet.runs.logs import LogFollower, log_files, stamp_of
+from hookdet.runs.metrics import ReportsSummary, read_summary
 from hookdet.runs.record import read_history, read_record
 from hookdet.search import report
 from hookdet.runs.tail import JsonLinesTail
@@ -82,13 +83,23 @@ class RunRecords:
         self.log_lines: Deque[str] = collections.deque(maxlen=LOG_LINES)
         self.log_count = 0
         self._read: Dict[str, Tuple[Optional[Tuple[int, int]], Any]] = {}  # file -> (its stamp, what it held)
+        self._reports: Optional[ReportsSummary] = None
+        self._resolved: Optional[Path] = None
+        self._reports_tail: Optional[JsonLinesTail] = None
 
     # ------------------------------------------------------------------ metrics
 
     def owns(self, path: Path) -> bool:
-        """Whether ``path``, resolved, lies inside the run directory (resolved)."""
+        """Whether ``path``, resolved, lies inside the run directory (resolved once: the catalog
+        checks the directory itself at every scan). A file of the directory itself that is no
+        symlink is inside without resolving it (the list asks of every run's files each time)."""
+        path = Path(path)
         try:
-            return Path(path).resolve().is_relative_to(self.path.resolve())
+            if path.parent == self.path and not path.is_symlink():
+                return True
+            if self._resolved is None:
+                self._resolved = self.path.resolve()
+            return path.resolve().is_relative_to(self._resolved)
         except OSError:
             return False
 
@@ -115,14 +126,6 @@ class RunRecords:
     def _forget(self) -> None:
         self.series, self.validations, self.last_batch = {}, [], 0
         self.resets += 1
-
-    def best(self, metric: Optional[str], smaller: bool) -> Optional[float]:
-        """The best value of the validation ``metric`` so far (over the kept points)."""
-        series = self.series.get(f"validation/{metric}")
-        if series is None:
-            return None
-        values = series.ys + ([series.tail[1]] if series.tail else [])
-        return (min if smaller else max)(values) if values else None
 
     # ------------------------------------------------------------------ files read when asked
 
@@ -151,9 +154,28 @@ class RunRecords:
             kept = self._read[name] = (stamp, read() if stamp is not None and self.owns(path) else absent)
         return kept[1]
 
+    def reports_summary(self) -> ReportsSummary:
+        """What the run's reports come to: its ``metrics-summary.json``, caught up with the
+        reports written since (all of them for a run without one, or whose file was replaced)."""
+        if self._reports_tail is None:
+            self._reports = read_summary(self.path) if self.owns(self.path / METRICS_SUMMARY_FILE) else None
+            self._reports_tail = JsonLinesTail(self.path / METRICS_FILE, lambda report: self._reports.take(report),
+                                               self._forget_reports)
+            if self._reports is not None and self._reports.file:
+                self._reports_tail.start_from(tuple(self._reports.file), self._reports.bytes)
+            self._reports = self._reports or ReportsSummary()
+        if self.owns(self.path / METRICS_FILE):
+            self._reports_tail.catch_up()
+        assert self._reports is not None
+        return self._reports
+
+    def _forget_reports(self) -> None:
+        self._reports = ReportsSummary()  # the file was replaced: it is read from its start
+
     def summary(self, state: Optional[str] = None) -> Dict[str, Any]:
-        """The list's row: name, state, progress, best searcher metric, times."""
-        self.refresh()
+        """The list's row: name, state, progress, best searcher metric, times (from the run's
+        records and the summary of its reports: never its whole ``metrics.jsonl``)."""
+        reports = self.reports_summary()
         record, searcher = self.record(), (self.config().get("searcher") or {})
         metric = record.get("searcher_metric") or searcher.get("metric")
         smaller = bool(record.get("smaller_is_better", searcher.get("smaller_is_better", True)))
@@ -161,10 +183,10 @@ class RunRecords:
             "name": self.path.name,
             "kind": "run",
             "state": state or record.get("state", "unknown"),
-            "batches": max(int(record.get("batches_trained") or 0), self.last_batch),
+            "batches": max(int(record.get("batches_trained") or 0), reports.last_batch),
             "max_batches": record.get("max_batches"),
             "metric": metric,
-            "best": self.best(metric, smaller),
+            "best": reports.best(metric, smaller),
             "started": record.get("created") or record.get("started") or "",
             "seconds": self.training_seconds(record),
             # a Core API script's own report of how far it is (0 to 1) and what it does

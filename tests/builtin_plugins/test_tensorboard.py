@@ -225,7 +225,7 @@ def _train_on_rank(rank: int, port: int, run_dir: str, results: Any) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
     )
     try:
-        distributed = GlooContext(rank=rank, size=2, local_rank=rank, local_size=2)
+        distributed = GlooContext(rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0, cross_size=1)
         exp_conf = {"hyperparameters": HP, "plugins": {"only": ["metrics_log", "tensorboard"]}}
         with pytorch.init(hparams=HP, exp_conf=exp_conf, run_dir=run_dir, distributed=distributed) as context:
             trial = OneWeightTrial(context)
