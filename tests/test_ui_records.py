@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
-
 from hookdet.ui.records import RunRecords
 from hookdet.runs.tail import JsonLinesTail
 from hookdet.ui.series import BoundedSeries
