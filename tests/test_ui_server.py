@@ -212,3 +212,49 @@ def test_without_the_ui_extra_one_line_names_it(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "hookdet: error: ui: the web view needs the 'ui' extra (plotly missing): pip install 'hookdet[ui]'"]
+
+
+def test_a_static_file_is_served_while_a_run_is_being_read(tmp_path: Path, monkeypatch) -> None:
+    """Reading a run's files happens off the event loop: while one request is still reading (held
+    here on an event), a static file is answered. In this process, on uvicorn as ``hookdet ui``
+    runs it."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from hookdet.ui import pages
+    from hookdet.ui.app import build_app
+    from hookdet.ui.catalog import Catalog
+
+    make_run(tmp_path / "runs" / "one")
+    release, reading = threading.Event(), threading.Event()
+    original = pages.run_updates
+
+    def held(*args: object, **kwargs: object) -> object:
+        reading.set()
+        assert release.wait(60)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pages, "run_updates", held)
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(Catalog([tmp_path / "runs"])), log_level="warning"))
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    serving.start()
+    base = f"http://127.0.0.1:{port}"
+    answered: Dict[str, int] = {}
+    try:
+        slow = threading.Thread(target=lambda: answered.update(
+            run=get(f"{base}/api/run/{root_key(tmp_path / 'runs')}/one")[0]))
+        slow.start()
+        assert reading.wait(60)
+        status, _, body = get(f"{base}/static/ui.css")
+        assert status == 200 and body and slow.is_alive()  # answered while the run was being read
+        release.set()
+        slow.join(60)
+        assert answered == {"run": 200}
+    finally:
+        release.set()
+        server.should_exit = True
+        serving.join(30)

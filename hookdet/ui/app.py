@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional
 
@@ -116,12 +117,21 @@ def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    views = Views(catalog)
+    from starlette.concurrency import run_in_threadpool
 
-    def served(handler: Callable[[Any], Any]) -> Callable[[Any], Awaitable[Any]]:
+    views = Views(catalog)
+    reading = threading.Lock()  # the catalog's records are read by one request at a time
+
+    def read(handler: Callable[[Any], Any], request: Any) -> Any:
+        with reading:
+            return handler(request)
+
+    def served(handler: Callable[[Any], Any], reads_records: bool = True) -> Callable[[Any], Awaitable[Any]]:
+        """The route's endpoint: a handler that reads run files runs in a worker thread, so the
+        event loop goes on answering (a static file while a large run is read for the first time)."""
         async def endpoint(request: Any) -> Any:
             try:
-                return handler(request)
+                return await run_in_threadpool(read, handler, request) if reads_records else handler(request)
             except NotServed as refusal:
                 return PlainTextResponse(f"not found: {refusal}", status_code=404)
             except BadRequest as refusal:
@@ -140,7 +150,7 @@ def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
         Route("/api/run/{key}/{path:path}", served(views.run_api)),
         Route("/api/search/{key}/{path:path}", served(views.search_api)),
         Route("/api/compare", served(views.compare_api)),
-        Route("/static/{name}", served(views.static_file)),
+        Route("/static/{name}", served(views.static_file, reads_records=False)),
     ]
     app = _with_safety_headers(Starlette(routes=routes))
     return _guarded(app, token) if token else _local_hosts_only(app)
