@@ -133,6 +133,27 @@ def read_summary(run_dir: Path) -> Optional[ReportsSummary]:
     return summary
 
 
+def summarize(run_dir: Path) -> ReportsSummary:
+    """A summary of every report ``metrics.jsonl`` holds now, and of which file, up to its end."""
+    summary = ReportsSummary()
+    for report in read_reports(run_dir):
+        summary.take(report)
+    try:
+        status = os.stat(metrics_path(run_dir))
+        summary.file, summary.bytes = [status.st_dev, status.st_ino], status.st_size
+    except OSError:
+        pass
+    return summary
+
+
+def write_summary(run_dir: Path, summary: ReportsSummary) -> None:
+    """``metrics-summary.json``, replaced atomically."""
+    path = Path(run_dir) / METRICS_SUMMARY_FILE
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(summary.fields()), encoding="utf-8")
+    os.replace(partial, path)
+
+
 class ReportLog:
     """The run's ``metrics.jsonl``, appended to as reports are made (the chief's), and its
     ``metrics-summary.json`` kept current beside it."""
@@ -151,11 +172,7 @@ class ReportLog:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             drop_reports_after(self.run_dir, continues_from)
             self._file = open(metrics_path(self.run_dir), "ab")
-            self.summary = ReportsSummary()
-            for kept in read_reports(self.run_dir):
-                self.summary.take(kept)
-            status = os.fstat(self._file.fileno())
-            self.summary.file, self.summary.bytes = [status.st_dev, status.st_ino], status.st_size
+            self.summary = summarize(self.run_dir)
         report = {"group": group, "steps_completed": steps_completed, "metrics": metrics, "time": time.time()}
         line = (json.dumps(report) + "\n").encode("utf-8")
         self._file.write(line)
@@ -166,10 +183,7 @@ class ReportLog:
             self._write_summary()
 
     def _write_summary(self) -> None:
-        path = self.run_dir / METRICS_SUMMARY_FILE
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(json.dumps(self.summary.fields()), encoding="utf-8")
-        os.replace(partial, path)
+        write_summary(self.run_dir, self.summary)
         self._summary_written = time.monotonic()
 
     def close(self) -> None:

@@ -27,10 +27,12 @@ from hookdet.runs.metrics import ReportsSummary, read_summary
 from hookdet.runs.record import read_history, read_record
 from hookdet.search import report
 from hookdet.runs.tail import JsonLinesTail
-from hookdet.ui.series import BoundedSeries
+from hookdet.ui.series import SERIES_LIMIT, BoundedSeries
 
 #: Log lines a run page keeps and shows (the newest).
 LOG_LINES = 2000
+#: Points of a search trial's curve kept for the search page (twice this at most).
+TRIAL_CURVE_POINTS = 100
 
 
 def is_number(value: Any) -> bool:
@@ -70,12 +72,14 @@ def redacted(value: Any) -> Any:
 class RunRecords:
     """A run directory, read incrementally (see the module docstring)."""
 
-    def __init__(self, path: Path, validations_only: bool = False) -> None:
-        """``validations_only``: follow the validation reports alone (a search's curves)."""
+    def __init__(self, path: Path, validations_only: bool = False, points: int = SERIES_LIMIT) -> None:
+        """``validations_only``: follow the validation reports alone (a search's curves);
+        ``points``: what each series keeps, at most twice that (a search's trials keep fewer:
+        a chart of hundreds of curves draws no more points than the eye can tell apart)."""
         self.path = Path(path)
+        self.points = points
         self.series: Dict[str, BoundedSeries] = {}
         self.last_batch = 0
-        self.validations: List[Tuple[int, Dict[str, Any]]] = []  # (batch, metrics), bounded below
         self.resets = 0
         self._tail = JsonLinesTail(self.path / METRICS_FILE, self._take, self._forget,
                                    only_lines_with=b'"validation"' if validations_only else None)
@@ -117,14 +121,14 @@ class RunRecords:
         self.last_batch = max(self.last_batch, batch)
         for name, value in metrics.items():
             if is_number(value):
-                self.series.setdefault(f"{group}/{name}", BoundedSeries()).add(batch, float(value))
-        if group == "validation":
-            self.validations.append((batch, {k: v for k, v in metrics.items() if is_number(v)}))
-            if len(self.validations) > 2 * LOG_LINES:
-                del self.validations[: len(self.validations) - LOG_LINES]
+                key = f"{group}/{name}"
+                series = self.series.get(key)
+                if series is None:
+                    series = self.series[key] = BoundedSeries(self.points)
+                series.add(batch, float(value))
 
     def _forget(self) -> None:
-        self.series, self.validations, self.last_batch = {}, [], 0
+        self.series, self.last_batch = {}, 0
         self.resets += 1
 
     # ------------------------------------------------------------------ files read when asked
@@ -280,7 +284,7 @@ class SearchRecords:
         for request_id in self.state["order"]:
             if request_id not in self.trials:
                 self.trials[request_id] = RunRecords(self.trial_dir(self.state["trials"][request_id]["dir"]),
-                                                     validations_only=True)
+                                                     validations_only=True, points=TRIAL_CURVE_POINTS)
 
     def trial_dir(self, recorded: str) -> Path:
         """A trial's run directory: the one the search's state records, or the directory of that

@@ -330,7 +330,9 @@ function searchPage() {
       const [x, y] = store.points(key);
       return {x, y, name: plotText(key), mode};
     });
-    Plotly.react(document.getElementById("curves"), traces, layout(answer.metric, logScale.checked));
+    const many = keys.length > 20;  // a legend and a unified hover of hundreds of curves cost more than they tell
+    Plotly.react(document.getElementById("curves"), traces,
+                 Object.assign(layout(answer.metric, logScale.checked), many ? {showlegend: false, hovermode: "closest"} : {}));
   }
 
   logScale.onchange = () => last && draw(last);
