@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+import pytest
+
 from hookdet.ui.catalog import root_key
 from tests.support.browser import ui_server
 
@@ -258,3 +260,77 @@ def test_a_static_file_is_served_while_a_run_is_being_read(tmp_path: Path, monke
         release.set()
         server.should_exit = True
         serving.join(30)
+
+
+#: How a record file can be damaged: each makes the file's text from what it held.
+DAMAGES = {
+    "torn": lambda text: text[: max(1, len(text) // 2)],
+    "empty": lambda text: "",
+    "not-json": lambda text: "\x00\xff<html>not json at all\n" * 3,
+    "wrong-type": lambda text: "\n".join(['[1, 2, 3]', '"a string"', '42', 'null']) + "\n",
+    "huge": lambda text: text + ("\n" if text.endswith("}") else "") + '{"pad": "' + "x" * (24 * 2**20) + '"}\n',
+}
+
+
+def make_search(directory: Path) -> Path:
+    """A search directory as the searcher leaves one: ``search.json``, ``search-state.json``, a trial."""
+    trial = make_run(directory / "trial-001")
+    directory.joinpath("search.json").write_text(json.dumps({
+        "searcher": "adaptive_asha", "metric": "validation_loss", "smaller_is_better": True,
+        "storage": "sqlite:///search.db", "experiment": {"name": directory.name}}))
+    directory.joinpath("search-state.json").write_text(json.dumps({"order": ["r1"], "trials": {"r1": {
+        "number": 1, "request_id": "r1", "seed": 1, "bracket": 0, "rung": 0, "state": "completed", "restarts": 0,
+        "batches": 4, "target": 4, "validations": [[4, 0.5]], "dir": str(trial), "hparams": {"lr": 0.1}}}}))
+    return directory
+
+
+@pytest.mark.slow
+def test_every_record_file_damaged_every_way_leaves_the_view_up(tmp_path: Path) -> None:
+    """Each file a run or search keeps (run.json, config.json, history.jsonl, metrics.jsonl,
+    metrics-summary.json, a rank's log; search.json, search-state.json), torn, empty, not JSON,
+    of the wrong type and huge (24 MiB), each in a directory of its own: the list answers with
+    every one of them, as it is or marked damaged with why, and every page and its updates
+    answer 200 or one 422 line, never a 500."""
+    root = tmp_path / "runs"
+    make_run(root / "good")
+    for name in ("run.json", "config.json", "history.jsonl", "metrics.jsonl", "metrics-summary.json", "logs/rank-0.log"):
+        for how, damaged in DAMAGES.items():
+            run_dir = make_run(root / f"{name.replace('/', '-')}-{how}")
+            path = run_dir / name
+            path.parent.mkdir(exist_ok=True)
+            if name == "history.jsonl":
+                path.write_text(json.dumps({"event": "started", "time": "2026-11-27T10:00:00+00:00"}) + "\n")
+            if name == "metrics-summary.json":
+                from hookdet.runs.metrics import summarize, write_summary
+
+                write_summary(run_dir, summarize(run_dir))
+            if name == "logs/rank-0.log":
+                path.write_text("[2026-11-27T10:00:00+00:00] [rank=0] [stdout] a line\n")
+            path.write_text(damaged(path.read_text()))
+    for name in ("search.json", "search-state.json"):
+        for how, damaged in DAMAGES.items():
+            path = make_search(root / f"search-{name}-{how}") / name
+            path.write_text(damaged(path.read_text()))
+    (make_search(root / "search-trial-damaged") / "trial-001" / "run.json").write_text("{torn")
+    names = {path.name for path in root.iterdir()}
+    with ui_server(str(root)) as (url, _, _):
+        base = url.rstrip("/")
+        assert get(base + "/")[0] == 200
+        status, _, body = get(base + "/api/list")
+        assert status == 200, body[:300]
+        rows = {row["name"]: row for row in json.loads(body)["rows"]}
+        assert names <= set(rows), sorted(names - set(rows))
+        assert rows["good"]["state"] == "completed"
+        assert rows["run.json-torn"]["state"] == "damaged" and "run.json: unreadable" in rows["run.json-torn"]["damaged"]
+        assert "more than a run's record ever holds" in rows["run.json-huge"]["damaged"]
+        assert rows["metrics-summary.json-torn"]["best"] == 0.5  # a damaged summary is read past, not believed
+        with_a_damaged_trial = rows["search-trial-damaged"]
+        assert with_a_damaged_trial["state"] != "damaged" and [t["state"] for t in with_a_damaged_trial["trials"]] == [
+            "damaged"]
+        for name, row in rows.items():
+            if row["state"] == "damaged":
+                assert row["damaged"], name
+            page = get(base + row["url"])
+            assert page[0] in (200, 422), (name, page[0], page[2][:300])
+            api = get(base + row["url"].replace("/run/", "/api/run/", 1).replace("/search/", "/api/search/", 1))
+            assert api[0] in (200, 422), (name, api[0], api[2][:300])

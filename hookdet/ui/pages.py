@@ -61,9 +61,20 @@ def search_row(catalog: Catalog, path: Path) -> Dict[str, Any]:
     """A search's row in the list, with a row for each trial."""
     search = catalog.search(path)
     row = dict(search.summary(), url=catalog.url_of(path))
-    row["trials"] = [dict(search.trial_summary(request_id, STATE_WORDS), url=catalog.url_of(trial.path))
+    row["trials"] = [dict(trial_row(search, request_id), url=catalog.url_of(trial.path))
                      for request_id, trial in search.trials.items() if trial.path.resolve().is_relative_to(path)]
     return row
+
+
+def trial_row(search: Any, request_id: str) -> Dict[str, Any]:
+    """A trial's row under its search's; a trial whose records are damaged says so (the search
+    and its other trials are listed as ever)."""
+    try:
+        return search.trial_summary(request_id, STATE_WORDS)
+    except DAMAGED as error:
+        name = f"{search.path.name}/{search.trials[request_id].path.name}"
+        return {"name": name, "kind": "run", "state": "damaged", "damaged": damage_of(error), "batches": 0,
+                "max_batches": None, "metric": None, "best": None, "started": "", "seconds": None}
 
 
 def damaged_row(catalog: Catalog, path: Path, kind: str, error: BaseException) -> Dict[str, Any]:

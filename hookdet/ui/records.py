@@ -29,6 +29,15 @@ from hookdet.search import report
 from hookdet.runs.tail import JsonLinesTail
 from hookdet.ui.series import SERIES_LIMIT, BoundedSeries
 
+#: A ``run.json`` larger than this is damaged (a record is a few hundred bytes; the view reads it
+#: at every refresh).
+RECORD_MAX_BYTES = 1 << 20
+
+
+class DamagedRecord(ValueError):
+    """A run's record file that is there and cannot be read; the message says which and why."""
+
+
 #: Log lines a run page keeps and shows (the newest).
 LOG_LINES = 2000
 #: Points of a search trial's curve kept for the search page (twice this at most).
@@ -134,8 +143,22 @@ class RunRecords:
     # ------------------------------------------------------------------ files read when asked
 
     def record(self) -> Dict[str, Any]:
-        """``run.json``, read every time: a running run whose process died reads as killed."""
-        return (read_record(self.path) or {}) if self.owns(self.path / RUN_RECORD_FILE) else {}
+        """``run.json``, read every time: a running run whose process died reads as killed. One
+        that is there but cannot be read (torn, not an object, larger than any record is)
+        raises :class:`DamagedRecord`: the run is shown as damaged, with why."""
+        path = self.path / RUN_RECORD_FILE
+        if not self.owns(path) or not os.path.lexists(path):
+            return {}
+        try:
+            size = os.stat(path).st_size
+        except OSError as error:
+            raise DamagedRecord(f"{RUN_RECORD_FILE}: {error.strerror or error}") from None
+        if size > RECORD_MAX_BYTES:
+            raise DamagedRecord(f"{RUN_RECORD_FILE}: {size} bytes, more than a run's record ever holds")
+        record = read_record(self.path)
+        if record is None:
+            raise DamagedRecord(f"{RUN_RECORD_FILE}: unreadable (not a JSON object)")
+        return record
 
     def config(self) -> Dict[str, Any]:
         """The run's experiment, its secrets hidden (:func:`redacted`)."""
@@ -334,7 +357,7 @@ class SearchRecords:
         bests = [value for trial in self.state["trials"].values()
                  for _, value in trial.get("validations") or [] if is_number(value)]
         states = collections.Counter(trial["state"] for trial in self.state["trials"].values())
-        records = [trial.record() for trial in self.trials.values()]
+        records = [_readable_record(trial) for trial in self.trials.values()]
         starts = sorted(r.get("created") or r.get("started") for r in records if r.get("created") or r.get("started"))
         ends = sorted(str(r.get("ended")) for r in records if r.get("ended"))
         running = any(r.get("state") == "running" for r in records) or not records
@@ -348,6 +371,15 @@ class SearchRecords:
             "seconds": seconds_between(starts[0], None if running else ends[-1]) if starts and (running or ends) else None,
             "counts": dict(states),
         }
+
+
+def _readable_record(trial: RunRecords) -> Dict[str, Any]:
+    """A trial's ``run.json``, or nothing when it is damaged (its own row says so; the search's
+    stays up)."""
+    try:
+        return trial.record()
+    except DamagedRecord:
+        return {}
 
 
 def _search_state(counts: "collections.Counter[str]") -> str:
