@@ -95,7 +95,7 @@ class RunRecords:
         self._logs: Dict[int, LogFollower] = {}
         self.log_lines: Deque[str] = collections.deque(maxlen=LOG_LINES)
         self.log_count = 0
-        self._read: Dict[str, Tuple[Optional[Tuple[int, int]], Any]] = {}  # file -> (its stamp, what it held)
+        self._read: Dict[str, Tuple[Optional[Tuple[int, int, int]], Any]] = {}  # file -> (its stamp, what it held)
         self._reports: Optional[ReportsSummary] = None
         self._resolved: Optional[Path] = None
         self._reports_tail: Optional[JsonLinesTail] = None
@@ -155,10 +155,12 @@ class RunRecords:
             raise DamagedRecord(f"{RUN_RECORD_FILE}: {error.strerror or error}") from None
         if size > RECORD_MAX_BYTES:
             raise DamagedRecord(f"{RUN_RECORD_FILE}: {size} bytes, more than a run's record ever holds")
-        record = read_record(self.path)
+        record = self._read_when_changed(RUN_RECORD_FILE, lambda: read_record(self.path, check_alive=False), None)
         if record is None:
             raise DamagedRecord(f"{RUN_RECORD_FILE}: unreadable (not a JSON object)")
-        return record
+        if record.get("state") == "running":  # is its process still there? (asked every time)
+            record = read_record(self.path) or record
+        return dict(record)
 
     def config(self) -> Dict[str, Any]:
         """The run's experiment, its secrets hidden (:func:`redacted`)."""
@@ -168,12 +170,12 @@ class RunRecords:
         return self._read_when_changed(HISTORY_FILE, lambda: read_history(self.path), [])
 
     def _read_when_changed(self, name: str, read: Any, absent: Any) -> Any:
-        """What the run's file ``name`` holds, read again only when its size or time changed
-        (the list asks every run each time it refreshes)."""
+        """What the run's file ``name`` holds, read again only when it was replaced or its size or
+        time changed (the list asks every run each time it refreshes)."""
         path = self.path / name
         try:
             status = os.stat(path)
-            stamp: Optional[Tuple[int, int]] = (status.st_mtime_ns, status.st_size)
+            stamp: Optional[Tuple[int, int, int]] = (status.st_ino, status.st_mtime_ns, status.st_size)
         except OSError:
             stamp = None
         kept = self._read.get(name)
