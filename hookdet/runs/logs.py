@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import IO, Dict, Iterator, List, Optional, Tuple
+from typing import IO, Callable, Dict, Iterator, List, Optional, Tuple
 
 from hookdet.runs.files import LOGS_DIR
 from hookdet.runs.record import read_record
@@ -45,9 +45,10 @@ def log_files(run_dir: Path, rank: Optional[int] = None) -> Dict[int, List[Path]
     return {number: [path for _, path in sorted(paths, reverse=True)] for number, paths in sorted(found.items())}
 
 
-def read_lines(run_dir: Path, rank: Optional[int] = None) -> Iterator[str]:
-    """Every line the run's ranks logged, in time order (each file is; the ranks are merged)."""
-    per_rank = [_lines_of(paths) for paths in log_files(run_dir, rank).values()]
+def read_lines(run_dir: Path, rank: Optional[int] = None, keep: Callable[[Path], bool] = lambda path: True) -> Iterator[str]:
+    """Every line the run's ranks logged, in time order (each file is; the ranks are merged);
+    ``keep``: which files to read (``hookdet ui`` reads none that leads out of the run)."""
+    per_rank = [_lines_of([path for path in paths if keep(path)]) for paths in log_files(run_dir, rank).values()]
     yield from heapq.merge(*per_rank, key=stamp_of)
 
 

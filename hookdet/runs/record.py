@@ -105,7 +105,7 @@ def record_start(run: Any) -> None:
     _write(run.run_dir, {
         "state": "running",
         "pid": os.getpid(),
-        "pid_started": _process_start(os.getpid()),
+        "pid_started": process_start(os.getpid()),
         "host": socket.gethostname(),
         "created": previous.get("created") or now(),
         "started": now(),
@@ -257,7 +257,7 @@ def read_record(run_dir: Any, check_alive: bool = True) -> Optional[Dict[str, An
         return None
     if check_alive and record.get("state") == "running" and record.get("host") == socket.gethostname():
         pid = record.get("pid")
-        if not _process_exists(pid) or _process_start(pid) != record.get("pid_started"):
+        if not _process_exists(pid) or process_start(pid) != record.get("pid_started"):
             record["state"] = "killed"
     return record
 
@@ -283,7 +283,7 @@ def _is_not_a_zombie(pid: int) -> bool:
     return status.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def _process_start(pid: Any) -> Optional[int]:
+def process_start(pid: Any) -> Optional[int]:
     """When process ``pid`` started (clock ticks since boot, Linux), so a reused pid is told
     apart from the run's own; None where unknown."""
     try:

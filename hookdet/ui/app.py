@@ -102,6 +102,19 @@ class Views:
 
         return JSONResponse(pages.compare_updates(self.catalog, self.compared(request), _have(request)))
 
+    def logs_file(self, request: Any) -> Any:
+        """The run's whole log, every rank's lines merged by time, as a text file to save."""
+        from starlette.responses import StreamingResponse
+
+        from urllib.parse import quote
+
+        from hookdet.runs.logs import read_lines
+
+        path = self.located(request, "run")
+        lines = [line + "\n" for line in read_lines(path, keep=self.catalog.run(path).owns)]
+        return StreamingResponse(iter(lines), media_type="text/plain; charset=utf-8",
+                                 headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(path.name + '.log')}"})
+
     def static_file(self, request: Any) -> Any:
         from starlette.responses import FileResponse
 
@@ -150,6 +163,7 @@ def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
         Route("/api/run/{key}/{path:path}", served(views.run_api)),
         Route("/api/search/{key}/{path:path}", served(views.search_api)),
         Route("/api/compare", served(views.compare_api)),
+        Route("/logs/{key}/{path:path}", served(views.logs_file)),
         Route("/static/{name}", served(views.static_file, reads_records=False)),
     ]
     app = _with_safety_headers(Starlette(routes=routes))

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from hookdet.runs.index import flatten
 from hookdet.search.report import SearchReadError
 from hookdet.ui.catalog import Catalog
+from hookdet.ui.importance import importances
 from hookdet.ui.records import RunRecords
 from hookdet.ui.series import BoundedSeries
 
@@ -22,12 +23,15 @@ from hookdet.ui.series import BoundedSeries
 STATE_WORDS = {"stopped": "stopped by the searcher"}
 
 
-def series_update(series: BoundedSeries, have: Optional[List[int]]) -> Dict[str, Any]:
-    """The points of ``series`` the page lacks (all of them after a thinning or a reset)."""
-    since = have[1] if isinstance(have, list) and len(have) == 2 and have[0] == series.epoch else 0
-    since = since if 0 <= since <= series.kept else 0
+def series_update(series: BoundedSeries, have: Optional[List[Any]], resets: int = 0) -> Dict[str, Any]:
+    """The points of ``series`` the page lacks: all of them after a thinning, or after the run's
+    ``metrics.jsonl`` was replaced (``resets``: a resume rewrote its reports; the page's points
+    of the old file are stale even where the new one is longer)."""
+    epoch = f"{resets}.{series.epoch}"
+    since = have[1] if isinstance(have, list) and len(have) == 2 and have[0] == epoch else 0
+    since = since if isinstance(since, int) and 0 <= since <= series.kept else 0
     xs, ys = series.xs[since:], series.ys[since:]
-    return {"epoch": series.epoch, "from": since, "x": xs, "y": ys, "tail": series.tail}
+    return {"epoch": epoch, "from": since, "x": xs, "y": ys, "tail": series.tail}
 
 
 # ------------------------------------------------------------------------------ the list
@@ -105,7 +109,8 @@ def run_page(catalog: Catalog, path: Path) -> Dict[str, Any]:
         "summary": records.summary(_state_in_search(catalog, path)),
         "hparams": flatten(config.get("hyperparameters") or {}),
         "config": json.dumps(config, indent=2, sort_keys=True),
-        "history": records.history() or _history_from_record(records.record()),
+        "history": with_kills(records.history() or _history_from_record(records.record()), records.record()),
+        "log_url": catalog.url_of(path).replace("/run/", "/logs/", 1),
         "checkpoints": checkpoints, "checkpoint_store": where,
         "search": None if owner is None else {"name": owner.name, "url": catalog.url_of(owner)},
     }
@@ -120,6 +125,24 @@ def _state_in_search(catalog: Catalog, path: Path) -> Optional[str]:
     search = catalog.search(owner)
     search.refresh()
     return STATE_WORDS.get(catalog.trial_states(search).get(path.resolve(), ""))
+
+
+#: The history's events that start a process, and the states its end can be recorded with.
+STARTS = ("started", "resumed")
+
+
+def with_kills(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The history with a ``killed`` entry where a process ended without writing its end (a
+    start followed by another start, or the last start of a run whose process is gone: SIGKILL,
+    a lost machine); its time is unknown."""
+    shown: List[Dict[str, Any]] = []
+    for entry in history:
+        if entry.get("event") in STARTS and shown and shown[-1].get("event") in STARTS:
+            shown.append({"event": "killed", "time": None, "note": "the process ended without recording its end"})
+        shown.append(entry)
+    if shown and shown[-1].get("event") in STARTS and record.get("state") == "killed":
+        shown.append({"event": "killed", "time": None, "note": "the process ended without recording its end"})
+    return shown
 
 
 def _history_from_record(record: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -141,7 +164,10 @@ def run_updates(catalog: Catalog, path: Path, have: Dict[str, Any], log_count: i
     records.new_log_lines()
     return {
         "summary": records.summary(_state_in_search(catalog, path)),
-        "series": {name: series_update(series, have.get(name)) for name, series in sorted(records.series.items())},
+        "series": {name: series_update(series, have.get(name), records.resets)
+                   for name, series in sorted(records.series.items())},
+        "nonfinite": records.nonfinite,
+        "validations": [{"batch": batch, "metrics": metrics} for batch, metrics in records.validations],
         "logs": _log_update(records, log_count),
     }
 
@@ -179,29 +205,57 @@ def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any]) -> Dict[s
     search = catalog.search(path)
     search.refresh_trials()
     metric, smaller = search.metric
+    space = (search.meta.get("experiment") or {}).get("hyperparameters") or {}
     rows, curves = [], {}
     for request_id in search.state["order"]:
         trial, records = search.state["trials"][request_id], search.trials[request_id]
         series = records.series.get(f"validation/{metric}")
         label = f"trial {trial['number']}"
         if series is not None:
-            curves[label] = series_update(series, have.get(label))
-        rows.append(_trial_row(catalog, trial, records, series, smaller))
+            curves[label] = series_update(series, have.get(label), records.resets)
+        rows.append(dict(_trial_row(catalog, trial, records, series, smaller, metric),
+                         **_progress_of(search, request_id, trial)))
     return {"summary": search.summary(), "metric": metric, "smaller": smaller, "trials": rows,
-            "curves": curves, "rungs": _rungs(search.state), "hparams": _varied(rows)}
+            "curves": curves, "rungs": _rungs(search.state), "hparams": _varied(rows),
+            "log_hparams": log_hyperparameters(space),
+            "importance": importances(space, rows, smaller)}
+
+
+def log_hyperparameters(space: Dict[str, Any], prefix: str = "") -> List[str]:
+    """The (flattened) names of the hyperparameters searched on a log scale (``type: log``)."""
+    found = []
+    for name, spec in space.items():
+        if isinstance(spec, dict) and spec.get("type") == "log":
+            found.append(prefix + name)
+        elif isinstance(spec, dict) and "type" not in spec:
+            found += log_hyperparameters(spec, f"{prefix}{name}.")
+    return found
 
 
 def _trial_row(catalog: Catalog, trial: Dict[str, Any], records: RunRecords, series: Optional[BoundedSeries],
-               smaller: bool) -> Dict[str, Any]:
+               smaller: bool, search_metric: str) -> Dict[str, Any]:
     values = (series.ys + ([series.tail[1]] if series.tail else [])) if series is not None else []
     return {
         "number": trial["number"], "state": STATE_WORDS.get(trial["state"], trial["state"]),
         "bracket": trial.get("bracket"), "rung": _rung(trial.get("rung")),
         "best": ((min if smaller else max)(values) if values else None), "last": values[-1] if values else None,
+        "nonfinite": records.nonfinite.get(f"validation/{search_metric}", 0),
         "batches": max(int(trial.get("batches") or 0), records.last_batch),
         "hparams": {name: value for name, value in flatten(trial.get("hparams") or {}).items()},
         "url": catalog.url_of(records.path),
     }
+
+
+def _progress_of(search: Any, request_id: str, trial: Dict[str, Any]) -> Dict[str, Any]:
+    """A trial's state and batches as they are now (:meth:`SearchRecords.trial_progress`), and
+    the length its segment trains to while it runs."""
+    try:
+        state, batches = search.trial_progress(request_id, STATE_WORDS)
+    except DAMAGED as error:
+        return {"state": "damaged", "damaged": damage_of(error)}
+    target = trial.get("target")
+    return {"state": state, "batches": batches,
+            "target": target if state == "running" and isinstance(target, int) else None}
 
 
 def _rung(rung: Any) -> Optional[int]:
@@ -257,5 +311,5 @@ def compare_updates(catalog: Catalog, paths: List[Path], have: Dict[str, Any]) -
         for name, series in sorted(records.series.items()):
             key = f"{name}@{path.name}"
             group, _, metric = name.partition("/")
-            found[key] = dict(series_update(series, have.get(key)), metric=metric, group=group, run=path.name)
+            found[key] = dict(series_update(series, have.get(key), records.resets), metric=metric, group=group, run=path.name)
     return {"series": found}

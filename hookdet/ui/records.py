@@ -40,6 +40,8 @@ class DamagedRecord(ValueError):
 
 #: Log lines a run page keeps and shows (the newest).
 LOG_LINES = 2000
+#: Validations a run page's table shows (the newest).
+VALIDATIONS = 2000
 #: Points of a search trial's curve kept for the search page (twice this at most).
 TRIAL_CURVE_POINTS = 100
 
@@ -88,6 +90,10 @@ class RunRecords:
         self.path = Path(path)
         self.points = points
         self.series: Dict[str, BoundedSeries] = {}
+        #: The newest validations, every metric of each (a run page's table; a search's trials keep none).
+        self.validations: Deque[Tuple[int, Dict[str, Any]]] = collections.deque(maxlen=0 if validations_only else VALIDATIONS)
+        #: How many values of each series were NaN or infinite (drawn as no point; the page says how many).
+        self.nonfinite: Dict[str, int] = {}
         self.last_batch = 0
         self.resets = 0
         self._tail = JsonLinesTail(self.path / METRICS_FILE, self._take, self._forget,
@@ -128,8 +134,13 @@ class RunRecords:
             return
         group = "validation" if report.get("group") == "validation" else "training"
         self.last_batch = max(self.last_batch, batch)
+        if group == "validation" and self.validations.maxlen:
+            self.validations.append((batch, {name: value if is_number(value) else str(value)
+                                             for name, value in metrics.items()}))
         for name, value in metrics.items():
-            if is_number(value):
+            if isinstance(value, float) and not math.isfinite(value):  # NaN or inf: no point, but counted
+                self.nonfinite[f"{group}/{name}"] = self.nonfinite.get(f"{group}/{name}", 0) + 1
+            elif is_number(value):
                 key = f"{group}/{name}"
                 series = self.series.get(key)
                 if series is None:
@@ -137,7 +148,8 @@ class RunRecords:
                 series.add(batch, float(value))
 
     def _forget(self) -> None:
-        self.series, self.last_batch = {}, 0
+        self.series, self.nonfinite, self.last_batch = {}, {}, 0
+        self.validations.clear()
         self.resets += 1
 
     # ------------------------------------------------------------------ files read when asked
@@ -338,18 +350,30 @@ class SearchRecords:
         record = records.record()
         metric, smaller = self.metric
         values = [value for _, value in trial.get("validations") or [] if is_number(value)]
+        state, batches = self.trial_progress(request_id, state_words)
         # The segment's target: a bar of it only while the trial has not passed it (a rung's
         # validation can fall past the rung).
-        batches, target = int(trial.get("batches") or 0), trial.get("target")
+        target = trial.get("target")
         return {
             "name": f"{self.path.name}/{records.path.name}", "kind": "run",
-            "state": state_words.get(trial["state"], trial["state"]),
+            "state": state,
             "batches": batches, "max_batches": target if isinstance(target, int) and target >= batches else None,
             "metric": metric,
             "best": (min if smaller else max)(values) if values else None,
             "started": record.get("created") or record.get("started") or "",
             "seconds": records.training_seconds(record),
         }
+
+    def trial_progress(self, request_id: str, state_words: Dict[str, str]) -> Tuple[str, int]:
+        """A trial's state and batches as they are now: ``running`` while its process trains
+        (the search's state file, rewritten at decisions only, says queued then), its batches
+        from its own records as they come (the summary of its reports, not their file)."""
+        trial, records = self.state["trials"][request_id], self.trials[request_id]
+        record = _readable_record(records)
+        state = "running" if record.get("state") == "running" else state_words.get(trial["state"], trial["state"])
+        batches = max(int(trial.get("batches") or 0), int(record.get("batches_trained") or 0),
+                      records.reports_summary().last_batch if state == "running" else 0)
+        return state, batches
 
     def summary(self) -> Dict[str, Any]:
         """The list's row for the search: its trials' counts, the best metric, times (from the
@@ -358,7 +382,8 @@ class SearchRecords:
         metric, smaller = self.metric
         bests = [value for trial in self.state["trials"].values()
                  for _, value in trial.get("validations") or [] if is_number(value)]
-        states = collections.Counter(trial["state"] for trial in self.state["trials"].values())
+        states = collections.Counter(self.trial_progress(request_id, {})[0] for request_id in self.state["order"]
+                                     if request_id in self.trials)
         records = [_readable_record(trial) for trial in self.trials.values()]
         starts = sorted(r.get("created") or r.get("started") for r in records if r.get("created") or r.get("started"))
         ends = sorted(str(r.get("ended")) for r in records if r.get("ended"))

@@ -5,6 +5,8 @@
 "use strict";
 
 const POLL_MS = 700;
+// Log lines a run page keeps (as the server keeps them: hookdet/ui/records.py LOG_LINES).
+const LOG_LINES = 2000;
 
 function el(tag, text, className) {
   const node = document.createElement(tag);
@@ -195,6 +197,8 @@ function runPage() {
   const store = new SeriesStore(), charts = document.getElementById("charts");
   const logScale = document.getElementById("log-scale"), smoothing = document.getElementById("smoothing");
   const logs = document.getElementById("logs");
+  const logRank = document.getElementById("log-rank"), logLevel = document.getElementById("log-level");
+  const logSearch = document.getElementById("log-search");
   let logCount = 0;
 
   function draw() {
@@ -210,7 +214,11 @@ function runPage() {
         const [x, y] = store.points(key);
         return {x, y: smooth(y, weight), name: group, mode: group === "validation" ? "lines+markers" : "lines"};
       });
-      Plotly.react(chartDiv(charts, "chart-" + metric), traces, layout(metric, logScale.checked));
+      // NaN and infinite values are no point of a curve: the title says how many there were
+      const missing = keys.map(([group, key]) => nonfinite[key]
+        ? `${nonfinite[key]} ${group} value${nonfinite[key] === 1 ? "" : "s"} NaN or infinite` : "")
+        .filter(Boolean).join(", ");
+      Plotly.react(chartDiv(charts, "chart-" + metric), traces, layout(missing ? `${metric} (${missing}, not drawn)` : metric, logScale.checked));
     }
   }
 
@@ -229,26 +237,108 @@ function runPage() {
     field("duration", duration(s.seconds));
   }
 
-  function addLogs(update) {
-    if (update.reset) logs.textContent = "";
+  // The lines kept on the page (the server's newest LOG_LINES), shown through the rank, level and text filters.
+  let kept = [];
+  const rankOf = (line) => (line.match(/\[rank=(\d+)\]/) || [])[1];
+  const levelOf = (line) => (line.match(/\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b/) || [])[1];
+  function showLogs() {
+    const rank = logRank.value, level = logLevel.value, text = logSearch.value.toLowerCase();
+    const shown = kept.filter((line) => (!rank || rankOf(line) === rank) && (!level || levelOf(line) === level) &&
+                                        (!text || line.toLowerCase().includes(text)));
     const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
-    if (update.lines.length) logs.appendChild(document.createTextNode(update.lines.join("\n") + "\n"));
-    logCount = update.count;
-    document.getElementById("log-count").textContent = `${logCount} lines`;
+    logs.textContent = shown.length ? shown.join("\n") + "\n" : "";
+    document.getElementById("log-count").textContent =
+      `${logCount} lines` + (shown.length !== kept.length ? `, ${shown.length} of the newest ${kept.length} shown` : "");
     if (atBottom) logs.scrollTop = logs.scrollHeight;
   }
 
+  function addLogs(update) {
+    if (update.reset) kept = [];
+    if (!update.lines.length && !update.reset) return;
+    kept = kept.concat(update.lines).slice(-LOG_LINES);
+    logCount = update.count;
+    const known = new Set([...logRank.options].map((o) => o.value));
+    for (const rank of new Set(update.lines.map(rankOf))) if (rank !== undefined && !known.has(rank)) logRank.appendChild(new Option(`rank ${rank}`, rank));
+    showLogs();
+  }
+
+  let validationsShown = "";
+  function validationsTable(validations) {
+    const text = JSON.stringify(validations);
+    if (text === validationsShown) return;
+    validationsShown = text;
+    const names = [...new Set(validations.flatMap((v) => Object.keys(v.metrics)))].sort();
+    const head = el("tr");
+    for (const name of ["batch", ...names]) head.appendChild(el("th", name));
+    const table = document.getElementById("validations");
+    table.tHead.replaceChildren(head);
+    table.tBodies[0].replaceChildren(...validations.slice().reverse().map((v) => {
+      const tr = el("tr");
+      tr.appendChild(el("td", String(v.batch)));
+      for (const name of names) tr.appendChild(el("td", typeof v.metrics[name] === "number" ? number(v.metrics[name]) : (v.metrics[name] ?? "-")));
+      return tr;
+    }));
+    document.getElementById("validation-count").textContent = `${validations.length}, newest first`;
+  }
+
   logScale.onchange = draw; smoothing.oninput = draw;
+  logRank.onchange = showLogs; logLevel.onchange = showLogs; logSearch.oninput = showLogs;
+  let nonfinite = {};
   poll(async () => {
     const answer = await fetchJSON(`${api}?have=${store.have()}&log=${logCount}`);
     showSummary(answer.summary);
     store.merge(answer.series);
+    nonfinite = answer.nonfinite || {};
     draw();
+    validationsTable(answer.validations || []);
     addLogs(answer.logs);
   });
 }
 
 // ---------------------------------------------------------------- a search
+
+// Whether Plotly can draw WebGL here (its parallel coordinates need it; where it says it cannot, as
+// in a browser without a GPU, headless Chromium among them, the chart is drawn as lines in SVG).
+let webgl = (() => { try { return !!document.createElement("canvas").getContext("webgl"); } catch (e) { return false; } })();
+
+// Parallel coordinates without WebGL: a line per trial across the axes, each axis scaled to its
+// own range (0 its smallest value, 1 its largest), coloured by the metric (the last axis).
+function parallelLines(dimensions, rows) {
+  const scaled = dimensions.map((d) => {
+    const low = Math.min(...d.values), high = Math.max(...d.values), width = high - low || 1;
+    return d.values.map((v) => (v - low) / width);
+  });
+  const metric = dimensions[dimensions.length - 1].values, low = Math.min(...metric), high = Math.max(...metric);
+  return rows.map((r, i) => ({
+    type: "scatter", mode: "lines", x: dimensions.map((_, j) => j), y: scaled.map((axis) => axis[i]),
+    line: {color: `hsl(${Math.round(260 * (1 - (metric[i] - low) / (high - low || 1)))}, 70%, 45%)`},
+    name: `trial ${r.number}`, text: dimensions.map((d) => `${d.label}: ${number(d.values[i])}`), hoverinfo: "name+text"}));
+}
+
+function parallelAxes(dimensions) {
+  return {showlegend: false, hovermode: "closest",
+          xaxis: {tickmode: "array", tickvals: dimensions.map((_, j) => j), ticktext: dimensions.map((d) => d.label)},
+          yaxis: {title: {text: "0 lowest, 1 highest"}, range: [-0.05, 1.05]}};
+}
+
+// The mean metric of the trials in each of 8 x 8 cells of two hyperparameters (log-spaced for a
+// log one); a cell no trial fell in is null, which Plotly leaves blank (a 0 would read as a value).
+function heatGrid(rows, x, y, logged, bins = 8) {
+  const edges = (name) => {
+    const scale = logged.has(name) ? Math.log10 : (v) => v, values = rows.map((r) => scale(r.hparams[name]));
+    const low = Math.min(...values), high = Math.max(...values), width = (high - low) / bins || 1;
+    const cell = (v) => Math.min(bins - 1, Math.floor((scale(v) - low) / width));
+    const centres = [...Array(bins).keys()].map((i) => low + (i + 0.5) * width);
+    return {cell, centres: logged.has(name) ? centres.map((c) => 10 ** c) : centres};
+  };
+  const ex = edges(x), ey = edges(y);
+  const sums = [...Array(bins)].map(() => Array(bins).fill(0)), counts = [...Array(bins)].map(() => Array(bins).fill(0));
+  for (const r of rows) {
+    const i = ey.cell(r.hparams[y]), j = ex.cell(r.hparams[x]);
+    sums[i][j] += r.best; counts[i][j] += 1;
+  }
+  return {x: ex.centres, y: ey.centres, z: sums.map((line, i) => line.map((total, j) => counts[i][j] ? total / counts[i][j] : null))};
+}
 
 function searchPage() {
   const summary = document.getElementById("summary"), api = summary.dataset.api, store = new SeriesStore();
@@ -256,20 +346,35 @@ function searchPage() {
   const heatX = document.getElementById("heat-x"), heatY = document.getElementById("heat-y");
   let last = null;
 
+  let sortKey = "number", descending = false;
   function trialsTable(answer) {
     const table = document.getElementById("trials");
     const head = el("tr");
-    const columns = ["trial", "state", "bracket", "rung", "best", "last", "batches", ...answer.hparams];
-    for (const column of columns) head.appendChild(el("th", column));
+    const columns = ["number", "state", "bracket", "rung", "best", "last", "batches", ...answer.hparams];
+    for (const column of columns) {
+      const th = el("th", column === "number" ? "trial" : column);
+      th.dataset.key = column;
+      th.className = column === sortKey ? (descending ? "sorted-down" : "sorted-up") : "";
+      th.onclick = () => { descending = column === sortKey ? !descending : false; sortKey = column; trialsTable(answer); };
+      head.appendChild(th);
+    }
     table.tHead.replaceChildren(head);
+    const value = (row, key) => key in row ? row[key] : row.hparams[key];
+    const rows = answer.trials.slice().sort((a, b) => {
+      const x = value(a, sortKey), y = value(b, sortKey);
+      const order = x === y ? 0 : (x === null || x === undefined) ? 1 : (y === null || y === undefined) ? -1 : x < y ? -1 : 1;
+      return descending ? -order : order;
+    });
     const body = table.tBodies[0];
     body.replaceChildren();
-    for (const row of answer.trials) {
+    for (const row of rows) {
       const tr = el("tr"), first = el("td");
       first.appendChild(link(row.url, `trial ${row.number}`)); tr.appendChild(first);
-      tr.appendChild(el("td", row.state, "state state-" + row.state.split(" ")[0]));
-      for (const key of ["bracket", "rung", "best", "last", "batches"]) tr.appendChild(el("td", number(row[key])));
+      tr.appendChild(el("td", row.damaged ? `damaged: ${row.damaged}` : row.state, "state state-" + row.state.split(" ")[0]));
+      for (const key of ["bracket", "rung", "best", "last"]) tr.appendChild(el("td", number(row[key])));
+      tr.appendChild(el("td", row.target ? `${row.batches} / ${row.target}` : number(row.batches)));
       for (const name of answer.hparams) tr.appendChild(el("td", number(row.hparams[name])));
+      if (row.nonfinite) tr.cells[4].textContent += ` (${row.nonfinite} not finite)`;
       body.appendChild(tr);
     }
   }
@@ -301,17 +406,28 @@ function searchPage() {
   function hparamCharts(answer) {
     const rows = answer.trials.filter((row) => row.best !== null), metric = answer.metric;
     const numeric = answer.hparams.filter((name) => rows.every((row) => typeof row.hparams[name] === "number"));
-    const dimension = (label, values) => ({label: plotText(label), values});
-    const parallel = [{type: "parcoords", line: {color: rows.map((r) => r.best), colorscale: "Viridis", showscale: true},
-      dimensions: [...numeric.map((name) => dimension(name, rows.map((r) => r.hparams[name]))),
-                   dimension(metric, rows.map((r) => r.best))]}];
-    Plotly.react(document.getElementById("parallel"), parallel, {title: {text: "parallel coordinates", font: {size: 14}}, margin: {l: 60, r: 40, t: 60, b: 30}});
+    const logged = new Set(answer.log_hparams || []);
+    // a log hyperparameter's axis in parallel coordinates (which draws linear axes only): its log10
+    const dimension = (label, values) => logged.has(label)
+      ? {label: plotText(`log10 ${label}`), values: values.map(Math.log10)} : {label: plotText(label), values};
+    const dimensions = [...numeric.map((name) => dimension(name, rows.map((r) => r.hparams[name]))),
+                        {label: plotText(metric), values: rows.map((r) => r.best)}];
+    const title = {title: {text: "parallel coordinates", font: {size: 14}}, margin: {l: 60, r: 40, t: 60, b: 30}};
+    const chartOf = document.getElementById("parallel");
+    if (webgl) {
+      const parallel = [{type: "parcoords", line: {color: rows.map((r) => r.best), colorscale: "Viridis", showscale: true}, dimensions}];
+      Plotly.react(chartOf, parallel, title);
+      if (chartOf.querySelector(".no-webgl")) { webgl = false; Plotly.purge(chartOf); }  // Plotly could not draw it
+    }
+    if (!webgl) Plotly.react(chartOf, parallelLines(dimensions, rows), Object.assign(title, parallelAxes(dimensions)));
     const scatters = document.getElementById("scatters");
     for (const name of answer.hparams) {
       const values = rows.map((r) => r.hparams[name]);  // a categorical value is a tick label: escaped
       const trace = {x: values.map((v) => typeof v === "string" ? plotText(v) : v), y: rows.map((r) => r.best), mode: "markers", type: "scatter",
                      text: rows.map((r) => `trial ${r.number}`), name: plotText(name)};
-      Plotly.react(chartDiv(scatters, "scatter-" + name), [trace], layout(`${metric} by ${name}`, false, name));
+      const chart = layout(`${metric} by ${name}`, false, name);
+      if (logged.has(name)) chart.xaxis.type = "log";
+      Plotly.react(chartDiv(scatters, "scatter-" + name), [trace], chart);
     }
     for (const select of [heatX, heatY]) {
       const known = new Set([...select.options].map((o) => o.value));
@@ -319,9 +435,21 @@ function searchPage() {
     }
     if (!heatY.dataset.touched && heatY.options.length > 1 && heatY.selectedIndex === 0) heatY.selectedIndex = 1;
     const x = heatX.value, y = heatY.value;
-    const heat = x && y ? [{type: "histogram2d", histfunc: "avg", x: rows.map((r) => r.hparams[x]), y: rows.map((r) => r.hparams[y]),
-                            z: rows.map((r) => r.best), colorscale: "Viridis", nbinsx: 8, nbinsy: 8}] : [];
-    Plotly.react(document.getElementById("heatmap"), heat, layout(`${metric} (mean) by ${x} and ${y}`, false, x));
+    const heat = x && y ? [Object.assign({type: "heatmap", colorscale: "Viridis", hoverongaps: false},
+                                         heatGrid(rows, x, y, logged))] : [];
+    const chart = layout(`${metric} (mean) by ${x} and ${y}`, false, x);
+    chart.yaxis.title = {text: plotText(y)};
+    if (logged.has(x)) chart.xaxis.type = "log";
+    if (logged.has(y)) chart.yaxis.type = "log";
+    Plotly.react(document.getElementById("heatmap"), heat, chart);
+    const importance = answer.importance || {}, values = importance.values || {};
+    const names = Object.keys(values).sort((a, b) => values[a] - values[b]);
+    document.getElementById("importance-note").textContent = importance.note || "";
+    const bars = layout("importance", false, "importance (sums to 1)");
+    bars.yaxis = {type: "category", automargin: true};
+    Plotly.react(document.getElementById("importance"),
+                 names.length ? [{type: "bar", orientation: "h", x: names.map((n) => values[n]), y: names.map(plotText)}] : [],
+                 Object.assign(bars, {showlegend: false, hovermode: "closest"}));
   }
 
   function draw(answer) {
