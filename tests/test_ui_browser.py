@@ -404,6 +404,14 @@ def test_the_search_page_tells_what_is_true_now(site: Dict[str, Any]) -> None:
     assert driver.execute_script("return document.getElementById('scatter-learning_rate').layout.xaxis.type") == "log"
     searched = driver.execute_script("return document.getElementById('importance').data[0].y")
     assert sorted(searched) == ["dropout", "learning_rate", "momentum"]
+    # The hyperparameter plots at a rung: only the trials that trained that far, each at that length.
+    driver.execute_script("const a = document.getElementById('plot-at'); a.value = 'rung:1'; a.dispatchEvent(new Event('change'));")
+    reached = sum(1 for trial in state["trials"].values() if (trial.get("rung") or 0) >= 1)
+    wait_for(lambda: driver.execute_script("return document.getElementById('plotted').textContent")
+             == f"{reached} of {len(state['order'])} trials have a value there")
+    wait_for(lambda: driver.execute_script("return document.getElementById('scatter-dropout').data[0].x.length") == reached)
+    driver.execute_script("const m = document.getElementById('plot-metric'); m.value = 'accuracy'; m.dispatchEvent(new Event('change'));")
+    wait_for(lambda: "accuracy" in driver.execute_script("return document.getElementById('scatter-dropout').layout.title.text"))
     assert console_errors(driver) == []
     shot(driver, "search-truth")
 

@@ -95,7 +95,12 @@ class Views:
     def search_api(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        return JSONResponse(pages.search_updates(self.catalog, self.located(request, "search"), _have(request)))
+        at = request.query_params.get("at") or "best"
+        if not (at in ("best", "last") or (at.partition(":")[0] in ("rung", "batch") and
+                                           at.partition(":")[2].replace(".", "", 1).isdigit())):
+            raise BadRequest(f"at={at!r}: best, last, rung:K or batch:N")
+        choice = {"metric": request.query_params.get("metric") or "", "at": at}
+        return JSONResponse(pages.search_updates(self.catalog, self.located(request, "search"), _have(request), choice))
 
     def compare_api(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

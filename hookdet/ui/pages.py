@@ -200,11 +200,16 @@ def search_page(catalog: Catalog, path: Path) -> Dict[str, Any]:
     }
 
 
-def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any]) -> Dict[str, Any]:
-    """The trials' table, each trial's searcher-metric curve (new points), the rungs."""
+def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any], choice: Optional[Dict[str, str]] = None
+                   ) -> Dict[str, Any]:
+    """The trials' table, each trial's searcher-metric curve (new points), the rungs, and each
+    trial's ``value`` for the hyperparameter plots: the metric and point ``choice`` names
+    (``{"metric": ..., "at": "best" | "last" | "rung:K" | "batch:N"}``; the searcher metric's best
+    by default)."""
     search = catalog.search(path)
     search.refresh_trials()
     metric, smaller = search.metric
+    chosen_metric, at = (choice or {}).get("metric") or metric, (choice or {}).get("at") or "best"
     space = (search.meta.get("experiment") or {}).get("hyperparameters") or {}
     rows, curves = [], {}
     for request_id in search.state["order"]:
@@ -214,11 +219,34 @@ def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any]) -> Dict[s
         if series is not None:
             curves[label] = series_update(series, have.get(label), records.resets)
         rows.append(dict(_trial_row(catalog, trial, records, series, smaller, metric),
+                         value=records.value_at(chosen_metric, _point(search.state, trial, at), smaller),
                          **_progress_of(search, request_id, trial)))
     return {"summary": search.summary(), "metric": metric, "smaller": smaller, "trials": rows,
             "curves": curves, "rungs": _rungs(search.state), "hparams": _varied(rows),
             "log_hparams": log_hyperparameters(space),
-            "importance": importances(space, rows, smaller)}
+            "chosen": {"metric": chosen_metric, "at": at, "metrics": sorted({name for records in search.trials.values()
+                                                                          for name in records.validation_points}),
+                       "rungs": _rung_lengths(search.state)},
+            "importance": importances(space, [dict(row, best=row["value"]) for row in rows], smaller)}
+
+
+def _rung_lengths(state: Dict[str, Any]) -> List[Any]:
+    """The length of each rung, in batches, in the first bracket (a rung of another bracket may
+    be longer: :func:`_point` takes each trial's own)."""
+    brackets = (state.get("method") or {}).get("brackets") or []
+    return [rung.get("units") for rung in (brackets[0].get("rungs") or [])] if brackets else []
+
+
+def _point(state: Dict[str, Any], trial: Dict[str, Any], at: str) -> str:
+    """``at`` for this trial: ``rung:K`` as ``batch:<its bracket's rung K length>``."""
+    if not at.startswith("rung:"):
+        return at
+    try:
+        rung = int(at.split(":", 1)[1])
+        brackets = (state.get("method") or {}).get("brackets") or []
+        return f"batch:{brackets[int(trial.get('bracket') or 0)]['rungs'][rung]['units']}"
+    except (ValueError, IndexError, KeyError, TypeError):
+        return "none"
 
 
 def log_hyperparameters(space: Dict[str, Any], prefix: str = "") -> List[str]:

@@ -42,6 +42,8 @@ class DamagedRecord(ValueError):
 LOG_LINES = 2000
 #: Validations a run page's table shows (the newest).
 VALIDATIONS = 2000
+#: A search trial's validations of one metric kept whole, up to twice this (then every other one).
+VALIDATION_POINTS = 5000
 #: Points of a search trial's curve kept for the search page (twice this at most).
 TRIAL_CURVE_POINTS = 100
 
@@ -92,6 +94,9 @@ class RunRecords:
         self.series: Dict[str, BoundedSeries] = {}
         #: The newest validations, every metric of each (a run page's table; a search's trials keep none).
         self.validations: Deque[Tuple[int, Dict[str, Any]]] = collections.deque(maxlen=0 if validations_only else VALIDATIONS)
+        #: A search trial's validations of each metric, every one up to a bound (what its value at a
+        #: rung or a batch count is read from; its curve above is thinned for drawing).
+        self.validation_points: Dict[str, BoundedSeries] = {}
         #: How many values of each series were NaN or infinite (drawn as no point; the page says how many).
         self.nonfinite: Dict[str, int] = {}
         self.last_batch = 0
@@ -107,6 +112,23 @@ class RunRecords:
         self._reports_tail: Optional[JsonLinesTail] = None
 
     # ------------------------------------------------------------------ metrics
+
+    def value_at(self, metric: str, at: str, smaller: bool) -> Optional[float]:
+        """A search trial's value of validation ``metric`` chosen by ``at``: ``best``, ``last``,
+        or ``batch:N``, the first validation at or past batch N (what it measured when it got
+        that far: a trial that never did has none, and is not compared with those that did)."""
+        kept = self.validation_points.get(metric)
+        if kept is None or not kept.xs:
+            return None
+        xs, ys = kept.xs + ([kept.tail[0]] if kept.tail else []), kept.ys + ([kept.tail[1]] if kept.tail else [])
+        if at == "last":
+            return ys[-1]
+        if at.startswith("batch:"):
+            wanted = float(at.split(":", 1)[1])
+            return next((y for x, y in zip(xs, ys) if x >= wanted), None)
+        if at == "best":
+            return min(ys) if smaller else max(ys)
+        return None  # a point this trial has no length for (a rung its bracket lacks)
 
     def owns(self, path: Path) -> bool:
         """Whether ``path``, resolved, lies inside the run directory (resolved once: the catalog
@@ -137,6 +159,13 @@ class RunRecords:
         if group == "validation" and self.validations.maxlen:
             self.validations.append((batch, {name: value if is_number(value) else str(value)
                                              for name, value in metrics.items()}))
+        if group == "validation" and self.points != SERIES_LIMIT:  # a search's trial
+            for name, value in metrics.items():
+                if is_number(value):
+                    kept = self.validation_points.get(name)
+                    if kept is None:
+                        kept = self.validation_points[name] = BoundedSeries(VALIDATION_POINTS)
+                    kept.add(batch, float(value))
         for name, value in metrics.items():
             if isinstance(value, float) and not math.isfinite(value):  # NaN or inf: no point, but counted
                 self.nonfinite[f"{group}/{name}"] = self.nonfinite.get(f"{group}/{name}", 0) + 1
@@ -148,7 +177,7 @@ class RunRecords:
                 series.add(batch, float(value))
 
     def _forget(self) -> None:
-        self.series, self.nonfinite, self.last_batch = {}, {}, 0
+        self.series, self.nonfinite, self.validation_points, self.last_batch = {}, {}, {}, 0
         self.validations.clear()
         self.resets += 1
 

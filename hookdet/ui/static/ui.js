@@ -403,8 +403,23 @@ function searchPage() {
       `${answer.trials.length} trials: ` + Object.entries(counts).map(([s, n]) => `${s} ${n}`).join(", ");
   }
 
+  // Which value of each trial the hyperparameter plots show: a metric, at its best, last, at a rung
+  // or once it had trained N batches (a trial that never got there is left out, not compared).
+  function choices(answer) {
+    const known = new Set([...plotMetric.options].map((o) => o.value));
+    for (const name of answer.chosen.metrics) if (!known.has(name)) plotMetric.appendChild(new Option(name, name));
+    if (!plotMetric.value) plotMetric.value = answer.chosen.metric;
+    const points = answer.chosen.rungs.map((units, k) => [`rung:${k}`, `at rung ${k} (${units} batches)`]);
+    const have = new Set([...plotAt.options].map((o) => o.value));
+    for (const [value, label] of points) if (!have.has(value)) plotAt.insertBefore(new Option(label, value), plotAt.querySelector("[value=custom]"));
+  }
+
   function hparamCharts(answer) {
-    const rows = answer.trials.filter((row) => row.best !== null), metric = answer.metric;
+    choices(answer);
+    const rows = answer.trials.filter((row) => row.value !== null && row.value !== undefined)
+      .map((row) => Object.assign({}, row, {best: row.value}));
+    const metric = `${answer.chosen.metric} (${plotAt.selectedOptions[0] ? plotAt.selectedOptions[0].textContent : "best"})`;
+    document.getElementById("plotted").textContent = `${rows.length} of ${answer.trials.length} trials have a value there`;
     const numeric = answer.hparams.filter((name) => rows.every((row) => typeof row.hparams[name] === "number"));
     const logged = new Set(answer.log_hparams || []);
     // a log hyperparameter's axis in parallel coordinates (which draws linear axes only): its log10
@@ -463,11 +478,26 @@ function searchPage() {
                  Object.assign(layout(answer.metric, logScale.checked), many ? {showlegend: false, hovermode: "closest"} : {}));
   }
 
+  const plotMetric = document.getElementById("plot-metric"), plotAt = document.getElementById("plot-at");
+  const plotBatches = document.getElementById("plot-batches");
+  plotAt.onchange = () => {
+    plotBatches.hidden = plotAt.value !== "custom" && !plotAt.value.startsWith("batch:");
+    if (plotAt.value !== "custom") lastText = "";  // the next answer (within a poll) is drawn
+  };
+  plotBatches.onchange = () => {
+    const n = Math.max(1, Math.floor(Number(plotBatches.value) || 1));
+    let option = [...plotAt.options].find((o) => o.value === `batch:${n}`);
+    if (!option) { option = new Option(`once it trained ${n} batches`, `batch:${n}`); plotAt.appendChild(option); }
+    plotAt.value = option.value; lastText = "";
+  };
+  plotMetric.onchange = () => { lastText = ""; };
   logScale.onchange = () => last && draw(last);
   for (const select of [heatX, heatY]) select.onchange = () => { select.dataset.touched = "1"; if (last) hparamCharts(last); };
   let lastText = "";
   poll(async () => {
-    const answer = await fetchJSON(`${api}?have=${store.have()}`);
+    const at = plotAt.value === "custom" ? "best" : plotAt.value;  // until the batches are given
+    const chosen = `&metric=${encodeURIComponent(plotMetric.value)}&at=${encodeURIComponent(at)}`;
+    const answer = await fetchJSON(`${api}?have=${store.have()}${chosen}`);
     const text = JSON.stringify(answer);
     if (text === lastText) return;  // nothing new: nothing to draw again
     lastText = text;
