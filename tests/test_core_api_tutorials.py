@@ -18,6 +18,7 @@ from typing import Any, Dict
 import pytest
 import yaml
 
+from hookdet.search.report import read_search
 from hookdet.exit_codes import PREEMPTED_EXIT_CODE
 from hookdet.runs.metrics import read_reports
 from hookdet.runs.record import read_history, read_record
@@ -213,7 +214,7 @@ def test_stage_3_asha_stops_the_trials_determineds_rule_stops_while_they_train(t
     max(n // divisor, 1) so far."""
     finished = hookdet_process.run("run", "3_hpsearch.yaml", "--workers", "3", "--run-dir", "search", cwd=tutorial)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    state = json.loads((tutorial / "search" / "search-state.json").read_text())
+    state = read_search(tutorial / "search")[1]
     trials = [state["trials"][request] for request in state["order"]]
     assert len(trials) == 10
     first_rung = state["method"]["brackets"][0]["rungs"][0]["units"]

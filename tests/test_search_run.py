@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from hookdet.search.report import read_search
 from tests.builtin_plugins.test_progress import open_terminal, read_until_closed, screen_lines
 from tests.support import hookdet_process
 from tests.support.postgres_fixture import postgres_server
@@ -140,7 +141,7 @@ def assert_optuna_dashboard_reads(search_dir: Path) -> None:
         assert [(t["number"], t["state"]) for t in trials_of(study)] == [(s.number, s.state.name.capitalize()) for s in stored]
         # the view: one Optuna trial per hookdet trial, its hyperparameters as parameters, its
         # validations as intermediate values, stopped trials pruned, the others complete
-        state = json.loads((search_dir / "search-state.json").read_text())
+        state = read_search(search_dir)[1]
         hookdet_trials = sorted(state["trials"].values(), key=lambda trial: trial["number"])
         view_trials = trials_of(view)
         assert len(view_trials) == len(hookdet_trials)
@@ -171,7 +172,7 @@ def test_asha_stops_by_determineds_rule_and_a_continued_trial_equals_an_uninterr
     result = search(tmp_path, "asha.yaml", "--run-dir", "asha", "--workers", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     search_dir = tmp_path / "asha"
-    state = json.loads((search_dir / "search-state.json").read_text())
+    state = read_search(search_dir)[1]
     by_key = {attrs["key"]: attrs for attrs in map(attrs_of, segments(search_dir))}
     units = methods.rung_units(2, 2.0, 8)
     assert units == [4, 8]
@@ -258,7 +259,7 @@ def test_asha_stops_a_trainer_api_script_at_the_first_validation_past_its_rung(t
     straight through."""
     result = search_script(tmp_path, "adaptive.yaml", SCRIPT_ASHA, "asha", workers=2)
     assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads((tmp_path / "asha" / "search-state.json").read_text())
+    state = read_search(tmp_path / "asha")[1]
     trials = list(state["trials"].values())
     assert len(trials) == 4
     stopped = [t for t in trials if t["state"] == "stopped"]
@@ -327,7 +328,7 @@ def test_a_random_search_without_a_length_trains_each_trial_the_length_its_scrip
     result = search_script(tmp_path, "dist_random.yaml", SCRIPT_RANDOM, "random", workers=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warning" not in result.stderr
-    state = json.loads((tmp_path / "random" / "search-state.json").read_text())
+    state = read_search(tmp_path / "random")[1]
     trials = list(state["trials"].values())
     assert [(t["state"], t["batches"], t["segments"]) for t in trials] == [("completed", 6, 1)] * 2
 
@@ -341,7 +342,7 @@ def test_a_grid_without_hyperparameters_has_no_trial(tmp_path: Path) -> None:
     result = hookdet_process.run("run", config, "--run-dir", "grid", "--model-dir", FIXTURES, cwd=tmp_path,
                                  env=env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads((tmp_path / "grid" / "search-state.json").read_text())
+    state = read_search(tmp_path / "grid")[1]
     assert state["trials"] == {}
     assert summary(tmp_path / "grid") == []
     assert "Traceback" not in result.stderr
@@ -352,7 +353,7 @@ def test_a_grid_without_hyperparameters_has_no_trial(tmp_path: Path) -> None:
 def test_asha_with_promotion_resumes_paused_trials_bit_for_bit(tmp_path: Path) -> None:
     result = search(tmp_path, "asha_promote.yaml", "--run-dir", "promote", "--workers", "1")
     assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads((tmp_path / "promote" / "search-state.json").read_text())
+    state = read_search(tmp_path / "promote")[1]
     trials = state["order"]
     assert len(trials) == 3
     promoted = [state["trials"][rid] for rid in trials if state["trials"][rid]["batches"] == 8]

@@ -205,6 +205,12 @@ def test_a_copied_search_directory_resumes_on_its_own_store_and_trials(tmp_path:
     assert driver.wait(timeout=120) == 75, driver.communicate()[1][-3000:]
     shutil.copytree(tmp_path / "original", tmp_path / "copy")
     before = tree_digest(tmp_path / "original")
+    # The state records trial directories relative to the search: read in the copy, they are the copy's.
+    from hookdet.search.report import read_search
+
+    raw = json.loads((tmp_path / "copy" / "search-state.json").read_text())
+    assert sorted(trial["dir"] for trial in raw["trials"].values()) == ["trial-001", "trial-002"]
+    assert all(Path(trial["dir"]).parent == tmp_path / "copy" for trial in read_search(tmp_path / "copy")[1]["trials"].values())
 
     resumed = hookdet(tmp_path, "run", str(config), "--resume", "copy", "--model-dir", str(FIXTURES))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

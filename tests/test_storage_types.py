@@ -7,13 +7,13 @@ another package adds (``tests/fixtures/hookdet-flatfs``, installed by pip). ``sh
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 import torch
 
+from hookdet.search.report import read_search
 from hookdet.checkpoints.resolver import read_identity
 from hookdet.runs.metrics import read_reports
 from tests.faults.harness import REPO, child_env, run, write_config
@@ -76,7 +76,7 @@ def test_a_search_with_a_third_party_storage_outside_its_trials_continues_every_
     result = hookdet_process.run("run", FIXTURES / "asha.yaml", "--run-dir", "asha", "--workers", "2", "--config",
                                  override, cwd=tmp_path, env=child_env(XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads((tmp_path / "asha" / "search-state.json").read_text())
+    state = read_search(tmp_path / "asha")[1]
     continued = [t for t in state["trials"].values() if t["state"] == "completed"]
     assert continued and all(t["batches"] == 8 and t["segments"] == 2 for t in continued)
     assert any(path.name.startswith("ckpt-") for path in store.iterdir())

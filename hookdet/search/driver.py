@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hookdet.search import live_trial, methods
-from hookdet.search.report import STATE_FILE
+from hookdet.search.report import STATE_FILE, recorded_dir, trial_dir
 from hookdet.search.settings import SearchSettings
 from hookdet.search.live_view import SearchView, best_words, decision_line
 from hookdet.search.space import MasterRandom
@@ -101,7 +101,10 @@ class Driver:
         return self.search_dir / STATE_FILE
 
     def save(self) -> None:
-        saved = dict(self.state, rand=self.rand.get_state(), method=self.method.state)
+        """The state, replaced whole; trial directories recorded relative to the search directory."""
+        trials = {rid: dict(trial, dir=recorded_dir(self.search_dir, trial["dir"]))
+                  for rid, trial in self.state["trials"].items()}
+        saved = dict(self.state, trials=trials, rand=self.rand.get_state(), method=self.method.state)
         partial = self.state_path.with_name(f".{STATE_FILE}.partial")
         partial.write_text(json.dumps(saved))
         os.replace(partial, self.state_path)
@@ -123,6 +126,8 @@ class Driver:
             self.method.load_state(method_state)
         else:
             self.method.state = method_state
+        for trial in saved["trials"].values():
+            trial["dir"] = str(trial_dir(self.search_dir, trial["dir"]))
         self.state = saved
         if moved_from:
             self._moved(moved_from)

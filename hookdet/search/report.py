@@ -40,11 +40,35 @@ def find_searches(root: Path, depth: int = 3) -> List[Path]:
 
 def read_search(search_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(``search.json``, ``search-state.json``) of ``search_dir``; a search killed before its
-    first decision has an empty state."""
+    first decision has an empty state. Each trial's ``dir`` is its run directory here
+    (:func:`trial_dir`)."""
     meta = _read_json(Path(search_dir) / META_FILE)
     state_path = Path(search_dir) / STATE_FILE
     state = _read_json(state_path) if state_path.exists() else {"order": [], "trials": {}}
+    for trial in (state.get("trials") or {}).values():
+        if isinstance(trial, dict) and isinstance(trial.get("dir"), str):
+            trial["dir"] = str(trial_dir(search_dir, trial["dir"]))
     return meta, state
+
+
+def trial_dir(search_dir: Path, recorded: str) -> Path:
+    """A trial's run directory from what the search's state records: a path relative to the
+    search directory (what a search writes, so a copied or moved search is whole), or an
+    absolute one (a search written before), taken as the directory of that name in this search
+    directory when it is gone and that one is there (a search copied from another machine)."""
+    directory = Path(recorded)
+    if not directory.is_absolute():
+        return Path(search_dir) / directory
+    here = Path(search_dir) / directory.name
+    return here if not directory.exists() and here.is_dir() else directory
+
+
+def recorded_dir(search_dir: Path, directory: str) -> str:
+    """How a search records a trial's run directory: relative to the search directory when it
+    is inside it, else as it is (:func:`trial_dir` reads it back)."""
+    path, base = Path(directory), Path(search_dir)
+    inside = path.is_absolute() == base.is_absolute() and path.is_relative_to(base) and path != base
+    return str(path.relative_to(base)) if inside else directory
 
 
 def _read_json(path: Path) -> Dict[str, Any]:

@@ -349,18 +349,8 @@ class SearchRecords:
             self._state_stamp = stamp
         for request_id in self.state["order"]:
             if request_id not in self.trials:
-                self.trials[request_id] = RunRecords(self.trial_dir(self.state["trials"][request_id]["dir"]),
+                self.trials[request_id] = RunRecords(Path(self.state["trials"][request_id]["dir"]),
                                                      validations_only=True, points=TRIAL_CURVE_POINTS)
-
-    def trial_dir(self, recorded: str) -> Path:
-        """A trial's run directory: the one the search's state records, or the directory of that
-        name in this search directory when the recorded one is elsewhere and gone (a search
-        copied or moved from another machine, whose state holds its old absolute paths)."""
-        directory = Path(recorded)
-        if not directory.is_absolute():
-            return self.path / directory
-        here = self.path / directory.name
-        return here if not directory.exists() and here.is_dir() else directory
 
     def refresh_trials(self) -> None:
         """Read each trial's new validation reports (its curve on the search page)."""
