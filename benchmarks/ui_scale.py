@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -100,7 +100,17 @@ def timed_page(driver: Any, url: str, ready: str) -> float:
     return time.monotonic() - start
 
 
-def measure(root: Path, trials: int) -> Dict[str, float]:
+def save_page(driver: Any, folder: Optional[str], name: str) -> None:
+    """A screenshot of the whole page, when ``--screenshots`` names a folder."""
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        width = driver.get_window_size()["width"]
+        driver.set_window_size(width, max(700, min(4000, driver.execute_script("return document.body.scrollHeight") + 40)))
+        time.sleep(1)  # charts follow the new size on their own resize handler
+        driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+
+
+def measure(root: Path, trials: int, screenshots: Optional[str] = None) -> Dict[str, float]:
     key = root_key(root)
     import urllib.request
 
@@ -118,6 +128,13 @@ def measure(root: Path, trials: int) -> Dict[str, float]:
         figures["search_first_s"] = timed_page(driver, f"{url.rstrip('/')}/search/{key}/search", curves)
         figures["search_s"] = timed_page(driver, f"{url.rstrip('/')}/search/{key}/search", curves)
         figures["server_rss_mib"] = rss_kib(process.pid) / 1024
+        if screenshots:
+            save_page(driver, screenshots, f"scale-search-{trials}-trials")
+            timed_page(driver, url, rows)
+            save_page(driver, screenshots, f"scale-list-{trials}-trials")
+            timed_page(driver, f"{url.rstrip('/')}/run/{key}/search/trial-001",
+                       "const d = document.getElementById('chart-validation_loss'); return d && d.data")
+            save_page(driver, screenshots, "scale-run")
     return figures
 
 
@@ -128,6 +145,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--records", type=int, default=5000)
     parser.add_argument("--more", type=int, default=10, help="the second search has this many times the trials")
+    parser.add_argument("--screenshots", help="a folder for pictures of the list, the search and a run page")
     args = parser.parse_args()
     print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}")
     with tempfile.TemporaryDirectory() as folder:
@@ -137,7 +155,7 @@ def main() -> None:
         write_search(root / "search", args.trials, args.records)
         print(f"{args.runs} runs x {args.run_records} reports, a search of {args.trials} trials x {args.records} "
               f"reports ({sum(p.stat().st_size for p in root.rglob('metrics.jsonl')) / 1e6:.0f} MB of metrics.jsonl)")
-        for name, value in measure(root, args.trials).items():
+        for name, value in measure(root, args.trials, args.screenshots).items():
             print(f"  {name}: {value:.3f}")
         if args.more > 1:
             more = Path(folder) / "more"
