@@ -85,18 +85,22 @@ def redacted(value: Any) -> Any:
 class RunRecords:
     """A run directory, read incrementally (see the module docstring)."""
 
-    def __init__(self, path: Path, validations_only: bool = False, points: int = SERIES_LIMIT) -> None:
+    def __init__(self, path: Path, validations_only: bool = False, points: int = SERIES_LIMIT,
+                 curve_metric: Optional[str] = None) -> None:
         """``validations_only``: follow the validation reports alone (a search's curves);
         ``points``: what each series keeps, at most twice that (a search's trials keep fewer:
-        a chart of hundreds of curves draws no more points than the eye can tell apart)."""
+        a chart of hundreds of curves draws no more points than the eye can tell apart);
+        ``curve_metric``: a search's trial: the one metric drawn as a curve, and every
+        validation of every metric kept (:meth:`value_at`)."""
         self.path = Path(path)
         self.points = points
+        self.curve_metric = curve_metric
         self.series: Dict[str, BoundedSeries] = {}
         #: The newest validations, every metric of each (a run page's table; a search's trials keep none).
         self.validations: Deque[Tuple[int, Dict[str, Any]]] = collections.deque(maxlen=0 if validations_only else VALIDATIONS)
         #: A search trial's validations of each metric, every one up to a bound (what its value at a
         #: rung or a batch count is read from; its curve above is thinned for drawing).
-        self.validation_points: Dict[str, BoundedSeries] = {}
+        self.validation_points: Dict[str, Tuple[List[int], List[float]]] = {}
         #: How many values of each series were NaN or infinite (drawn as no point; the page says how many).
         self.nonfinite: Dict[str, int] = {}
         self.last_batch = 0
@@ -117,10 +121,9 @@ class RunRecords:
         """A search trial's value of validation ``metric`` chosen by ``at``: ``best``, ``last``,
         or ``batch:N``, the first validation at or past batch N (what it measured when it got
         that far: a trial that never did has none, and is not compared with those that did)."""
-        kept = self.validation_points.get(metric)
-        if kept is None or not kept.xs:
+        xs, ys = self.validation_points.get(metric, ([], []))
+        if not xs:
             return None
-        xs, ys = kept.xs + ([kept.tail[0]] if kept.tail else []), kept.ys + ([kept.tail[1]] if kept.tail else [])
         if at == "last":
             return ys[-1]
         if at.startswith("batch:"):
@@ -154,27 +157,31 @@ class RunRecords:
         metrics, batch = report.get("metrics"), report.get("steps_completed")
         if not isinstance(metrics, dict) or not isinstance(batch, int):
             return
-        group = "validation" if report.get("group") == "validation" else "training"
+        validation = report.get("group") == "validation"
+        group = "validation" if validation else "training"
         self.last_batch = max(self.last_batch, batch)
-        if group == "validation" and self.validations.maxlen:
-            self.validations.append((batch, {name: value if is_number(value) else str(value)
-                                             for name, value in metrics.items()}))
-        if group == "validation" and self.points != SERIES_LIMIT:  # a search's trial
-            for name, value in metrics.items():
-                if is_number(value):
-                    kept = self.validation_points.get(name)
-                    if kept is None:
-                        kept = self.validation_points[name] = BoundedSeries(VALIDATION_POINTS)
-                    kept.add(batch, float(value))
+        numbers: Dict[str, float] = {}
         for name, value in metrics.items():
-            if isinstance(value, float) and not math.isfinite(value):  # NaN or inf: no point, but counted
+            if is_number(value):
+                numbers[name] = float(value)
+            elif isinstance(value, float):  # NaN or inf: no point, but counted
                 self.nonfinite[f"{group}/{name}"] = self.nonfinite.get(f"{group}/{name}", 0) + 1
-            elif is_number(value):
-                key = f"{group}/{name}"
-                series = self.series.get(key)
-                if series is None:
-                    series = self.series[key] = BoundedSeries(self.points)
-                series.add(batch, float(value))
+        if validation and self.validations.maxlen:
+            self.validations.append((batch, {name: numbers.get(name, str(value)) for name, value in metrics.items()}))
+        if validation and self.curve_metric is not None:  # a search's trial: every validation, one curve
+            for name, value in numbers.items():
+                xs, ys = self.validation_points.setdefault(name, ([], []))
+                xs.append(batch)
+                ys.append(value)
+                if len(xs) > 2 * VALIDATION_POINTS:  # past the bound: every other one
+                    xs[:], ys[:] = xs[::2], ys[::2]
+            numbers = {self.curve_metric: numbers[self.curve_metric]} if self.curve_metric in numbers else {}
+        for name, value in numbers.items():
+            key = f"{group}/{name}"
+            series = self.series.get(key)
+            if series is None:
+                series = self.series[key] = BoundedSeries(self.points)
+            series.add(batch, value)
 
     def _forget(self) -> None:
         self.series, self.nonfinite, self.validation_points, self.last_batch = {}, {}, {}, 0
@@ -350,7 +357,8 @@ class SearchRecords:
         for request_id in self.state["order"]:
             if request_id not in self.trials:
                 self.trials[request_id] = RunRecords(Path(self.state["trials"][request_id]["dir"]),
-                                                     validations_only=True, points=TRIAL_CURVE_POINTS)
+                                                     validations_only=True, points=TRIAL_CURVE_POINTS,
+                                                     curve_metric=self.metric[0])
 
     def refresh_trials(self) -> None:
         """Read each trial's new validation reports (its curve on the search page)."""

@@ -8,6 +8,12 @@ const POLL_MS = 700;
 // Log lines a run page keeps (as the server keeps them: hookdet/ui/records.py LOG_LINES).
 const LOG_LINES = 2000;
 
+// Plotly loads deferred (its 3.5 MB are parsed while the page's first question is answered): the
+// charts wait for it. This script runs first (at the end of the body; Plotly's tag is deferred).
+const plotlyTag = document.getElementById("plotly");
+const plotlyReady = !plotlyTag || window.Plotly ? Promise.resolve()
+  : new Promise((resolve) => plotlyTag.addEventListener("load", resolve, {once: true}));
+
 function el(tag, text, className) {
   const node = document.createElement(tag);
   if (text !== undefined && text !== null) node.textContent = String(text);
@@ -286,6 +292,7 @@ function runPage() {
   let nonfinite = {};
   poll(async () => {
     const answer = await fetchJSON(`${api}?have=${store.have()}&log=${logCount}`);
+    await plotlyReady;
     showSummary(answer.summary);
     store.merge(answer.series);
     nonfinite = answer.nonfinite || {};
@@ -302,17 +309,26 @@ function runPage() {
 let webgl = (() => { try { return !!document.createElement("canvas").getContext("webgl"); } catch (e) { return false; } })();
 
 // Parallel coordinates without WebGL: a line per trial across the axes, each axis scaled to its
-// own range (0 its smallest value, 1 its largest), coloured by the metric (the last axis).
+// own range (0 its smallest value, 1 its largest), coloured by the metric (the last axis) in 8
+// bands, a trace per band (a gap between trials' lines), so hundreds of trials draw as 8 traces.
 function parallelLines(dimensions, rows) {
   const scaled = dimensions.map((d) => {
     const low = Math.min(...d.values), high = Math.max(...d.values), width = high - low || 1;
     return d.values.map((v) => (v - low) / width);
   });
   const metric = dimensions[dimensions.length - 1].values, low = Math.min(...metric), high = Math.max(...metric);
-  return rows.map((r, i) => ({
-    type: "scatter", mode: "lines", x: dimensions.map((_, j) => j), y: scaled.map((axis) => axis[i]),
-    line: {color: `hsl(${Math.round(260 * (1 - (metric[i] - low) / (high - low || 1)))}, 70%, 45%)`},
-    name: `trial ${r.number}`, text: dimensions.map((d) => `${d.label}: ${number(d.values[i])}`), hoverinfo: "name+text"}));
+  const bands = 8, traces = [];
+  for (let band = 0; band < bands; band++) {
+    const x = [], y = [], text = [];
+    rows.forEach((r, i) => {
+      if (Math.min(bands - 1, Math.floor(bands * (metric[i] - low) / (high - low || 1))) !== band) return;
+      dimensions.forEach((d, j) => { x.push(j); y.push(scaled[j][i]); text.push(`trial ${r.number}: ${d.label} ${number(d.values[i])}`); });
+      x.push(null); y.push(null); text.push("");
+    });
+    if (x.length) traces.push({type: "scatter", mode: "lines", x, y, text, hoverinfo: "text", connectgaps: false,
+                               line: {color: `hsl(${Math.round(260 * (1 - band / (bands - 1)))}, 70%, 45%)`}});
+  }
+  return traces;
 }
 
 function parallelAxes(dimensions) {
@@ -467,15 +483,32 @@ function searchPage() {
                  Object.assign(bars, {showlegend: false, hovermode: "closest"}));
   }
 
+  // Up to 20 trials: a curve each, with a legend. More: every trial's curve in one grey trace (a gap
+  // between trials; hover names the trial), and the 5 best trials drawn over it in colour, so a
+  // search of hundreds draws as 6 traces.
   function draw(answer) {
-    const keys = Object.keys(store.series), mode = keys.length > 20 ? "lines" : "lines+markers";
-    const traces = keys.map((key) => {
-      const [x, y] = store.points(key);
-      return {x, y, name: plotText(key), mode};
-    });
-    const many = keys.length > 20;  // a legend and a unified hover of hundreds of curves cost more than they tell
-    Plotly.react(document.getElementById("curves"), traces,
-                 Object.assign(layout(answer.metric, logScale.checked), many ? {showlegend: false, hovermode: "closest"} : {}));
+    const keys = Object.keys(store.series), curves = document.getElementById("curves");
+    let traces;
+    if (keys.length <= 20) {
+      traces = keys.map((key) => { const [x, y] = store.points(key); return {x, y, name: plotText(key), mode: "lines+markers"}; });
+    } else {
+      const best = answer.trials.filter((row) => row.best !== null)
+        .sort((a, b) => answer.smaller ? a.best - b.best : b.best - a.best).slice(0, 5).map((row) => `trial ${row.number}`);
+      const x = [], y = [], text = [];
+      for (const key of keys) {
+        const [xs, ys] = store.points(key);
+        for (let i = 0; i < xs.length; i++) { x.push(xs[i]); y.push(ys[i]); text.push(key); }
+        x.push(null); y.push(null); text.push("");
+      }
+      traces = [{x, y, text, name: `all ${keys.length} trials`, mode: "lines", hoverinfo: "text+x+y",
+                 line: {color: "rgba(110, 120, 135, 0.35)", width: 1}},
+                ...best.filter((key) => store.series[key]).map((key) => {
+                  const [xs, ys] = store.points(key); return {x: xs, y: ys, name: plotText(`${key} (best 5)`), mode: "lines"};
+                })];
+    }
+    Plotly.react(curves, traces, Object.assign(layout(answer.metric, logScale.checked),
+                                               keys.length > 20 ? {hovermode: "closest"} : {}));
+    curves.dataset.trials = String(keys.length);  // how many trials' curves are drawn
   }
 
   const plotMetric = document.getElementById("plot-metric"), plotAt = document.getElementById("plot-at");
@@ -498,13 +531,14 @@ function searchPage() {
     const at = plotAt.value === "custom" ? "best" : plotAt.value;  // until the batches are given
     const chosen = `&metric=${encodeURIComponent(plotMetric.value)}&at=${encodeURIComponent(at)}`;
     const answer = await fetchJSON(`${api}?have=${store.have()}${chosen}`);
+    await plotlyReady;
     const text = JSON.stringify(answer);
     if (text === lastText) return;  // nothing new: nothing to draw again
     lastText = text;
     last = answer;
     store.merge(answer.curves);
-    trialsTable(answer); rungsTable(answer.rungs); bestTrial(answer);
-    draw(answer); hparamCharts(answer);
+    draw(answer); trialsTable(answer); rungsTable(answer.rungs); bestTrial(answer);
+    setTimeout(() => hparamCharts(answer), 0);  // the charts further down after the first screen is drawn
   });
 }
 
@@ -530,6 +564,7 @@ function comparePage() {
   logScale.onchange = draw;
   poll(async () => {
     const answer = await fetchJSON(`${api}&have=${store.have()}`);
+    await plotlyReady;
     store.merge(answer.series);
     draw();
   });
