@@ -183,6 +183,14 @@ def damage(root: Path) -> None:
     (make_run(root / "torn-config") / "config.json").write_text('{"name": ')
 
 
+def listed(base: str) -> Dict[str, Dict[str, object]]:
+    """The list's rows by name, after checking the list page and its JSON both answer."""
+    assert get(base + "/")[0] == 200
+    status, _, body = get(base + "/api/list")
+    assert status == 200, body[:300]
+    return {row["name"]: row for row in json.loads(body)["rows"]}
+
+
 def test_one_damaged_file_marks_its_run_and_everything_else_is_served(tmp_path: Path) -> None:
     """A record file of the wrong type or not JSON marks that run or search ``damaged`` on the
     list, with why; the rest is listed and opens; the damaged run's page is one line (422); a
@@ -192,10 +200,7 @@ def test_one_damaged_file_marks_its_run_and_everything_else_is_served(tmp_path: 
     key = root_key(root)
     with ui_server(str(root)) as (url, _, _):
         base = url.rstrip("/")
-        assert get(base + "/")[0] == 200
-        status, _, body = get(base + "/api/list")
-        assert status == 200, body[:300]
-        rows = {row["name"]: row for row in json.loads(body)["rows"]}
+        rows = listed(base)
         assert set(rows) == {"good", "odd-record", "torn-search", "torn-config"}
         assert rows["good"]["state"] == "completed" and "damaged" not in rows["good"]
         assert rows["odd-record"]["state"] == "damaged" and "invalid literal for int()" in rows["odd-record"]["damaged"]
@@ -315,10 +320,7 @@ def test_every_record_file_damaged_every_way_leaves_the_view_up(tmp_path: Path) 
     names = {path.name for path in root.iterdir()}
     with ui_server(str(root)) as (url, _, _):
         base = url.rstrip("/")
-        assert get(base + "/")[0] == 200
-        status, _, body = get(base + "/api/list")
-        assert status == 200, body[:300]
-        rows = {row["name"]: row for row in json.loads(body)["rows"]}
+        rows = listed(base)
         assert names <= set(rows), sorted(names - set(rows))
         assert rows["good"]["state"] == "completed"
         assert rows["run.json-torn"]["state"] == "damaged" and "run.json: unreadable" in rows["run.json-torn"]["damaged"]
