@@ -19,7 +19,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from hookdet.runs import index as run_index
 from hookdet.search import report
-from hookdet.ui.records import RunRecords, SearchRecords
+from hookdet.ui.records import RunRecords
+from hookdet.ui.search_records import SearchRecords
 
 #: How long a scan of the roots for run and search directories is reused, in seconds.
 SCAN_EVERY_S = 2.0
