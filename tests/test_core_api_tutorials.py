@@ -323,15 +323,17 @@ def test_a_core_api_trial_continued_past_its_rung_and_stopped_with_its_search_re
     folder = Path(shutil.copytree(EXACT, tmp_path / "exact"))
     whole = hookdet_process.run("run", "asha.yaml", "--workers", "1", "--run-dir", "whole", cwd=folder)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    slow = ["--workers", "1", "--config", "hyperparameters.seconds_per_batch=0.2"]
-    search = hookdet_process.start("run", "asha.yaml", *slow, "--run-dir", "killed", cwd=folder)
+    import os
+
+    slow = dict(os.environ, EXACT_SECONDS_PER_BATCH="0.2")  # until the stop; the resume trains at full speed
+    search = hookdet_process.start("run", "asha.yaml", "--workers", "1", "--run-dir", "killed", cwd=folder, env=slow)
     wait_for_a_validation(folder / "killed" / "trial-001", 24, search)
     search.send_signal(signal.SIGTERM)
     assert search.completed(timeout=300).returncode == PREEMPTED_EXIT_CODE
     trial = folder / "killed" / "trial-001"
     assert [entry["event"] for entry in read_history(trial)] == ["started", "preempted"]
     assert 24 <= read_record(trial)["batches_trained"] < 40
-    resumed = hookdet_process.run("run", "asha.yaml", *slow, "--resume", "killed", cwd=folder)
+    resumed = hookdet_process.run("run", "asha.yaml", "--workers", "1", "--resume", "killed", cwd=folder)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [entry["event"] for entry in read_history(trial)] == ["started", "preempted", "resumed", "completed"]
     expected, got = final_weights(folder / "whole" / "trial-001"), final_weights(trial)
