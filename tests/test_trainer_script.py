@@ -140,8 +140,8 @@ def test_two_machines_on_localhost_leave_one_run_directory(tmp_path: Path) -> No
     assert [launcher.returncode for launcher in launchers] == [0, 0], [err[-3000:] for _, err in outputs]
     (run_dir,) = (directory / "runs").iterdir()
     assert sorted(path.name for path in run_dir.iterdir()) == [
-        ".hookdet.lock", "config.json", "history.jsonl", "logs", "metrics.jsonl", "run.json", "run_identity.json",
-        "tensorboard"]
+        ".hookdet.lock", "config.json", "history.jsonl", "logs", "metrics-summary.json", "metrics.jsonl", "run.json",
+        "run_identity.json", "tensorboard"]
     endings = sorted(line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("hookdet: "))
     assert endings[0] == "hookdet: completed after 8 batches", outputs
     assert endings[1].startswith("hookdet: entrypoint exited with status 0 on this machine (node "), endings
