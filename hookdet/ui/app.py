@@ -47,15 +47,26 @@ class Views:
         from jinja2 import Environment, FileSystemLoader, select_autoescape
 
         self.catalog = catalog
+        self.reading = threading.Lock()  # the catalog's records are read by one request at a time
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True))
         self.static = {"ui.js": HERE / "static" / "ui.js", "ui.css": HERE / "static" / "ui.css",
                        "plotly.min.js": plotly_js()}
 
-    def page(self, name: str, **values: Any) -> Any:
+    def page(self, name: str, background: Optional[Callable[[], Any]] = None, **values: Any) -> Any:
+        """The page ``name`` rendered; ``background``: what to read once it is sent (in a worker
+        thread, as every read), so the page's first question finds it read."""
+        from starlette.background import BackgroundTask
+        from starlette.concurrency import run_in_threadpool
         from starlette.responses import HTMLResponse
 
-        return HTMLResponse(self.templates.get_template(name).render(**values))
+        task = None if background is None else BackgroundTask(run_in_threadpool, self.reading_one_at_a_time, background)
+        return HTMLResponse(self.templates.get_template(name).render(**values), background=task)
+
+    def reading_one_at_a_time(self, read: Callable[[], Any]) -> Any:
+        """``read()`` while no other request reads the catalog's records."""
+        with self.reading:
+            return read()
 
     def located(self, request: Any, kind: str) -> Path:
         try:
@@ -73,7 +84,11 @@ class Views:
         return self.page("run.html", run=pages.run_page(self.catalog, self.located(request, "run")))
 
     def search_page(self, request: Any) -> Any:
-        return self.page("search.html", search=pages.search_page(self.catalog, self.located(request, "search")))
+        """The search page, and its trials' validations read as it travels (its script asks for
+        them as soon as it runs: a large search's first read has a head start)."""
+        path = self.located(request, "search")
+        return self.page("search.html", background=lambda: pages.search_updates(self.catalog, path, {}),
+                         search=pages.search_page(self.catalog, path))
 
     def compare_page(self, request: Any) -> Any:
         return self.page("compare.html", compare=pages.compare_page(self.catalog, self.compared(request)))
@@ -138,11 +153,9 @@ def build_app(catalog: Catalog, token: Optional[str] = None) -> Any:
     from starlette.concurrency import run_in_threadpool
 
     views = Views(catalog)
-    reading = threading.Lock()  # the catalog's records are read by one request at a time
 
     def read(handler: Callable[[Any], Any], request: Any) -> Any:
-        with reading:
-            return handler(request)
+        return views.reading_one_at_a_time(lambda: handler(request))
 
     def served(handler: Callable[[Any], Any], reads_records: bool = True) -> Callable[[Any], Awaitable[Any]]:
         """The route's endpoint: a handler that reads run files runs in a worker thread, so the
