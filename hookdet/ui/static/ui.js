@@ -362,9 +362,11 @@ function searchPage() {
   const heatX = document.getElementById("heat-x"), heatY = document.getElementById("heat-y");
   let last = null;
 
-  let sortKey = "number", descending = false;
+  let sortKey = "number", descending = false, folded = false;
   function trialsTable(answer) {
     const table = document.getElementById("trials");
+    if (!folded && answer.trials.length > 50) document.getElementById("trials-section").open = false;  // once: the charts first
+    folded = true;
     const head = el("tr");
     const columns = ["number", "state", "bracket", "rung", "best", "last", "batches", ...answer.hparams];
     for (const column of columns) {
