@@ -16,7 +16,8 @@ checkpoint is kept and written into the download: a resume fetches each object o
 from a run directory fetches its newest checkpoint ahead (:meth:`~ObjectStorage.fetch`) to verify
 it before choosing it, and that download is the one restored; ``hookdet run`` of a script hands
 its download to the script (:meth:`~ObjectStorage.hand_over`, ``$HOOKDET_FETCHED_CHECKPOINTS``),
-whose restore takes it instead of fetching the checkpoint again. Downloads go to folders named
+whose restore takes it instead of fetching the checkpoint again (and leaves it for the starter to
+remove: every rank of the script may read it). Downloads go to folders named
 ``hookdet-restore-<pid>-...`` in the temporary directory, removed when restored, at exit, or, for
 a process that was killed, by the next download of any process (:func:`sweep_dead_downloads`).
 """
@@ -205,11 +206,13 @@ class ObjectStorage(CheckpointStorage):
 
     @contextlib.contextmanager
     def restore_path(self, storage_id: str) -> Iterator[Path]:
-        directory = self._fetched.pop(storage_id, None) or self._handed(storage_id) or self._download(storage_id)
+        handed = None if storage_id in self._fetched else self._handed(storage_id)
+        directory = self._fetched.pop(storage_id, None) or handed or self._download(storage_id)
         try:
             yield directory
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            if directory is not handed:  # the starter's download: every rank may read it; the starter removes it
+                shutil.rmtree(directory, ignore_errors=True)
 
     def fetch(self, storage_id: str) -> Path:
         """Download checkpoint ``storage_id`` now, for :meth:`restore_path` to hand out later
