@@ -149,3 +149,27 @@ def test_files_that_lead_out_of_the_run_directory_read_as_absent(tmp_path: Path)
     records.refresh()
     assert records.series == {} and records.record() == {}
     assert records.new_log_lines() == 0 and list(records.log_lines) == []
+
+
+def test_a_run_pages_validations_travel_once(tmp_path: Path) -> None:
+    """The page says which validations it holds; an answer brings only those after them, and all
+    of them again once the run's file was replaced."""
+    from hookdet.ui import pages
+    from hookdet.ui.catalog import Catalog
+
+    run_dir = tmp_path / "runs" / "one"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(report(batch, 1.0 / batch, group="validation") for batch in (1, 2)))
+    catalog = Catalog([tmp_path / "runs"])
+    first = pages.run_updates(catalog, run_dir, {}, 0)["validations"]
+    assert (first["reset"], [row["batch"] for row in first["rows"]]) == (True, [1, 2])
+    with open(run_dir / "metrics.jsonl", "a") as handle:
+        handle.write(report(3, 0.3, group="validation"))
+    had = f"{first['epoch']}.{first['count']}"
+    after = pages.run_updates(catalog, run_dir, {}, 0, had)["validations"]
+    assert (after["reset"], [row["batch"] for row in after["rows"]]) == (False, [3])
+    replacement = run_dir / "new.jsonl"
+    replacement.write_text(report(1, 9.0, group="validation"))
+    os.replace(replacement, run_dir / "metrics.jsonl")
+    again = pages.run_updates(catalog, run_dir, {}, 0, f"{after['epoch']}.{after['count']}")["validations"]
+    assert (again["reset"], [row["metrics"]["loss"] for row in again["rows"]]) == (True, [9.0])

@@ -19,9 +19,9 @@ Every process hookdet starts is one of four kinds, and each kind's rules live he
 A ``COLD`` or ``WARM`` segment's output is appended to ``job.log`` and it is pinned to
 ``job.cpus``; a ``LAUNCHER``'s standard error is a pipe (read through the launcher's filter); a
 ``SCRIPT``'s output is ``job.stdio`` (:mod:`hookdet.cli.command_output`), else this
-process's. Whatever the kind, :class:`Started` is what comes back: its pid, a signal to it, its exit status (negative for the signal that killed it). How it
-ended, beyond that status, is its outcome record (:mod:`hookdet.launch.outcome`), which the
-starter names in ``job.env``.
+process's. Whatever the kind, :class:`Started` is what comes back: its pid, a signal to it, its
+exit status (negative for the signal that killed it). How it ended, beyond that status, is its
+outcome record (:mod:`hookdet.launch.outcome`), which the starter names in ``job.env``.
 """
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ class Views:
         """The search page, and its trials' validations read as it travels (its script asks for
         them as soon as it runs: a large search's first read has a head start)."""
         path = self.located(request, "search")
-        return self.page("search.html", background=lambda: pages.search_updates(self.catalog, path, {}),
+        return self.page("search.html", background=self.catalog.search(path).refresh_trials,
                          search=pages.search_page(self.catalog, path))
 
     def compare_page(self, request: Any) -> Any:
@@ -105,7 +105,8 @@ class Views:
         if not log_count.isdigit():
             raise BadRequest(f"log={log_count!r}: the number of log lines the page holds, a whole number")
         log_count = int(log_count)
-        return JSONResponse(pages.run_updates(self.catalog, self.located(request, "run"), _have(request), log_count))
+        return JSONResponse(pages.run_updates(self.catalog, self.located(request, "run"), _have(request), log_count,
+                                              request.query_params.get("validations", "")))
 
     def search_api(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -124,16 +125,15 @@ class Views:
 
     def logs_file(self, request: Any) -> Any:
         """The run's whole log, every rank's lines merged by time, as a text file to save."""
-        from starlette.responses import StreamingResponse
-
         from urllib.parse import quote
+
+        from starlette.responses import PlainTextResponse
 
         from hookdet.runs.logs import read_lines
 
         path = self.located(request, "run")
-        lines = [line + "\n" for line in read_lines(path, keep=self.catalog.run(path).owns)]
-        return StreamingResponse(iter(lines), media_type="text/plain; charset=utf-8",
-                                 headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(path.name + '.log')}"})
+        text = "".join(line + "\n" for line in read_lines(path, keep=self.catalog.run(path).owns))
+        return PlainTextResponse(text, headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(path.name + '.log')}"})
 
     def static_file(self, request: Any) -> Any:
         from starlette.responses import FileResponse

@@ -127,21 +127,23 @@ def _state_in_search(catalog: Catalog, path: Path) -> Optional[str]:
     return STATE_WORDS.get(catalog.trial_states(search).get(path.resolve(), ""))
 
 
-#: The history's events that start a process, and the states its end can be recorded with.
+#: The history's events that start a process.
 STARTS = ("started", "resumed")
+#: The history entry shown where a process ended without recording its end (its time unknown).
+KILLED = {"event": "killed", "time": None, "note": "the process ended without recording its end"}
 
 
 def with_kills(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The history with a ``killed`` entry where a process ended without writing its end (a
     start followed by another start, or the last start of a run whose process is gone: SIGKILL,
-    a lost machine); its time is unknown."""
+    a lost machine)."""
     shown: List[Dict[str, Any]] = []
     for entry in history:
         if entry.get("event") in STARTS and shown and shown[-1].get("event") in STARTS:
-            shown.append({"event": "killed", "time": None, "note": "the process ended without recording its end"})
+            shown.append(dict(KILLED))
         shown.append(entry)
     if shown and shown[-1].get("event") in STARTS and record.get("state") == "killed":
-        shown.append({"event": "killed", "time": None, "note": "the process ended without recording its end"})
+        shown.append(dict(KILLED))
     return shown
 
 
@@ -157,8 +159,10 @@ def _history_from_record(record: Dict[str, Any]) -> List[Dict[str, Any]]:
     return entries
 
 
-def run_updates(catalog: Catalog, path: Path, have: Dict[str, Any], log_count: int) -> Dict[str, Any]:
-    """What is new on the run page: its summary, its series' new points, its new log lines."""
+def run_updates(catalog: Catalog, path: Path, have: Dict[str, Any], log_count: int,
+                validations_had: str = "") -> Dict[str, Any]:
+    """What is new on the run page: its summary, its series' new points, its new validations
+    (``validations_had``: what the page holds, see :func:`_validation_update`), its new log lines."""
     records = catalog.run(path)
     records.refresh()
     records.new_log_lines()
@@ -167,9 +171,22 @@ def run_updates(catalog: Catalog, path: Path, have: Dict[str, Any], log_count: i
         "series": {name: series_update(series, have.get(name), records.resets)
                    for name, series in sorted(records.series.items())},
         "nonfinite": records.nonfinite,
-        "validations": [{"batch": batch, "metrics": metrics} for batch, metrics in records.validations],
+        "validations": _validation_update(records, validations_had),
         "logs": _log_update(records, log_count),
     }
+
+
+def _validation_update(records: RunRecords, had: str) -> Dict[str, Any]:
+    """The validations the page lacks: it says ``<epoch>.<count>`` of what it holds (the epoch
+    counts the times the run's file was read again from its start: a resume rewrote it); all of
+    the kept ones when the epoch differs or the count is not one the run has had."""
+    epoch, _, count = had.partition(".")
+    kept = list(records.validations)
+    first_kept = records.validation_count - len(kept)
+    same = epoch == str(records.resets) and count.isdigit() and first_kept <= int(count) <= records.validation_count
+    rows = kept[int(count) - first_kept:] if same else kept
+    return {"epoch": str(records.resets), "count": records.validation_count, "reset": not same,
+            "rows": [{"batch": batch, "metrics": metrics} for batch, metrics in rows]}
 
 
 def _log_update(records: RunRecords, log_count: int) -> Dict[str, Any]:
@@ -220,7 +237,7 @@ def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any], choice: O
             curves[label] = series_update(series, have.get(label), records.resets)
         rows.append(dict(_trial_row(catalog, trial, records, series, smaller, metric),
                          value=records.value_at(chosen_metric, _point(search.state, trial, at), smaller),
-                         **_progress_of(search, request_id, trial)))
+                         **_progress_of(search, request_id, trial, records)))
     return {"summary": search.summary(), "metric": metric, "smaller": smaller, "trials": rows,
             "curves": curves, "rungs": _rungs(search.state), "hparams": _varied(rows),
             "log_hparams": log_hyperparameters(space),
@@ -264,23 +281,23 @@ def _trial_row(catalog: Catalog, trial: Dict[str, Any], records: RunRecords, ser
                smaller: bool, search_metric: str) -> Dict[str, Any]:
     values = (series.ys + ([series.tail[1]] if series.tail else [])) if series is not None else []
     return {
-        "number": trial["number"], "state": STATE_WORDS.get(trial["state"], trial["state"]),
+        "number": trial["number"],
         "bracket": trial.get("bracket"), "rung": _rung(trial.get("rung")),
         "best": ((min if smaller else max)(values) if values else None), "last": values[-1] if values else None,
         "nonfinite": records.nonfinite.get(f"validation/{search_metric}", 0),
-        "batches": max(int(trial.get("batches") or 0), records.last_batch),
         "hparams": {name: value for name, value in flatten(trial.get("hparams") or {}).items()},
         "url": catalog.url_of(records.path),
     }
 
 
-def _progress_of(search: Any, request_id: str, trial: Dict[str, Any]) -> Dict[str, Any]:
+def _progress_of(search: Any, request_id: str, trial: Dict[str, Any], records: RunRecords) -> Dict[str, Any]:
     """A trial's state and batches as they are now (:meth:`SearchRecords.trial_progress`), and
     the length its segment trains to while it runs."""
     try:
         state, batches = search.trial_progress(request_id, STATE_WORDS)
     except DAMAGED as error:
-        return {"state": "damaged", "damaged": damage_of(error)}
+        return {"state": "damaged", "damaged": damage_of(error),
+                "batches": max(int(trial.get("batches") or 0), records.last_batch)}
     target = trial.get("target")
     return {"state": state, "batches": batches,
             "target": target if state == "running" and isinstance(target, int) else None}

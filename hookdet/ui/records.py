@@ -41,6 +41,8 @@ class DamagedRecord(ValueError):
 LOG_LINES = 2000
 #: Validations a run page's table shows (the newest).
 VALIDATIONS = 2000
+#: Points of a search trial's curve kept for the search page (twice this at most).
+TRIAL_CURVE_POINTS = 100
 #: A search trial's validations of one metric kept whole, up to twice this (then every other one).
 VALIDATION_POINTS = 5000
 
@@ -82,19 +84,18 @@ def redacted(value: Any) -> Any:
 class RunRecords:
     """A run directory, read incrementally (see the module docstring)."""
 
-    def __init__(self, path: Path, validations_only: bool = False, points: int = SERIES_LIMIT,
-                 curve_metric: Optional[str] = None) -> None:
-        """``validations_only``: follow the validation reports alone (a search's curves);
-        ``points``: what each series keeps, at most twice that (a search's trials keep fewer:
-        a chart of hundreds of curves draws no more points than the eye can tell apart);
-        ``curve_metric``: a search's trial: the one metric drawn as a curve, and every
-        validation of every metric kept (:meth:`value_at`)."""
+    def __init__(self, path: Path, search_metric: Optional[str] = None) -> None:
+        """``search_metric``: the run is a search's trial, read for the search page: its
+        validation reports alone, one curve (of that metric) thinned to what a chart of hundreds
+        of curves can show, and every validation of every metric kept (:meth:`value_at`)."""
         self.path = Path(path)
-        self.points = points
-        self.curve_metric = curve_metric
+        self.curve_metric = search_metric
+        self.points = SERIES_LIMIT if search_metric is None else TRIAL_CURVE_POINTS
         self.series: Dict[str, BoundedSeries] = {}
         #: The newest validations, every metric of each (a run page's table; a search's trials keep none).
-        self.validations: Deque[Tuple[int, Dict[str, Any]]] = collections.deque(maxlen=0 if validations_only else VALIDATIONS)
+        self.validations: Deque[Tuple[int, Dict[str, Any]]] = collections.deque(
+            maxlen=VALIDATIONS if search_metric is None else 0)
+        self.validation_count = 0  # how many came since the file was read from its start (the newest are kept)
         #: A search trial's validations of each metric, every one up to a bound (what its value at a
         #: rung or a batch count is read from; its curve above is thinned for drawing).
         self.validation_points: Dict[str, Tuple[List[int], List[float]]] = {}
@@ -103,7 +104,7 @@ class RunRecords:
         self.last_batch = 0
         self.resets = 0
         self._tail = JsonLinesTail(self.path / METRICS_FILE, self._take, self._forget,
-                                   only_lines_with=b'"validation"' if validations_only else None)
+                                   only_lines_with=None if search_metric is None else b'"validation"')
         self._logs: Dict[int, LogFollower] = {}
         self.log_lines: Deque[str] = collections.deque(maxlen=LOG_LINES)
         self.log_count = 0
@@ -165,6 +166,7 @@ class RunRecords:
                 self.nonfinite[f"{group}/{name}"] = self.nonfinite.get(f"{group}/{name}", 0) + 1
         if validation and self.validations.maxlen:
             self.validations.append((batch, {name: numbers.get(name, str(value)) for name, value in metrics.items()}))
+            self.validation_count += 1
         if validation and self.curve_metric is not None:  # a search's trial: every validation, one curve
             for name, value in numbers.items():
                 xs, ys = self.validation_points.setdefault(name, ([], []))
@@ -183,6 +185,7 @@ class RunRecords:
     def _forget(self) -> None:
         self.series, self.nonfinite, self.validation_points, self.last_batch = {}, {}, {}, 0
         self.validations.clear()
+        self.validation_count = 0
         self.resets += 1
 
     # ------------------------------------------------------------------ files read when asked

@@ -16,9 +16,6 @@ from typing import Any, Dict, Optional, Tuple
 from hookdet.search import report
 from hookdet.ui.records import DamagedRecord, RunRecords, is_number, redacted, seconds_between
 
-#: Points of a search trial's curve kept for the search page (twice this at most).
-TRIAL_CURVE_POINTS = 100
-
 
 class SearchRecords:
     """A search directory: its meta, its state (read again when the file changes), its trials."""
@@ -44,8 +41,7 @@ class SearchRecords:
         for request_id in self.state["order"]:
             if request_id not in self.trials:
                 self.trials[request_id] = RunRecords(Path(self.state["trials"][request_id]["dir"]),
-                                                     validations_only=True, points=TRIAL_CURVE_POINTS,
-                                                     curve_metric=self.metric[0])
+                                                     search_metric=self.metric[0])
 
     def refresh_trials(self) -> None:
         """Read each trial's new validation reports (its curve on the search page)."""

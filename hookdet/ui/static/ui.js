@@ -7,6 +7,8 @@
 const POLL_MS = 700;
 // Log lines a run page keeps (as the server keeps them: hookdet/ui/records.py LOG_LINES).
 const LOG_LINES = 2000;
+// Validations a run page keeps (as the server keeps them: hookdet/ui/records.py VALIDATIONS).
+const VALIDATIONS = 2000;
 
 // Plotly loads deferred (its 3.5 MB are parsed while the page's first question is answered): the
 // charts wait for it. This script runs first (at the end of the body; Plotly's tag is deferred).
@@ -268,11 +270,12 @@ function runPage() {
     showLogs();
   }
 
-  let validationsShown = "";
-  function validationsTable(validations) {
-    const text = JSON.stringify(validations);
-    if (text === validationsShown) return;
-    validationsShown = text;
+  // The run's validations the page holds (the newest VALIDATIONS), updated with those after them.
+  let validations = [], validationsHad = "";
+  function validationsTable(update) {
+    validationsHad = `${update.epoch}.${update.count}`;
+    if (!update.reset && !update.rows.length) return;
+    validations = (update.reset ? update.rows : validations.concat(update.rows)).slice(-VALIDATIONS);
     const names = [...new Set(validations.flatMap((v) => Object.keys(v.metrics)))].sort();
     const head = el("tr");
     for (const name of ["batch", ...names]) head.appendChild(el("th", name));
@@ -291,13 +294,13 @@ function runPage() {
   logRank.onchange = showLogs; logLevel.onchange = showLogs; logSearch.oninput = showLogs;
   let nonfinite = {};
   poll(async () => {
-    const answer = await fetchJSON(`${api}?have=${store.have()}&log=${logCount}`);
+    const answer = await fetchJSON(`${api}?have=${store.have()}&log=${logCount}&validations=${validationsHad}`);
     await plotlyReady;
     showSummary(answer.summary);
     store.merge(answer.series);
     nonfinite = answer.nonfinite || {};
     draw();
-    validationsTable(answer.validations || []);
+    validationsTable(answer.validations);
     addLogs(answer.logs);
   });
 }
