@@ -12,8 +12,11 @@ negative for the signal that killed it, its pid), with the line of the rank's er
 (``TORCHELASTIC_ERROR_FILE``, written by torch's ``@record``) where the rank left one. Nothing is
 printed for them: hookdet's launcher says each in one line.
 
-Like :mod:`hookdet.distributed.rank_entry` it is run by its path and imports nothing of hookdet;
-the record's fields are those of :class:`hookdet.launch.outcome.Outcome`.
+When the ranks are hookdet's, torchrun forks them from this process instead of starting each
+as a new interpreter (:mod:`hookdet.distributed.forked_ranks`). Like
+:mod:`hookdet.distributed.rank_entry` it is run by its path; of hookdet it imports that module
+alone, and the ranks' modules only as it forks them. The record's fields are those of
+:class:`hookdet.launch.outcome.Outcome`.
 """
 
 if __name__ == "__main__":
@@ -22,11 +25,16 @@ if __name__ == "__main__":
     import signal
     import sys
 
-    del sys.path[0]  # this folder: nothing here is meant to be imported by name
+    # the checkout (or site-packages) that holds hookdet, not this folder: import hookdet, not its modules
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+    import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+
+    from hookdet.distributed.forked_ranks import fork_hookdet_ranks
+
+    fork_hookdet_ranks()
 
     def record(launcher: dict, ranks: dict) -> None:
         folder = os.environ.get("HOOKDET_LAUNCH_RECORDS")
@@ -58,7 +66,7 @@ if __name__ == "__main__":
                 "error": error_file_line(failure), "error_by": None}
 
     try:
-        run(parse_args(sys.argv[1:]))
+        torchrun.run(torchrun.parse_args(sys.argv[1:]))
     except ChildFailedError as error:
         record({"state": "failed", "exit_code": 1},
                {str(rank): exited(rank, failure) for rank, failure in error.failures.items()})

@@ -15,13 +15,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Set
+from typing import Dict, List, Set
 
 import pytest
 import yaml
 
 import hookdet
-from hookdet.distributed.launcher import RANK_ENTRY
 from tests.support.hookdet_process import Hookdet
 from tests.faults.harness import REPO, TESTS, assert_one_line, child_env, error_lines, finish, start, wait_until
 
@@ -45,9 +44,9 @@ def write_config(path: Path, **hparams: object) -> Path:
     return path
 
 
-def descendants(pid: int) -> Set[int]:
-    """Every live process below ``pid`` (by parent links in /proc)."""
-    children: dict = {}
+def children_by_parent() -> Dict[int, List[int]]:
+    """Each live process's children, by the parent links in /proc."""
+    children: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -57,6 +56,12 @@ def descendants(pid: int) -> Set[int]:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> Set[int]:
+    """Every live process below ``pid``."""
+    children = children_by_parent()
     found: Set[int] = set()
     todo: List[int] = [pid]
     while todo:
@@ -151,22 +156,25 @@ def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
     assert line.count("hookdet: error") == 1
 
 
-def is_torchrun(command: List[bytes]) -> bool:
-    return len(command) > 1 and command[1].endswith(b"torchrun_agent.py")
-
-
-def rank_pids(launcher_pid: int) -> List[int]:
-    """The rank processes below the launcher: each runs hookdet's rank entry (under torchrun,
-    whose own command line names that entry too)."""
-    ranks = []
-    for pid in descendants(launcher_pid):
+def torchrun_pids(launcher_pid: int) -> List[int]:
+    """torchrun's agent below ``hookdet run`` (a list: empty before it started): the child
+    that runs hookdet's torchrun agent."""
+    found = []
+    for pid in children_by_parent().get(launcher_pid, []):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if not is_torchrun(command) and os.fsencode(RANK_ENTRY) in command:
-            ranks.append(pid)
-    return ranks
+        if len(command) > 1 and command[1].endswith(b"torchrun_agent.py"):
+            found.append(pid)
+    return found
+
+
+def rank_pids(launcher_pid: int) -> List[int]:
+    """The rank processes below the launcher: the children of torchrun's agent (forked from it,
+    so their command line is the agent's)."""
+    children = children_by_parent()
+    return [rank for agent in torchrun_pids(launcher_pid) for rank in children.get(agent, [])]
 
 
 #: A ``sitecustomize`` that rewords what torchrun says of its failures, in every process.
@@ -244,8 +252,7 @@ def test_a_launcher_failure_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_of_torchrun_is_named_in_one_line(tmp_path: Path) -> None:
     launcher, _ = start_two_ranks_training(tmp_path, sleep=0.2)
-    (torchrun,) = [pid for pid in descendants(launcher.pid)
-                   if is_torchrun(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))]
+    (torchrun,) = torchrun_pids(launcher.pid)
     os.kill(torchrun, signal.SIGKILL)
     status, _, stderr = finish(launcher, "torchrun SIGKILLed", since=time.monotonic())
     assert status == 128 + signal.SIGKILL, stderr[-4000:]
