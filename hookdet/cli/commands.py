@@ -203,6 +203,7 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
     from hookdet.plugins.selection import Launch, select_plugins
     from hookdet.loop.trainer import default_run_dir
     from hookdet.distributed.rank_watch import SilenceWatch, silent_after_of
+    from hookdet.search.warm_script import launcher_starter
 
     launcher = select_plugins(config.plugins, Launch(world_size=slots)).launcher
     if launcher == "horovodrun":
@@ -228,7 +229,8 @@ def _launch(args: argparse.Namespace, config: Any, slots: int, late_stop: LateSt
                 watch.check()
                 if view is not None:
                     view.poll()
-            launcher_status = run_passing_signals(command, env, status_dir, launcher_said, watch=check)
+            launcher_status = run_passing_signals(command, env, status_dir, launcher_said, watch=check,
+                                                  fork=launcher_starter(command, env, os.getcwd()))
         late_stop.finished = True  # the ranks have ended: what is left is telling how
         statuses = read_rank_statuses(status_dir)
         killed = killed_in(status_dir)

@@ -162,9 +162,9 @@ def run_script(args: argparse.Namespace, config: Any, config_path: Path, late_st
             else f"run directory {run_dir}"
         logger.info("running %s in %s (%s)", shlex.join(command), model_dir, where)
         said: List[str] = []
-        from hookdet.search.warm_script import warm_starter
+        from hookdet.search.warm_script import launcher_starter, warm_starter
 
-        fork = None if is_launcher else warm_starter(command, env, str(model_dir))
+        fork = (launcher_starter if is_launcher else warm_starter)(command, env, str(model_dir))
         with contextlib.ExitStack() as stack:
             output = None if is_launcher else stack.enter_context(CommandOutput(info_dir / "output"))
             status = run_passing_signals(command, env, info_dir, said, cwd=model_dir, to_group=not is_launcher,

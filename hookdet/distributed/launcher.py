@@ -334,12 +334,12 @@ def run_passing_signals(command: Sequence[str], env: Dict[str, str], records_dir
     (:func:`killed_in`). ``to_group`` (a plain command, a ``sh -c`` one: ``How.SCRIPT``): signals
     go to its whole process group, its stderr is this process's, and the call returns only when
     every process of the group is gone, so a script still writing its checkpoint is waited for
-    even when the shell above it has died; ``fork`` forks it from this process instead of
-    starting a new one (a script of a warm search segment: :mod:`hookdet.search.warm_script`);
+    even when the shell above it has died. ``fork`` forks either from this process instead of
+    starting a new one (in a warm search segment: :mod:`hookdet.search.warm_script`);
     ``output`` (a :class:`~hookdet.cli.command_output.CommandOutput`) takes its output.
     """
     env = dict(env, **{LAUNCH_RECORDS_ENV: str(records_dir)})
-    job = Job(list(command), env, str(cwd or os.getcwd()), fork=fork if to_group else None,
+    job = Job(list(command), env, str(cwd or os.getcwd()), fork=fork,
               stdio=output.child_ends() if to_group and output is not None else None)
     process = start(job, How.SCRIPT if to_group else How.LAUNCHER)
     if output is not None:

@@ -12,8 +12,9 @@ Every process hookdet starts is one of four kinds, and each kind's rules live he
 ``SCRIPT``     a user's command (an entrypoint that is a     its process group      its group is waited for
                command), forked from this process where      (a session of its
                ``job.fork`` can, else a new process          own)
-``LAUNCHER``   torchrun or horovodrun, starting ranks        the launcher alone     SIGKILL, and each rank
-                                                                                    with it
+``LAUNCHER``   torchrun or horovodrun, starting ranks,       the launcher alone     SIGKILL, and each rank
+               forked from this process where ``job.fork``                          with it
+               can, else a new process
 =============  ===========================================  =====================  ==========================
 
 A ``COLD`` or ``WARM`` segment's output is appended to ``job.log`` and it is pinned to
@@ -58,7 +59,8 @@ class Job:
     log: Optional[str] = None
     #: The CPUs a segment is pinned to; all when empty (COLD, WARM).
     cpus: Sequence[int] = ()
-    #: How to fork it: from a warm server (WARM, needed), from this process (SCRIPT, optional).
+    #: How to fork it: from a warm server (WARM, needed), from this process (SCRIPT, LAUNCHER:
+    #: optional).
     #: Given the job, it returns the started process (a :class:`multiprocessing` process or a
     #: ``Popen``-like one).
     fork: Optional[Callable[["Job"], Any]] = None
@@ -124,6 +126,8 @@ def start(job: Job, how: How) -> Started:
         out, err = job.stdio if job.stdio is not None else (None, None)
         return Started(subprocess.Popen(job.command, env=job.env, cwd=job.cwd, start_new_session=True,
                                         stdout=out, stderr=err))
+    if job.fork is not None:
+        return Started(job.fork(job))
     return Started(subprocess.Popen(job.command, env=job.env, cwd=job.cwd, start_new_session=True,
                                     stderr=subprocess.PIPE, preexec_fn=child_setup_for(os.getpid())))
 

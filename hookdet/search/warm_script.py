@@ -44,6 +44,7 @@ import types
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hookdet.distributed.launcher import is_python
+from hookdet.launch.orphans import set_parent_death_signal
 from hookdet.launch.start import Job
 
 #: True in a segment forked from the warm process (set by :func:`mark_warm_segment`).
@@ -70,15 +71,41 @@ def warm_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optio
     return fork_script
 
 
+def launcher_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optional[Callable[[Job], multiprocessing.process.BaseProcess]]:
+    """What forks the launcher ``command`` (torchrun's agent, a script) from this process
+    (:func:`fork_launcher`), or None when it must start as a new process (as :func:`warm_starter`)."""
+    return fork_launcher if warm_starter(command, env, cwd) is not None else None
+
+
 def fork_script(job: Job) -> multiprocessing.process.BaseProcess:
     """The script ``job.command[1:]`` run in a child forked from this process, which leads a
     session of its own before this returns (as ``Popen(start_new_session=True)``'s does)."""
+    return forked(job, job.stdio)
+
+
+def fork_launcher(job: Job) -> multiprocessing.process.BaseProcess:
+    """The launcher ``job.command[1:]`` (torchrun's agent) run in a child forked from this
+    process, started as :mod:`hookdet.launch.start` starts a launcher: a session of its own,
+    SIGKILL when this process dies, its standard error a pipe (the returned process's ``stderr``)."""
+    to_read, to_write = os.pipe()
+    try:
+        process = forked(job, (1, to_write), launcher=(os.getpid(), to_read))
+    finally:
+        os.close(to_write)
+    process.stderr = os.fdopen(to_read, "rb")  # type: ignore[attr-defined]
+    return process
+
+
+def forked(job: Job, stdio: Optional[Tuple[int, int]], launcher: Optional[Tuple[int, int]] = None) -> multiprocessing.process.BaseProcess:
+    """The script of ``job`` run in a forked child (:func:`run_script`) that leads a session of
+    its own before this returns; ``launcher``: (this process's pid, the end of the stderr pipe
+    the child does not keep) for a launcher."""
     ready_to_read, ready_to_write = os.pipe()
     sys.stdout.flush()  # the child starts with empty buffers, not a copy of this process's
     sys.stderr.flush()
     process = multiprocessing.get_context("fork").Process(
-        target=run_script, args=(job.command[1:], dict(job.env), str(job.cwd), ready_to_read, ready_to_write, job.stdio),
-        name="hookdet-script")
+        target=run_script, args=(job.command[1:], dict(job.env), str(job.cwd), ready_to_read, ready_to_write, stdio,
+                                 launcher), name="hookdet-script")
     try:
         process.start()
     finally:
@@ -91,11 +118,14 @@ def fork_script(job: Job) -> multiprocessing.process.BaseProcess:
 
 
 def run_script(argv: List[str], env: Dict[str, str], cwd: str, ready_to_read: int, ready_to_write: int,
-               stdio: Optional[Tuple[int, int]] = None) -> None:
+               stdio: Optional[Tuple[int, int]] = None, launcher: Optional[Tuple[int, int]] = None) -> None:
     """In the forked child: become the script's process (see the module's docstring), with
     ``stdio`` as its standard output and error where given, run it, and exit as its interpreter
-    would."""
+    would. A ``launcher`` (see :func:`forked`) also dies with the process that forked it."""
     os.setsid()
+    if launcher is not None:
+        set_parent_death_signal(signal.SIGKILL, expected_parent=launcher[0])
+        os.close(launcher[1])
     os.close(ready_to_read)
     os.close(ready_to_write)  # the parent goes on
     if stdio is not None:

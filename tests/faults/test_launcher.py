@@ -157,17 +157,9 @@ def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
 
 
 def torchrun_pids(launcher_pid: int) -> List[int]:
-    """torchrun's agent below ``hookdet run`` (a list: empty before it started): the child
-    that runs hookdet's torchrun agent."""
-    found = []
-    for pid in children_by_parent().get(launcher_pid, []):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(command) > 1 and command[1].endswith(b"torchrun_agent.py"):
-            found.append(pid)
-    return found
+    """torchrun's agent below ``hookdet run`` (a list: empty before it started): its one child
+    (forked from it, or started by it, the agent's command line may be either's)."""
+    return children_by_parent().get(launcher_pid, [])
 
 
 def rank_pids(launcher_pid: int) -> List[int]:
