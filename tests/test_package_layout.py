@@ -122,8 +122,9 @@ LAYERS = (
     ("hookdet.distributed",),
     ("hookdet.search", "hookdet.core", "hookdet.transformers"),
     ("hookdet.ui",),
-    # the programs: the command line, and the one each rank starts as
-    ("hookdet.cli", "hookdet.__main__", "hookdet.distributed.rank_entry"),
+    # the programs: the command line, the one each rank starts as, torchrun's agent and the ranks it forks
+    ("hookdet.cli", "hookdet.__main__", "hookdet.distributed.rank_entry", "hookdet.distributed.torchrun_agent",
+     "hookdet.distributed.forked_ranks"),
 )
 #: What marks an import that runs up a layer, followed by why.
 UP = "# up:"

@@ -450,14 +450,14 @@ def kill_and_resume(tmp_path: Path, config: str, options: tuple) -> int:
     SIGKILL its driver at random moments (half the time a trial process first), resuming each
     time, and resume it to the end. The SIGTERM comes first, while most of the search is ahead:
     later, the segment it finds training might be the search's last, ending as it arrives. Its
-    trials train half a second per batch, so the search outlives the kills. Returns how many
+    trials train two seconds per batch, so the search outlives the kills. Returns how many
     trial processes the kills ended."""
     rounds = int(os.environ.get("HOOKDET_SEARCH_KILL_ROUNDS", "10"))
     rng = random.Random(7)
     command = ["run", str(FIXTURES / config), "--workers", "2", *options]
     # A kill between a claim and its stamp leaves a segment whose worker is unknown until the
     # grace period passes (60 s by default): 10 s here, so such a round does not stall the test.
-    slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="0.5", HOOKDET_SEARCH_GRACE_SECONDS="10")
+    slow = dict(env(tmp_path), SEARCH_TEST_SECONDS_PER_BATCH="2", HOOKDET_SEARCH_GRACE_SECONDS="10")
     terminated = hookdet_process.start(*command, "--run-dir", "killed", cwd=tmp_path, env=slow)
     terminated.first_line(lambda line: "search in" in line)  # the driver is up
     wait_on_search(lambda: [s for s in segments(tmp_path / "killed") if s.state.name == "RUNNING"],

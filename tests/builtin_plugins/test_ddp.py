@@ -193,6 +193,25 @@ def test_two_ranks_match_one_process(tmp_path: Path, aggregation: int, launch: s
     assert [r["training_forwards"] for r in ranks] == [BATCHES, BATCHES]
 
 
+@pytest.mark.slow
+def test_ranks_forked_from_torchruns_agent_train_as_cold_ranks_do(tmp_path: Path) -> None:
+    """hookdet's torchrun ranks are forked from its agent (hookdet/distributed/forked_ranks.py);
+    with ``HOOKDET_COLD_RANKS=1`` each is a new interpreter running the rank entry, as before.
+    Both train the same, bit for bit."""
+    config = write_config(
+        tmp_path / "experiment.yaml", HPARAMS, resources={"slots_per_trial": 2},
+        searcher={"name": "single", "metric": "validation_loss", "smaller_is_better": True,
+                  "max_length": {"batches": 4}},
+    )
+    for how, env in (("forked", {}), ("cold", {"HOOKDET_COLD_RANKS": "1"})):
+        _check_launch(run_command(hookdet_command(config, tmp_path / how), timeout=LAUNCH_TIMEOUT, **env))
+    for rank in (0, 1):
+        forked, cold = read_rank(tmp_path / "forked", rank), read_rank(tmp_path / "cold", rank)
+        assert (forked["program"], cold["program"]) == ("torchrun_agent.py", "rank_entry.py")
+        assert forked["weights"] == cold["weights"] and forked["grads"] == cold["grads"]
+        assert torch.equal(read_weight(tmp_path / "forked", rank), read_weight(tmp_path / "cold", rank))
+
+
 # ---------------------------------------------------------------------------------------------
 # Uneven shards, signals, exact resume
 # ---------------------------------------------------------------------------------------------

@@ -46,10 +46,16 @@ function duration(seconds) {
   return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(s % 60).padStart(2, "0")}s` : `${s}s`;
 }
 
-async function fetchJSON(url) {
+// An answer's text, for a page that tells "nothing new" by comparing it with the last one
+// before parsing it.
+async function fetchText(url) {
   const response = await fetch(url, {credentials: "same-origin"});
   if (!response.ok) throw new Error(`${url}: ${response.status}`);
-  return response.json();
+  return response.text();
+}
+
+async function fetchJSON(url) {
+  return JSON.parse(await fetchText(url));
 }
 
 function poll(step) {
@@ -535,11 +541,11 @@ function searchPage() {
   poll(async () => {
     const at = plotAt.value === "custom" ? "best" : plotAt.value;  // until the batches are given
     const chosen = `&metric=${encodeURIComponent(plotMetric.value)}&at=${encodeURIComponent(at)}`;
-    const answer = await fetchJSON(`${api}?have=${store.have()}${chosen}`);
+    const text = await fetchText(`${api}?have=${store.have()}${chosen}`);
     await plotlyReady;
-    const text = JSON.stringify(answer);
     if (text === lastText) return;  // nothing new: nothing to draw again
     lastText = text;
+    const answer = JSON.parse(text);
     last = answer;
     store.merge(answer.curves);
     draw(answer); trialsTable(answer); rungsTable(answer.rungs); bestTrial(answer);
