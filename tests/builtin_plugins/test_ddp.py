@@ -207,7 +207,7 @@ def test_ranks_forked_from_torchruns_agent_train_as_cold_ranks_do(tmp_path: Path
         _check_launch(run_command(hookdet_command(config, tmp_path / how), timeout=LAUNCH_TIMEOUT, **env))
     for rank in (0, 1):
         forked, cold = read_rank(tmp_path / "forked", rank), read_rank(tmp_path / "cold", rank)
-        assert (forked["program"], cold["program"]) == ("torchrun_agent.py", "rank_entry.py")
+        assert (forked["forked"], cold["forked"]) == (True, False)
         assert forked["weights"] == cold["weights"] and forked["grads"] == cold["grads"]
         assert torch.equal(read_weight(tmp_path / "forked", rank), read_weight(tmp_path / "cold", rank))
 

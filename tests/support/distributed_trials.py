@@ -141,8 +141,8 @@ class Recorder(pytorch.PyTorchCallback):
             "training_forwards": trial.training_forwards(),
             "ddp": ddp_settings(trial.model),
             "horovod": horovod_settings(trial.optimizer),
-            # the program this rank's process was started with: torchrun's agent for a rank forked from it
-            "program": os.path.basename(Path("/proc/self/cmdline").read_bytes().split(b"\0")[1].decode()),
+            # a process forked from its parent (torchrun's agent) without a new program has its command line
+            "forked": Path("/proc/self/cmdline").read_bytes() == Path(f"/proc/{os.getppid()}/cmdline").read_bytes(),
         }
         (run_dir / f"rank{rank}.json").write_text(json.dumps(record))
         torch.save(trial.module.weight.detach().clone(), run_dir / f"rank{rank}-weight.pt")
