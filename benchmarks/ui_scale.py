@@ -64,6 +64,12 @@ def write_run(directory: Path, records: int, seed: int, every: int = 50) -> None
     write_summary(directory, summarize(directory))
 
 
+#: The space the search's trials were drawn from, as its experiment file gives it.
+SPACE = {"lr": {"type": "double", "minval": 0.0, "maxval": 2.0},
+         "momentum": {"type": "double", "minval": 0.5, "maxval": 0.95},
+         "dropout": {"type": "categorical", "vals": [number / 10 for number in range(7)]}}
+
+
 def write_search(directory: Path, trials: int, records: int) -> None:
     """A finished search of ``trials`` trials, each a run of ``records`` reports."""
     directory.mkdir(parents=True)
@@ -82,7 +88,7 @@ def write_search(directory: Path, trials: int, records: int) -> None:
     (directory / "search-state.json").write_text(json.dumps(state))
     (directory / "search.json").write_text(json.dumps({"searcher": "adaptive_asha", "metric": "validation_loss",
                                                        "smaller_is_better": True, "storage": "sqlite:///search.db",
-                                                       "experiment": {"name": "scale"}}))
+                                                       "experiment": {"name": "scale", "hyperparameters": SPACE}}))
 
 
 def rss_kib(pid: int) -> int:

@@ -407,6 +407,10 @@ def test_the_search_page_tells_what_is_true_now(site: Dict[str, Any]) -> None:
     assert driver.execute_script("return document.getElementById('scatter-learning_rate').layout.xaxis.type") == "log"
     searched = driver.execute_script("return document.getElementById('importance').data[0].y")
     assert sorted(searched) == ["dropout", "learning_rate", "momentum"]
+    # At first the hyperparameter plots show the searcher's metric, not the first metric named.
+    searcher_metric = json.loads((copy / "search.json").read_text())["metric"]
+    assert driver.execute_script("return document.getElementById('plot-metric').value") == searcher_metric
+    assert searcher_metric in driver.execute_script("return document.getElementById('scatter-dropout').layout.title.text")
     # The hyperparameter plots at a rung: only the trials that trained that far, each at that length.
     driver.execute_script("const a = document.getElementById('plot-at'); a.value = 'rung:1'; a.dispatchEvent(new Event('change'));")
     reached = sum(1 for trial in state["trials"].values() if (trial.get("rung") or 0) >= 1)

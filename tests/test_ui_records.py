@@ -173,3 +173,17 @@ def test_a_run_pages_validations_travel_once(tmp_path: Path) -> None:
     os.replace(replacement, run_dir / "metrics.jsonl")
     again = pages.run_updates(catalog, run_dir, {}, 0, f"{after['epoch']}.{after['count']}")["validations"]
     assert (again["reset"], [row["metrics"]["loss"] for row in again["rows"]]) == (True, [9.0])
+
+
+def test_importance_ranks_the_searched_hyperparameters_and_leaves_out_values_the_space_does_not_name() -> None:
+    from hookdet.ui.importance import importances
+
+    space = {"lr": {"type": "log", "minval": -4, "maxval": -1, "base": 10}, "layers": {"type": "int", "minval": 1, "maxval": 4},
+             "width": 64}
+    rows = [{"best": (lr - 0.01) ** 2 + layers / 1000, "hparams": {"lr": lr, "layers": layers, "width": 64, "tag": "x"}}
+            for lr, layers in [(0.001, 1), (0.01, 2), (0.05, 3), (0.1, 4), (0.0005, 2), (0.02, 1), (0.003, 3), (0.07, 4)]]
+    ranked = importances(space, rows, smaller_is_better=True)
+    assert sorted(ranked["values"]) == ["layers", "lr"]  # neither the constant nor the unnamed "tag"
+    assert abs(sum(ranked["values"].values()) - 1) < 1e-9
+    assert importances({}, rows, True) == {"note": "no hyperparameter is searched"}
+    assert "importance needs 3" in importances(space, rows[:2], True)["note"]

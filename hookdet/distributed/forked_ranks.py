@@ -4,14 +4,17 @@ torchrun starts each rank of ``hookdet run`` as a new interpreter running
 :mod:`hookdet.distributed.rank_entry`, and each of them spends seconds (several under load)
 importing torch, ``torch._dynamo`` and hookdet before its first batch, again for every rank of
 every run. Torchrun's agent (:mod:`hookdet.distributed.torchrun_agent`) has imported torch
-already. So when the program torchrun is to start is hookdet's rank entry, the agent imports
-once what a rank imports (:func:`preload`: what a search's warm process preloads, nothing of the
-user's code), then has torchrun fork each rank from itself, torch elastic's own way of running a
-function as the ranks (``start_method="fork"``, :func:`fork_hookdet_ranks`). The forked rank
-makes itself what the new interpreter would have been (:func:`run_rank`):
+already. So where torchrun would start hookdet's rank entry, the agent forks the rank from itself
+(:func:`fork_hookdet_ranks`), having imported once what a rank imports (:func:`preload`: what a
+search's warm process preloads, nothing of the user's code), and torchrun gets back a process
+with the face of the ``Popen`` it would have started: it watches, signals and tells the ranks'
+ends as it does for those (the rendezvous, restarts, a stop passed on, a failed rank's exit code
+or signal are all torchrun's own). The forked rank makes itself what the new interpreter would
+have been (:func:`run_rank`):
 
-- torchrun's environment for the rank (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, the rendezvous),
-  set by torch before the function runs, in the agent's directory;
+- a session of its own and exactly the environment torchrun gives the rank (``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, the rendezvous), in the agent's directory, its output where
+  torchrun sends the rank's;
 - default signal handlers (the agent's raise torch's ``SignalException``), the root logger
   unconfigured, the name a main process has in :mod:`multiprocessing`; the exit functions it
   inherits are those the imports register (the agent registers none of its own);
@@ -22,13 +25,12 @@ makes itself what the new interpreter would have been (:func:`run_rank`):
 - its end as an interpreter's: the status of its ``sys.exit``, its exit functions run
   (:func:`hookdet.search.warm_script.end_as_an_interpreter`).
 
-What differs from a new interpreter, on purpose: a rank's ``/proc/PID/cmdline`` is the agent's (a
-rank is told by its parent, the agent); a rank that ended well waits, as torch's forked ranks do,
-until every rank has; when ranks fail, torchrun's record names the first it saw (each of
-hookdet's ranks records its own outcome, which is what ``hookdet run`` reads).
+What differs from a new interpreter, on purpose: a rank's ``/proc/PID/cmdline`` is the agent's
+(a rank is told by its parent, the agent).
 
-Horovod's ranks (horovodrun starts them itself), and every rank when ``HOOKDET_COLD_RANKS=1``, start
-as new interpreters, the way before.
+Horovod's ranks (horovodrun starts them itself), the ranks of a script a launch layer runs
+(``--no-python``), and every rank when ``HOOKDET_COLD_RANKS=1`` start as new interpreters, the
+way before.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ evaluator, PED-ANOVA), over the trials that reported the searcher metric.
 
 The trials go into an in-memory Optuna study as the search's trial view gives them to Optuna
 (:func:`hookdet.search.trial_view.parameter`: Determined's ranges, log and categorical
-hyperparameters as such); constants are left out. Computed again only when a trial's best value
+hyperparameters as such); constants, and values the experiment's space does not name, are left
+out. Computed again only when a trial's best value
 or the space changed (the search page asks every second).
 """
 from __future__ import annotations
@@ -39,7 +40,10 @@ def _importances(space_json: str, measured: Tuple[Tuple[float, str], ...], small
             hparams = json.loads(hparams_json)
             params, distributions = {}, {}
             for name, value in hparams.items():
-                spec = spec_at(space, name)
+                try:
+                    spec = spec_at(space, name)
+                except (KeyError, TypeError):  # not in the experiment's space: not searched
+                    continue
                 if not isinstance(spec, dict) or spec.get("type") in (None, "const"):
                     continue
                 distributions[name], params[name] = parameter(optuna, spec, value)

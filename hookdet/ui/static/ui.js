@@ -435,7 +435,7 @@ function searchPage() {
   function choices(answer) {
     const known = new Set([...plotMetric.options].map((o) => o.value));
     for (const name of answer.chosen.metrics) if (!known.has(name)) plotMetric.appendChild(new Option(name, name));
-    if (!plotMetric.value) plotMetric.value = answer.chosen.metric;
+    if (!known.size) plotMetric.value = answer.chosen.metric;  // at first the searcher's metric, not the first named
     const points = answer.chosen.rungs.map((units, k) => [`rung:${k}`, `at rung ${k} (${units} batches)`]);
     const have = new Set([...plotAt.options].map((o) => o.value));
     for (const [value, label] of points) if (!have.has(value)) plotAt.insertBefore(new Option(label, value), plotAt.querySelector("[value=custom]"));
