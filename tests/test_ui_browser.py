@@ -148,7 +148,9 @@ def test_every_page_loads_cleanly_and_draws_the_traces_its_data_implies(site: Di
     open_page(site, link_to(driver, site["search"].name))
     state = json.loads((site["search"] / "search-state.json").read_text())
     measured = sum(1 for trial in state["trials"].values() if trial["validations"])
-    charts = wait_for(lambda: (lambda found: found if found.get("curves") == measured else None)(traces(driver)))
+    # importance is computed by a process of its own and drawn on a later poll than the curves
+    charts = wait_for(lambda: (lambda found: found if found.get("curves") == measured and found.get("importance")
+                               else None)(traces(driver)))
     webgl = driver.execute_script("return webgl")  # without it, parallel coordinates are lines in SVG, a trace a band
     lines = driver.execute_script("return document.getElementById('parallel').data.map(t => t.y.filter(v => v === null).length)")
     assert webgl or sum(lines) == measured  # a line per trial that has a value

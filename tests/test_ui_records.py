@@ -187,3 +187,25 @@ def test_importance_ranks_the_searched_hyperparameters_and_leaves_out_values_the
     assert abs(sum(ranked["values"].values()) - 1) < 1e-9
     assert importances({}, rows, True) == {"note": "no hyperparameter is searched"}
     assert "importance needs 3" in importances(space, rows[:2], True)["note"]
+
+
+def test_the_web_view_has_importance_computed_by_a_process_of_its_own_and_asks_again() -> None:
+    import time
+
+    from hookdet.ui.importance import Computed, importances
+
+    space = {"lr": {"type": "double", "minval": 0.0, "maxval": 1.0}, "depth": {"type": "int", "minval": 1, "maxval": 9}}
+    rows = [{"best": lr * lr + depth / 100, "hparams": {"lr": lr, "depth": depth}}
+            for lr, depth in [(0.1, 1), (0.5, 3), (0.9, 2), (0.3, 9), (0.7, 5), (0.2, 4)]]
+    computed = Computed()
+    assert computed.of(space, rows, True, "loss at best") == {"note": "Optuna's importance is being computed"}
+    deadline = time.monotonic() + 120
+    while "values" not in (found := computed.of(space, rows, True, "loss at best")):
+        assert time.monotonic() < deadline, found
+        time.sleep(0.05)
+    assert found == importances(space, rows, True)  # what this process would have computed
+    # New values: the last ones with a note until the next computation (at most one every 10 s) is done
+    newer = computed.of(space, rows[:-1], True, "loss at best")
+    assert newer["values"] == found["values"] and "being computed again" in newer["note"]
+    assert computed.of(space, rows[:2], True, "loss at best") == {
+        "note": "2 trials have reported the metric; importance needs 3"}

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from hookdet.runs.index import flatten
 from hookdet.search.report import SearchReadError
 from hookdet.ui.catalog import Catalog
-from hookdet.ui.importance import importances
+from hookdet.ui.importance import importance_of
 from hookdet.ui.records import RunRecords
 from hookdet.ui.series import BoundedSeries
 
@@ -244,7 +244,8 @@ def search_updates(catalog: Catalog, path: Path, have: Dict[str, Any], choice: O
             "chosen": {"metric": chosen_metric, "at": at, "metrics": sorted({name for records in search.trials.values()
                                                                           for name in records.validation_points}),
                        "rungs": _rung_lengths(search.state)},
-            "importance": importances(space, [dict(row, best=row["value"]) for row in rows], smaller)}
+            "importance": importance_of(space, [dict(row, best=row["value"]) for row in rows], smaller,
+                                        f"{chosen_metric} at {at}")}
 
 
 def _rung_lengths(state: Dict[str, Any]) -> List[Any]:
