@@ -37,6 +37,24 @@ def test_a_series_stays_bounded_and_spans_the_whole_run() -> None:
         assert series.xs[-1] == 100_000
 
 
+def test_thinning_keeps_each_buckets_lowest_and_highest_point_so_no_spike_or_best_is_lost() -> None:
+    import random
+
+    generator = random.Random(3)
+    series = BoundedSeries(limit=100)
+    values = [1.0 / batch + generator.random() * 0.01 for batch in range(1, 50_001)]
+    values[31_337], values[7_777] = 50.0, -3.0  # a spike and a dip, one report each
+    for batch, value in enumerate(values, start=1):
+        series.add(batch, value)
+    assert series.kept <= 200 and series.xs == sorted(series.xs)
+    assert max(series.ys) == 50.0 and series.xs[series.ys.index(50.0)] == 31_338
+    assert min(series.ys) == -3.0 and series.xs[series.ys.index(-3.0)] == 7_778
+    # every kept point is a report, at its own batch
+    assert all(values[int(x) - 1] == y for x, y in zip(series.xs, series.ys))
+    # the latest report is kept or is the tail: the chart reaches the end of the run
+    assert (series.xs[-1] == 50_000) != (series.tail == (50_000, values[-1]))
+
+
 def test_a_file_is_read_from_where_it_stopped_and_a_torn_line_waits(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     seen: List[Dict[str, Any]] = []

@@ -26,6 +26,11 @@ undone in the child (:func:`forget_the_segments_state`).
 
 Anything else (a shell command, ``python3 -m``, a launch layer, another interpreter, a segment
 started cold) starts as a new process, as outside a search.
+
+torchrun's agent (``hookdet/distributed/torchrun_agent.py``, which a segment of several ranks
+runs) is a script of this Python too: a warm segment forks it the same way, started as
+:mod:`hookdet.launch.start` starts a launcher (:func:`fork_launcher`), and the agent forks the
+ranks (:mod:`hookdet.distributed.forked_ranks`).
 """
 from __future__ import annotations
 
