@@ -28,11 +28,9 @@ have been (:func:`run_rank`):
 What differs from a new interpreter, on purpose: a rank's ``/proc/PID/cmdline`` is the agent's
 (a rank is told by its parent, the agent).
 
-A launch layer's ranks (``determined.launch.torch_distributed``: torchrun runs the script with
-``--no-python``) are forked too when the script is this Python running a script file
-(``python3 train.py ...``), and become that script's process as a search's warm segment makes its
-script's (:func:`fork_script_rank`). Horovod's ranks (horovodrun starts them itself), any other
-program, and every rank when ``HOOKDET_COLD_RANKS=1`` start as new interpreters, the way before.
+Horovod's ranks (horovodrun starts them itself), the ranks of a script a launch layer runs
+(``--no-python``), and every rank when ``HOOKDET_COLD_RANKS=1`` start as new interpreters, the
+way before.
 """
 from __future__ import annotations
 
@@ -66,11 +64,9 @@ def fork_hookdet_ranks() -> None:
 
     class ForkingHandler(SubprocessHandler):
         def _popen(self, args: Tuple[str, ...], env: Dict[str, str]) -> Any:
-            if forks(args):
-                return fork_rank(list(args[3:]), env, self._stdout, self._stderr)
-            if forks_script(args, env):
-                return fork_script_rank(list(args), env, self._stdout, self._stderr)
-            return super()._popen(args, env)
+            if not forks(args):
+                return super()._popen(args, env)
+            return fork_rank(list(args[3:]), env, self._stdout, self._stderr)
 
     api.get_subprocess_handler = ForkingHandler
 
@@ -83,15 +79,6 @@ def forks(command: Sequence[str]) -> bool:
         return False
     return (len(command) >= 3 and command[0] == sys.executable and command[1] == "-u"
             and os.path.abspath(command[2]) == RANK_ENTRY)
-
-
-def forks_script(command: Sequence[str], env: Dict[str, str]) -> bool:
-    """Whether ``command`` is a launch layer's script this process forks: this Python running a
-    script (``python3 train.py ...``, which torchrun runs with ``--no-python``), and
-    ``HOOKDET_COLD_RANKS`` not set."""
-    from hookdet.search.warm_script import runs_a_script_here
-
-    return os.environ.get(COLD_RANKS_ENV, "") in ("", "0") and runs_a_script_here(command, env, os.getcwd())
 
 
 _preloaded = False
@@ -172,38 +159,6 @@ def fork_rank(argv: List[str], env: Dict[str, str], stdout: Optional[IO[str]], s
         os.environ.clear()
         os.environ.update(env)
         status = run_rank(argv)
-    finally:
-        os._exit(status)
-
-
-def fork_script_rank(command: List[str], env: Dict[str, str], stdout: Optional[IO[str]],
-                     stderr: Optional[IO[str]]) -> ForkedRank:
-    """The rank ``python3 SCRIPT ...`` of a launch layer, forked from this process and run as
-    that interpreter would run the script (:func:`hookdet.search.warm_script.run_script`: its own
-    session, ``env`` exactly, ``sys.argv``, ``sys.path[0]``, default signal handlers, its exit),
-    its output where torchrun redirects it."""
-    from hookdet.search.warm_script import run_script
-
-    preload()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    ready_to_read, ready_to_write = os.pipe()  # the child has its session once this reads the end
-    pid = os.fork()
-    if pid:
-        os.close(ready_to_write)
-        try:
-            os.read(ready_to_read, 1)
-        finally:
-            os.close(ready_to_read)
-        return ForkedRank(pid, command)
-    status = 1
-    try:  # the child never returns into the agent's code
-        for redirect, descriptor in ((stdout, 1), (stderr, 2)):
-            if redirect is not None:
-                os.dup2(redirect.fileno(), descriptor)
-        run_script(command[1:], env, os.getcwd(), ready_to_read, ready_to_write)
-    except SystemExit as stop:
-        status = stop.code if isinstance(stop.code, int) else 1
     finally:
         os._exit(status)
 

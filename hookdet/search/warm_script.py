@@ -65,20 +65,15 @@ def mark_warm_segment() -> None:
 def warm_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optional[Callable[[Job], multiprocessing.process.BaseProcess]]:
     """What forks ``command`` from this process (:func:`fork_script`, the ``fork`` of a
     :class:`~hookdet.launch.start.Job`), or None when it must start cold (see the module's docstring)."""
-    return fork_script if _in_warm_segment and runs_a_script_here(command, env, cwd) else None
-
-
-def runs_a_script_here(command: Sequence[str], env: Dict[str, str], cwd: str) -> bool:
-    """Whether ``command`` is this Python (found first on the ``PATH`` of ``env``) running a
-    script file in ``cwd`` with no interpreter option before it: what a fork of this process can
-    become."""
-    if len(command) < 2 or not is_python(command[0]):
-        return False
+    if not _in_warm_segment or len(command) < 2 or not is_python(command[0]):
+        return None
     found = shutil.which(command[0], path=env.get("PATH"))
     if found is None or os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(sys.executable)):
-        return False
+        return None
     script = command[1]
-    return not script.startswith("-") and os.path.isfile(os.path.join(cwd, script))
+    if script.startswith("-") or not os.path.isfile(os.path.join(cwd, script)):
+        return None
+    return fork_script
 
 
 def launcher_starter(command: Sequence[str], env: Dict[str, str], cwd: str) -> Optional[Callable[[Job], multiprocessing.process.BaseProcess]]:
