@@ -9,8 +9,9 @@ out (:func:`importances`).
 Optuna's evaluators import SciPy, scikit-learn and pandas: about 160 MiB and a second the web
 view would keep and spend for one chart. So ``hookdet ui`` has them computed by a process of
 their own (``python -m hookdet.ui.importance``, the values in and out as JSON), off the request
-path (:func:`importance_of`): the search page gets the values computed for what it shows, the
-last ones with a note while newer are computed, and asks again on its next poll. A computation
+path and at the lowest priority, so the page being drawn goes first (:func:`importance_of`): the
+search page gets the values computed for what it shows, the last ones with a note while newer
+are computed, and asks again on its next poll. A computation
 starts only when a trial's value or the space changed, one at a time and at most every
 :data:`FEWEST_SECONDS_BETWEEN` seconds.
 """
@@ -136,6 +137,9 @@ def importance_of(space: Dict[str, Any], rows: List[Dict[str, Any]], smaller_is_
 
 
 if __name__ == "__main__":  # the computing process: its inputs on standard input, the values out
+    import os
+
+    os.nice(19)  # the page being drawn (the browser, the server) goes first on a busy machine
     given = json.load(sys.stdin)
     measured = tuple((best, hparams) for best, hparams in given["measured"])
     print(json.dumps(_importances(given["space"], measured, given["smaller_is_better"])))
