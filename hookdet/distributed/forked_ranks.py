@@ -30,7 +30,10 @@ What differs from a new interpreter, on purpose: a rank's ``/proc/PID/cmdline`` 
 
 Horovod's ranks (horovodrun starts them itself), the ranks of a script a launch layer runs
 (``--no-python``), and every rank when ``HOOKDET_COLD_RANKS=1`` start as new interpreters, the
-way before.
+way before. (A launch layer's script forked here reaches the process-group join within
+milliseconds, before torchrun has seen a peer that died as it started; torchrun's SIGTERM then
+waits on the join behind the preemption plugin's handler until its SIGKILL 30 s later. Forking
+those needs a stop that can end the join first.)
 """
 from __future__ import annotations
 
