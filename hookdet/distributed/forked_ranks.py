@@ -123,9 +123,11 @@ class ForkedRank:
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Its exit status; ``subprocess.TimeoutExpired`` past ``timeout`` seconds."""
-        if timeout is None and self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-        deadline = time.monotonic() + (timeout or 0)
+        if timeout is None:
+            if self.returncode is None:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            return self.returncode
+        deadline = time.monotonic() + timeout
         while self.poll() is None:
             if time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(self.args, timeout)

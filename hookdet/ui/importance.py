@@ -11,9 +11,8 @@ view would keep and spend for one chart. So ``hookdet ui`` has them computed by 
 their own (``python -m hookdet.ui.importance``, the values in and out as JSON), off the request
 path and at the lowest priority, so the page being drawn goes first (:func:`importance_of`): the
 search page gets the values computed for what it shows, the last ones with a note while newer
-are computed, and asks again on its next poll. A computation
-starts only when a trial's value or the space changed, one at a time and at most every
-:data:`FEWEST_SECONDS_BETWEEN` seconds.
+are computed, and asks again on its next poll. A computation starts only when a trial's value or
+the space changed, one at a time and at most every :data:`FEWEST_SECONDS_BETWEEN` seconds.
 """
 from __future__ import annotations
 

@@ -19,10 +19,13 @@ SERIES_LIMIT = 1000
 Point = Tuple[float, float]
 
 
-def extremes(points: List[Point]) -> List[Point]:
-    """The lowest and the highest point of ``points`` (the first of equals), in the order of x;
-    one point when it is both."""
-    low, high = min(points, key=lambda point: point[1]), max(points, key=lambda point: point[1])
+def lowest_and_highest(points: List[Point]) -> Tuple[Point, Point]:
+    """The point of ``points`` with the lowest y and the one with the highest (the first of equals)."""
+    return min(points, key=lambda point: point[1]), max(points, key=lambda point: point[1])
+
+
+def in_order(low: Point, high: Point) -> List[Point]:
+    """A bucket's lowest and highest point in the order of x; one point when it is both."""
     return [low] if low is high else sorted([low, high])
 
 
@@ -55,7 +58,7 @@ class BoundedSeries:
         self._filled += 1
         if self._filled < self._reports_a_bucket:
             return
-        self._keep([self._low] if self._low is self._high else sorted([self._low, self._high]))
+        self._keep(in_order(self._low, self._high))
         self._filled = 0
         while len(self.xs) >= 2 * self.limit:  # twice, the first time: buckets of 2 reports keep both
             self._merge_neighbours()
@@ -73,11 +76,10 @@ class BoundedSeries:
         start = 0
         for pair in range(0, len(sizes) - 1, 2):
             count = sizes[pair] + sizes[pair + 1]
-            self._keep(extremes(points[start:start + count]))
+            self._keep(in_order(*lowest_and_highest(points[start:start + count])))
             start += count
         if len(sizes) % 2:
-            last = points[start:]
-            self._low, self._high = min(last, key=lambda point: point[1]), max(last, key=lambda point: point[1])
+            self._low, self._high = lowest_and_highest(points[start:])
             self._filled = self._reports_a_bucket
         self._reports_a_bucket *= 2
         self.epoch += 1

@@ -165,8 +165,8 @@ def torchrun_pids(launcher_pid: int) -> List[int]:
 def rank_pids(launcher_pid: int) -> List[int]:
     """The rank processes below the launcher: the children of torchrun's agent (forked from it,
     so their command line is the agent's)."""
-    children = children_by_parent()
-    return [rank for agent in torchrun_pids(launcher_pid) for rank in children.get(agent, [])]
+    children = children_by_parent()  # one reading of /proc for the agent and its ranks alike
+    return [rank for agent in children.get(launcher_pid, []) for rank in children.get(agent, [])]
 
 
 #: A ``sitecustomize`` that rewords what torchrun says of its failures, in every process.
