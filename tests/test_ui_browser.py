@@ -421,6 +421,7 @@ def test_the_search_page_tells_what_is_true_now(site: Dict[str, Any]) -> None:
     wait_for(lambda: driver.execute_script("return document.getElementById('scatter-dropout').data[0].x.length") == reached)
     driver.execute_script("const m = document.getElementById('plot-metric'); m.value = 'accuracy'; m.dispatchEvent(new Event('change'));")
     wait_for(lambda: "accuracy" in driver.execute_script("return document.getElementById('scatter-dropout').layout.title.text"))
+    assert "accuracy" in driver.find_element("id", "importance-of").text  # the importance of what is plotted
     assert console_errors(driver) == []
     shot(driver, "search-truth")
 

@@ -487,6 +487,7 @@ function searchPage() {
     const importance = answer.importance || {}, values = importance.values || {};
     const names = Object.keys(values).sort((a, b) => values[a] - values[b]);
     document.getElementById("importance-note").textContent = importance.note || "";
+    document.getElementById("importance-of").textContent = `Optuna's, of each hyperparameter for ${metric}`;
     const bars = layout("importance", false, "importance (sums to 1)");
     bars.yaxis = {type: "category", automargin: true};
     Plotly.react(document.getElementById("importance"),
